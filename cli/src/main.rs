@@ -1,0 +1,40 @@
+//! `drama`: the command-line front end of the Drama 3 engine.
+
+mod checkpoint_arg;
+mod fixture;
+mod verify;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Drama 3 speech synthesis on the GPU (wgpu: Metal, Vulkan, DX12).
+#[derive(Parser)]
+#[command(name = "drama", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a checkpoint without touching a GPU and print what it holds.
+    Verify(verify::VerifyArgs),
+    /// Generate a deterministic checkpoint in the contract layout (random weights).
+    Fixture(fixture::FixtureArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Verify(args) => verify::run(args),
+        Command::Fixture(args) => fixture::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

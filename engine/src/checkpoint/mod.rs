@@ -1,0 +1,424 @@
+//! Reading and validating a Drama 3 checkpoint directory, without touching a GPU.
+//!
+//! [`Checkpoint::open`] verifies the `SHA256SUMS` manifest, parses `config.json` and the
+//! quantization config, maps the safetensors shards, and checks every tensor against the
+//! declarative table in [`layout`]: names, dtypes, shapes, detected linear formats, kept
+//! expert ids and scale values. A checkpoint that passes is described by [`Checkpoint`];
+//! anything else is refused with a [`CheckpointError`] naming what was wrong.
+
+pub mod config;
+mod error;
+pub mod layout;
+pub mod linear;
+pub mod manifest;
+pub mod quant;
+mod report;
+pub mod shards;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use serde::Serialize;
+
+pub use config::ModelConfig;
+pub use error::CheckpointError;
+pub use layout::names;
+pub use linear::LinearInfo;
+pub use manifest::{MANIFEST_FILE, Manifest};
+pub use quant::{LinearFormat, QuantScheme};
+pub use report::{FormatTotals, VerifyReport};
+pub use shards::WeightFiles;
+
+use layout::{Presence, Rule};
+
+/// Name of the architecture file.
+pub const CONFIG_FILE: &str = "config.json";
+/// Name of the tokenizer file.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// The Hugging Face repository of the pinned checkpoint.
+pub const PINNED_REPO: &str = "plotarmordev/drama-3-NVFP4-Pruned";
+/// The pinned revision (a commit of [`PINNED_REPO`]).
+pub const PINNED_REVISION: &str = "494db08481db952f834b2241bce63fb3dfa72554";
+
+/// Where a checkpoint came from, as reported to users.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provenance {
+    /// Resolved through the pin.
+    Pinned {
+        /// Hub repository.
+        repo: String,
+        /// Commit.
+        revision: String,
+    },
+    /// Given explicitly as a directory (even if its bytes match the pin).
+    Local(PathBuf),
+}
+
+impl Provenance {
+    /// The provenance of the pinned checkpoint.
+    pub fn pinned() -> Self {
+        Provenance::Pinned {
+            repo: PINNED_REPO.into(),
+            revision: PINNED_REVISION.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Provenance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Provenance::Pinned { repo, revision } => write!(f, "pinned {repo}@{revision}"),
+            Provenance::Local(dir) => write!(f, "local {}", dir.display()),
+        }
+    }
+}
+
+/// How a MoE layer's router addresses experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterWidth {
+    /// One router row per kept expert, in `kept_expert_ids` order.
+    Compact,
+    /// One router row per original expert id.
+    Full,
+}
+
+/// A MoE layer as stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeLayer {
+    /// Original ids of the kept experts, strictly ascending.
+    pub kept_expert_ids: Vec<usize>,
+    /// Whether the router (and its bias) is compact or full-width.
+    pub router_width: RouterWidth,
+    /// Whether a sigmoid router carries `e_score_correction_bias`.
+    pub has_score_bias: bool,
+}
+
+/// The MLP of one decoder layer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerMlp {
+    /// Dense SwiGLU MLP.
+    Dense,
+    /// Mixture of experts.
+    Moe(MoeLayer),
+}
+
+/// A validated checkpoint: its description and its memory-mapped weights.
+pub struct Checkpoint {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Where it came from.
+    pub provenance: Provenance,
+    /// The architecture.
+    pub config: ModelConfig,
+    /// The quantization scheme the formats were checked against.
+    pub quant: QuantScheme,
+    /// Each decoder layer's MLP.
+    pub layers: Vec<LayerMlp>,
+    /// Every linear and convolution module, by name.
+    pub linears: BTreeMap<String, LinearInfo>,
+    /// The weights, read in place.
+    pub weights: WeightFiles,
+    /// Hex SHA-256 of the `SHA256SUMS` file: the checkpoint's identity (voice files carry it).
+    pub manifest_digest: String,
+    /// Number of files whose digests were verified.
+    pub files_verified: usize,
+    /// Bytes hashed during verification.
+    pub bytes_verified: u64,
+}
+
+impl Checkpoint {
+    /// Opens, verifies and validates the checkpoint in `dir`.
+    pub fn open(dir: &Path, provenance: Provenance) -> Result<Self, CheckpointError> {
+        if !dir.is_dir() {
+            return Err(CheckpointError::io(
+                dir,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+            ));
+        }
+        let manifest_text = read_text(dir, MANIFEST_FILE)?;
+        let manifest = Manifest::parse(&manifest_text)?;
+        for required in [CONFIG_FILE, TOKENIZER_FILE] {
+            if !manifest.lists(required) {
+                return Err(CheckpointError::MissingFile(format!(
+                    "{required} (not listed in {MANIFEST_FILE})"
+                )));
+            }
+        }
+        let bytes_verified = manifest.verify_dir(dir)?;
+        let config_text = read_text(dir, CONFIG_FILE)?;
+        let config = ModelConfig::from_json(&config_text)?;
+        let hf_quant = if dir.join(quant::HF_QUANT_CONFIG_FILE).is_file() {
+            Some(read_text(dir, quant::HF_QUANT_CONFIG_FILE)?)
+        } else {
+            None
+        };
+        let quant = QuantScheme::from_sources(hf_quant.as_deref(), &config_text)?;
+        let (weights, _) = WeightFiles::open(dir)?;
+        let kept = read_kept_ids(&config, &weights)?;
+        let mut checkpoint = Checkpoint {
+            dir: dir.to_path_buf(),
+            provenance,
+            layers: Vec::new(),
+            linears: BTreeMap::new(),
+            manifest_digest: manifest::sha256_hex(manifest_text.as_bytes()),
+            files_verified: manifest.digests.len(),
+            bytes_verified,
+            config,
+            quant,
+            weights,
+        };
+        checkpoint.check_tensors(&kept)?;
+        Ok(checkpoint)
+    }
+
+    fn check_tensors(&mut self, kept: &[Option<Vec<usize>>]) -> Result<(), CheckpointError> {
+        let config = &self.config;
+        let mut rules = layout::backbone_rules(config, kept);
+        rules.extend(layout::voice_tower_rules(config));
+        rules.extend(layout::codec_rules(config));
+        let mut used: BTreeSet<String> = BTreeSet::new();
+        for rule in &rules {
+            match rule {
+                Rule::Tensor {
+                    name,
+                    dtype,
+                    shapes,
+                    presence,
+                } => {
+                    let Some(entry) = self.weights.entry(name) else {
+                        if *presence == Presence::Required {
+                            return Err(CheckpointError::MissingTensor(name.clone()));
+                        }
+                        continue;
+                    };
+                    if entry.dtype != *dtype || !shapes.contains(&entry.shape) {
+                        let options: Vec<String> =
+                            shapes.iter().map(|s| format!("{s:?}")).collect();
+                        return Err(CheckpointError::TensorMismatch {
+                            name: name.clone(),
+                            expected: format!(
+                                "{} {}",
+                                shards::dtype_name(*dtype),
+                                options.join(" or ")
+                            ),
+                            found: format!("{} {:?}", shards::dtype_name(entry.dtype), entry.shape),
+                        });
+                    }
+                    check_values(name, entry.dtype, self.weights.bytes(entry))?;
+                    used.insert(name.clone());
+                }
+                Rule::Linear {
+                    module,
+                    shape,
+                    bias,
+                    kind,
+                } => {
+                    let (info, names_used) =
+                        linear::detect(&self.weights, module, shape, *bias, *kind)?;
+                    if *kind == layout::LinearKind::Quantizable {
+                        let expected = self.quant.expected_format(module);
+                        if expected != info.format {
+                            return Err(CheckpointError::FormatMismatch {
+                                module: module.clone(),
+                                expected: expected.describe().into(),
+                                found: info.format.describe().into(),
+                            });
+                        }
+                    }
+                    used.extend(names_used);
+                    self.linears.insert(module.clone(), info);
+                }
+            }
+        }
+        if let Some(extra) = self
+            .weights
+            .entries()
+            .keys()
+            .find(|name| !used.contains(*name))
+        {
+            return Err(unexpected(kept, extra));
+        }
+        self.layers = kept
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| match ids {
+                None => LayerMlp::Dense,
+                Some(ids) => {
+                    let router = self
+                        .weights
+                        .entry(&names::layer(names::ROUTER, i))
+                        .expect("checked above");
+                    let compact = router.shape[0] == ids.len();
+                    LayerMlp::Moe(MoeLayer {
+                        kept_expert_ids: ids.clone(),
+                        router_width: if compact {
+                            RouterWidth::Compact
+                        } else {
+                            RouterWidth::Full
+                        },
+                        has_score_bias: used.contains(&names::layer(names::ROUTER_BIAS, i)),
+                    })
+                }
+            })
+            .collect();
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let LayerMlp::Moe(moe) = layer {
+                let bias = names::layer(names::ROUTER_BIAS, i);
+                if let Some(entry) = self.weights.entry(&bias) {
+                    let compact_bias = entry.shape[0] == moe.kept_expert_ids.len();
+                    if compact_bias != (moe.router_width == RouterWidth::Compact) {
+                        return Err(CheckpointError::TensorMismatch {
+                            name: bias,
+                            expected: "the same width (compact or full) as the router".into(),
+                            found: format!("{:?}", entry.shape),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The validated description of a linear module.
+    pub fn linear(&self, module: &str) -> Option<&LinearInfo> {
+        self.linears.get(module)
+    }
+}
+
+fn read_text(dir: &Path, name: &str) -> Result<String, CheckpointError> {
+    let path = dir.join(name);
+    if !path.is_file() {
+        return Err(CheckpointError::MissingFile(name.to_string()));
+    }
+    std::fs::read_to_string(&path).map_err(|e| CheckpointError::io(&path, e))
+}
+
+/// Checks plain tensors' values: finite floats.
+fn check_values(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<(), CheckpointError> {
+    match dtype {
+        Dtype::BF16 => linear::check_finite_bf16(name, bytes),
+        Dtype::F32 => {
+            for (index, chunk) in bytes.chunks_exact(4).enumerate() {
+                let value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                if !value.is_finite() {
+                    return Err(CheckpointError::BadValues {
+                        name: name.to_string(),
+                        problem: format!("element {index} is {value}"),
+                    });
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Reads and validates `kept_expert_ids` of every MoE layer (`None` for dense layers).
+fn read_kept_ids(
+    config: &ModelConfig,
+    weights: &WeightFiles,
+) -> Result<Vec<Option<Vec<usize>>>, CheckpointError> {
+    (0..config.num_hidden_layers)
+        .map(|i| {
+            if !config.is_moe_layer(i) {
+                return Ok(None);
+            }
+            let name = names::layer(names::KEPT_EXPERT_IDS, i);
+            let entry = weights
+                .entry(&name)
+                .ok_or_else(|| CheckpointError::MissingTensor(name.clone()))?;
+            if entry.dtype != Dtype::I32 || entry.shape.len() != 1 || entry.shape[0] == 0 {
+                return Err(CheckpointError::TensorMismatch {
+                    name,
+                    expected: "I32 [E_kept] with E_kept >= 1".into(),
+                    found: format!("{} {:?}", shards::dtype_name(entry.dtype), entry.shape),
+                });
+            }
+            let ids: Vec<i32> = weights
+                .bytes(entry)
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let mut previous: Option<i32> = None;
+            for (position, &id) in ids.iter().enumerate() {
+                if id < 0 || id as usize >= config.num_experts {
+                    return Err(CheckpointError::BadValues {
+                        name,
+                        problem: format!(
+                            "id {id} at position {position} is outside [0, {})",
+                            config.num_experts
+                        ),
+                    });
+                }
+                if previous.is_some_and(|p| p >= id) {
+                    return Err(CheckpointError::BadValues {
+                        name,
+                        problem: format!(
+                            "ids are not strictly ascending at position {position} ({id})"
+                        ),
+                    });
+                }
+                previous = Some(id);
+            }
+            let ids: Vec<usize> = ids.into_iter().map(|id| id as usize).collect();
+            check_reachable(config, i, &ids)?;
+            Ok(Some(ids))
+        })
+        .collect()
+}
+
+/// Refuses a layer whose top-k cannot be filled from the experts the router can reach.
+fn check_reachable(
+    config: &ModelConfig,
+    layer: usize,
+    kept: &[usize],
+) -> Result<(), CheckpointError> {
+    let k = config.num_experts_per_tok;
+    let router = &config.router;
+    let reachable = if router.n_group > 1 {
+        let group_size = config.num_experts / router.n_group;
+        let mut counts = vec![0usize; router.n_group];
+        for &id in kept {
+            counts[id / group_size] += 1;
+        }
+        let mut non_empty: Vec<usize> = counts.into_iter().filter(|&c| c > 0).collect();
+        non_empty.sort_unstable();
+        non_empty.iter().take(router.topk_group).sum()
+    } else {
+        kept.len()
+    };
+    if k > reachable {
+        return Err(CheckpointError::Routing {
+            layer,
+            problem: format!(
+                "num_experts_per_tok {k} exceeds the {reachable} kept experts the router can always reach"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn unexpected(kept: &[Option<Vec<usize>>], name: &str) -> CheckpointError {
+    for (i, ids) in kept.iter().enumerate() {
+        let prefix = names::layer(names::EXPERT_PREFIX, i);
+        if let Some(rest) = name.strip_prefix(&prefix) {
+            let id = rest.split('.').next().unwrap_or("");
+            let why = match ids {
+                Some(_) => format!("expert {id} is not in kept_expert_ids of layer {i}"),
+                None => format!("layer {i} is a dense layer (mlp_only_layers)"),
+            };
+            return CheckpointError::UnexpectedTensor {
+                name: name.to_string(),
+                why,
+            };
+        }
+    }
+    CheckpointError::UnexpectedTensor {
+        name: name.to_string(),
+        why: "no rule of the contract names it".into(),
+    }
+}
