@@ -159,11 +159,21 @@ impl ModelConfig {
     /// Parses `config.json` text and checks every consistency rule of the contract.
     pub fn from_json(text: &str) -> Result<Self, CheckpointError> {
         let mut de = serde_json::Deserializer::from_str(text);
-        let config: ModelConfig =
-            serde_path_to_error::deserialize(&mut de).map_err(|e| CheckpointError::Config {
-                key: e.path().to_string(),
-                problem: e.into_inner().to_string(),
-            })?;
+        let config: ModelConfig = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let problem = e.into_inner().to_string();
+            // serde reports a missing field at its parent; name the field itself.
+            let missing = problem
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.split_once('`'))
+                .map(|(field, _)| field.to_string());
+            let key = match (missing, path.as_str()) {
+                (Some(field), ".") => field,
+                (Some(field), parent) => format!("{parent}.{field}"),
+                (None, _) => path,
+            };
+            CheckpointError::Config { key, problem }
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -208,7 +218,10 @@ impl ModelConfig {
                 return bad(key, "must be positive".into());
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return bad(
                 "num_key_value_heads",
                 format!(
@@ -217,7 +230,7 @@ impl ModelConfig {
                 ),
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(
                 "head_dim",
                 format!(
@@ -337,7 +350,7 @@ impl ModelConfig {
                 }
             }
             ScoringFunc::Sigmoid => {
-                if r.n_group == 0 || self.num_experts % r.n_group != 0 {
+                if r.n_group == 0 || !self.num_experts.is_multiple_of(r.n_group) {
                     return bad(
                         "router.n_group",
                         format!(
@@ -368,7 +381,7 @@ impl ModelConfig {
         if v.sample_rate == 0 {
             return bad("voice_tower.sample_rate", "must be positive".into());
         }
-        if v.n_fft < 2 || v.n_fft % 2 != 0 {
+        if v.n_fft < 2 || !v.n_fft.is_multiple_of(2) {
             return bad(
                 "voice_tower.n_fft",
                 format!("{} is not an even length of at least 2", v.n_fft),
@@ -422,7 +435,7 @@ impl ModelConfig {
                 "needs at least one positive dilation".into(),
             );
         }
-        if c.kernel_size == 0 || c.kernel_size % 2 == 0 {
+        if c.kernel_size == 0 || c.kernel_size.is_multiple_of(2) {
             return bad(
                 "codec.kernel_size",
                 format!("{} is not an odd positive size", c.kernel_size),
