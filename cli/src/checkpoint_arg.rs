@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use drama_engine::checkpoint::{Checkpoint, Provenance};
+use drama_engine::checkpoint::{Checkpoint, PINNED_REPO, PINNED_REVISION, Provenance};
 
 /// Which checkpoint to load.
 #[derive(Args)]
@@ -22,4 +22,11 @@ impl CheckpointArg {
         Checkpoint::open(dir, Provenance::Local(absolute))
             .with_context(|| format!("checkpoint {} refused", dir.display()))
     }
+}
+
+/// Where the pinned checkpoint lives unless the user says otherwise.
+pub fn default_pinned_dir() -> Result<PathBuf> {
+    let cache = dirs::cache_dir().context("no user cache directory; pass --dir")?;
+    let name = format!("{}@{}", PINNED_REPO.replace('/', "--"), PINNED_REVISION);
+    Ok(cache.join("drama").join(name))
 }

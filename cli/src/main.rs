@@ -1,6 +1,7 @@
 //! `drama`: the command-line front end of the Drama 3 engine.
 
 mod checkpoint_arg;
+mod fetch;
 mod fixture;
 mod verify;
 
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Validate a checkpoint without touching a GPU and print what it holds.
     Verify(verify::VerifyArgs),
+    /// Download the pinned checkpoint into a new directory and verify it.
+    Fetch(fetch::FetchArgs),
     /// Generate a deterministic checkpoint in the contract layout (random weights).
     Fixture(fixture::FixtureArgs),
 }
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Verify(args) => verify::run(args),
+        Command::Fetch(args) => fetch::run(args),
         Command::Fixture(args) => fixture::run(args),
     };
     match result {

@@ -37,3 +37,5 @@ pub fn drama_text(args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+pub mod fake_hub;

@@ -8,6 +8,7 @@
 
 pub mod config;
 mod error;
+pub mod fetch;
 pub mod layout;
 pub mod linear;
 pub mod manifest;

@@ -1,0 +1,210 @@
+//! Downloading the pinned checkpoint with hf-hub into a new directory, verified before use.
+//!
+//! Files go to a hidden staging directory beside the target; only after `SHA256SUMS` and
+//! the whole contract check pass is the staging directory renamed into place. An existing
+//! target is never modified: if it verifies it is used as it is, otherwise it is refused.
+
+use std::path::{Path, PathBuf};
+
+use hf_hub::api::sync::ApiBuilder;
+use hf_hub::{Repo, RepoType};
+
+use super::{Checkpoint, CheckpointError, MANIFEST_FILE, Manifest, Provenance};
+
+/// Why the pinned checkpoint could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The target exists but does not verify; it is left untouched.
+    #[error(
+        "{dir} exists but is not a complete, unmodified checkpoint ({reason}); it is not repaired: remove it or choose another directory"
+    )]
+    ExistingInvalid {
+        /// The target directory.
+        dir: PathBuf,
+        /// The verification failure.
+        reason: CheckpointError,
+    },
+    /// The hub could not be reached or refused a request.
+    #[error("downloading {what} from {endpoint}: {message}")]
+    Hub {
+        /// The endpoint used.
+        endpoint: String,
+        /// The file or listing being fetched.
+        what: String,
+        /// hf-hub's message.
+        message: String,
+    },
+    /// The hub answered for a different commit than the pin.
+    #[error(
+        "the hub resolved revision {requested} to {served}; refusing a checkpoint that is not the pinned commit"
+    )]
+    RevisionMismatch {
+        /// The pinned revision.
+        requested: String,
+        /// What the hub reported.
+        served: String,
+    },
+    /// The downloaded files do not form a valid checkpoint (truncated, tampered...).
+    #[error("the downloaded checkpoint was refused and deleted: {0}")]
+    Refused(CheckpointError),
+    /// Local file system trouble.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+}
+
+/// What to fetch and where.
+#[derive(Debug, Clone)]
+pub struct FetchRequest {
+    /// Hub repository.
+    pub repo: String,
+    /// Commit to download.
+    pub revision: String,
+    /// Target directory (must not exist, or must already hold the verified checkpoint).
+    pub dir: PathBuf,
+    /// Show hf-hub's progress bars.
+    pub progress: bool,
+}
+
+impl FetchRequest {
+    /// The pinned checkpoint into `dir`.
+    pub fn pinned(dir: PathBuf) -> Self {
+        FetchRequest {
+            repo: super::PINNED_REPO.into(),
+            revision: super::PINNED_REVISION.into(),
+            dir,
+            progress: false,
+        }
+    }
+}
+
+/// The outcome of a successful fetch.
+pub struct Fetched {
+    /// The verified checkpoint.
+    pub checkpoint: Checkpoint,
+    /// Whether files were downloaded (false: the directory was already complete).
+    pub downloaded: bool,
+}
+
+/// Downloads (or finds) the checkpoint and returns it verified, labelled as pinned.
+/// The hub endpoint comes from `HF_ENDPOINT` (default `https://huggingface.co`).
+pub fn fetch(request: &FetchRequest) -> Result<Fetched, FetchError> {
+    let provenance = Provenance::Pinned {
+        repo: request.repo.clone(),
+        revision: request.revision.clone(),
+    };
+    if request.dir.exists() {
+        return match Checkpoint::open(&request.dir, provenance) {
+            Ok(checkpoint) => Ok(Fetched {
+                checkpoint,
+                downloaded: false,
+            }),
+            Err(reason) => Err(FetchError::ExistingInvalid {
+                dir: request.dir.clone(),
+                reason,
+            }),
+        };
+    }
+    let staging = staging_dir(&request.dir)?;
+    let result = download_into(request, &staging).and_then(|()| {
+        let checkpoint_dir = staging.join("checkpoint");
+        Checkpoint::open(&checkpoint_dir, provenance.clone()).map_err(FetchError::Refused)?;
+        std::fs::rename(&checkpoint_dir, &request.dir).map_err(|e| FetchError::Io {
+            path: request.dir.clone(),
+            source: e,
+        })
+    });
+    let _ = std::fs::remove_dir_all(&staging);
+    result?;
+    let checkpoint = Checkpoint::open(&request.dir, provenance).map_err(FetchError::Refused)?;
+    Ok(Fetched {
+        checkpoint,
+        downloaded: true,
+    })
+}
+
+/// A fresh hidden directory beside `target`, so the final rename stays on one file system.
+fn staging_dir(target: &Path) -> Result<PathBuf, FetchError> {
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| FetchError::Io {
+        path: parent.clone(),
+        source: e,
+    })?;
+    let name = target
+        .file_name()
+        .map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
+    let staging = parent.join(format!(".{name}.fetch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(staging.join("checkpoint")).map_err(|e| FetchError::Io {
+        path: staging.clone(),
+        source: e,
+    })?;
+    Ok(staging)
+}
+
+/// Downloads `SHA256SUMS`, then exactly the files it lists, into `staging/checkpoint`.
+fn download_into(request: &FetchRequest, staging: &Path) -> Result<(), FetchError> {
+    let builder = ApiBuilder::from_env()
+        .with_cache_dir(staging.join("cache"))
+        .with_progress(request.progress)
+        .with_retries(2);
+    let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
+    let hub_error = |what: &str, e: hf_hub::api::sync::ApiError| FetchError::Hub {
+        endpoint: endpoint.clone(),
+        what: what.to_string(),
+        message: e.to_string(),
+    };
+    let api = builder
+        .build()
+        .map_err(|e| hub_error("(client setup)", e))?;
+    let repo = api.repo(Repo::with_revision(
+        request.repo.clone(),
+        RepoType::Model,
+        request.revision.clone(),
+    ));
+    let listing = format!("the file list of {}@{}", request.repo, request.revision);
+    let info = repo.info().map_err(|e| hub_error(&listing, e))?;
+    if info.sha != request.revision {
+        return Err(FetchError::RevisionMismatch {
+            requested: request.revision.clone(),
+            served: info.sha,
+        });
+    }
+    let target = staging.join("checkpoint");
+    let fetch_one = |name: &str| -> Result<(), FetchError> {
+        if !info.siblings.iter().any(|s| s.rfilename == name) {
+            return Err(FetchError::Hub {
+                endpoint: endpoint.clone(),
+                what: name.to_string(),
+                message: "the repository at this revision has no such file".into(),
+            });
+        }
+        let cached = repo.get(name).map_err(|e| hub_error(name, e))?;
+        let blob = std::fs::canonicalize(&cached).map_err(|e| FetchError::Io {
+            path: cached.clone(),
+            source: e,
+        })?;
+        std::fs::rename(&blob, target.join(name)).map_err(|e| FetchError::Io {
+            path: blob.clone(),
+            source: e,
+        })
+    };
+    fetch_one(MANIFEST_FILE)?;
+    let manifest_text =
+        std::fs::read_to_string(target.join(MANIFEST_FILE)).map_err(|e| FetchError::Io {
+            path: target.join(MANIFEST_FILE),
+            source: e,
+        })?;
+    let manifest = Manifest::parse(&manifest_text).map_err(FetchError::Refused)?;
+    for name in manifest.digests.keys() {
+        fetch_one(name)?;
+    }
+    Ok(())
+}

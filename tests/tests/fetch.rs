@@ -1,0 +1,185 @@
+//! `drama fetch` end to end against a fake hub on 127.0.0.1 serving a generated checkpoint
+//! under the pinned name: success, a download cut off midway, a wrong revision, a commit
+//! other than the pin, a tampered file, and an existing modified directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use drama_engine::checkpoint::{PINNED_REPO, PINNED_REVISION};
+use drama_tests::drama_binary;
+use drama_tests::fake_hub::{FakeHub, Fault};
+
+struct Setup {
+    _root: tempfile::TempDir,
+    source: PathBuf,
+    work: PathBuf,
+    home: PathBuf,
+}
+
+fn setup() -> Setup {
+    let root = tempfile::tempdir().unwrap();
+    let source = root.path().join("source");
+    drama_fixtures::write_preset("tiny", 11, &source).unwrap();
+    let work = root.path().join("work");
+    let home = root.path().join("hf-home");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&home).unwrap();
+    Setup {
+        source,
+        work,
+        home,
+        _root: root,
+    }
+}
+
+/// Runs `drama fetch --dir <dir>` against `hub`; returns (exit code, stdout, stderr).
+fn fetch(setup: &Setup, hub: &FakeHub, dir: &Path) -> (Option<i32>, String, String) {
+    let out = Command::new(drama_binary())
+        .args(["fetch", "--dir", dir.to_str().unwrap()])
+        .env("HF_ENDPOINT", &hub.endpoint)
+        .env("HF_HOME", &setup.home)
+        .env_remove("HF_TOKEN")
+        .env("NO_PROXY", "127.0.0.1")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn fetch_downloads_verifies_and_labels_pinned() {
+    let s = setup();
+    let hub = FakeHub::start(&s.source, PINNED_REPO, PINNED_REVISION, Fault::None);
+    let target = s.work.join("ckpt");
+    let (code, stdout, stderr) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    assert!(stdout.contains("downloaded and verified"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("pinned {PINNED_REPO}@{PINNED_REVISION}")),
+        "{stdout}"
+    );
+    for name in leftovers(&s.source) {
+        let a = std::fs::read(s.source.join(&name)).unwrap();
+        let b = std::fs::read(target.join(&name)).unwrap();
+        assert!(a == b, "{name} differs after download");
+    }
+    assert_eq!(
+        leftovers(&s.work),
+        vec!["ckpt".to_string()],
+        "staging directory left behind"
+    );
+    // A second fetch finds the complete directory and downloads nothing.
+    let (code, stdout, _) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("already present, verified"), "{stdout}");
+}
+
+#[test]
+fn a_download_cut_off_midway_leaves_nothing_behind() {
+    let s = setup();
+    let hub = FakeHub::start(
+        &s.source,
+        PINNED_REPO,
+        PINNED_REVISION,
+        Fault::CutOff("model-00001-of-00002.safetensors".into()),
+    );
+    let target = s.work.join("ckpt");
+    let (code, _, stderr) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(1), "a truncated download was accepted");
+    assert!(
+        stderr.contains("model-00001-of-00002.safetensors"),
+        "{stderr}"
+    );
+    assert!(
+        !target.exists(),
+        "a partial checkpoint was left at the target"
+    );
+    assert!(
+        leftovers(&s.work).is_empty(),
+        "staging left behind: {:?}",
+        leftovers(&s.work)
+    );
+}
+
+#[test]
+fn a_wrong_revision_is_refused() {
+    let s = setup();
+    let other = "0".repeat(40);
+    let hub = FakeHub::start(&s.source, PINNED_REPO, &other, Fault::None);
+    let target = s.work.join("ckpt");
+    let (code, _, stderr) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains(PINNED_REVISION), "{stderr}");
+    assert!(stderr.contains("404"), "{stderr}");
+    assert!(!target.exists());
+}
+
+#[test]
+fn a_hub_serving_another_commit_is_refused() {
+    let s = setup();
+    let hub = FakeHub::start(
+        &s.source,
+        PINNED_REPO,
+        PINNED_REVISION,
+        Fault::ServesCommit("f".repeat(40)),
+    );
+    let target = s.work.join("ckpt");
+    let (code, _, stderr) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains(&"f".repeat(40)) && stderr.contains("not the pinned commit"),
+        "{stderr}"
+    );
+    assert!(!target.exists());
+}
+
+#[test]
+fn a_tampered_file_is_refused_and_deleted() {
+    let s = setup();
+    let hub = FakeHub::start(
+        &s.source,
+        PINNED_REPO,
+        PINNED_REVISION,
+        Fault::Tampered("config.json".into()),
+    );
+    let target = s.work.join("ckpt");
+    let (code, _, stderr) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("config.json") && stderr.contains("does not match SHA256SUMS"),
+        "{stderr}"
+    );
+    assert!(!target.exists());
+    assert!(leftovers(&s.work).is_empty());
+}
+
+#[test]
+fn an_existing_modified_directory_is_refused_not_repaired() {
+    let s = setup();
+    let hub = FakeHub::start(&s.source, PINNED_REPO, PINNED_REVISION, Fault::None);
+    let target = s.work.join("ckpt");
+    assert_eq!(fetch(&s, &hub, &target).0, Some(0));
+    let tokenizer = target.join("tokenizer.json");
+    std::fs::write(&tokenizer, "{}").unwrap();
+    let (code, _, stderr) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("not repaired") && stderr.contains("tokenizer.json"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&tokenizer).unwrap(),
+        "{}",
+        "the directory was modified"
+    );
+}
