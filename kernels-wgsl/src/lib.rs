@@ -1,0 +1,323 @@
+//! The WGSL compute kernels of the Drama 3 engine.
+//!
+//! One `.wgsl` file per kernel family under `wgsl/`; a [`Module`] is a family assembled with
+//! the shared helpers (and, for linears, a weight-format file). A [`Kernel`] is one entry
+//! point of a module together with the bindings it uses and its parameter block. Kernels know
+//! nothing of the model: shapes arrive in the parameter blocks at dispatch time.
+//!
+//! [`validate`] runs naga's validator on a module and [`to_msl`] translates it to Metal
+//! Shading Language; the tests do both for every module, so everything that ships also
+//! compiles for Apple GPUs.
+
+mod params;
+
+pub use params::{AttentionParams, ElementwiseParams, LinearParams, NormParams, RouterParams};
+
+const COMMON: &str = include_str!("wgsl/common.wgsl");
+
+/// How a linear's weights are stored on the GPU (exactly as in the checkpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WeightFormat {
+    /// BF16, two per word.
+    Bf16,
+    /// NVFP4: packed E2M1 nibbles, E4M3 block scales, one tensor scale.
+    Nvfp4,
+    /// FP8 E4M3 with F32 scales per 128x128 tile.
+    Fp8Block,
+}
+
+/// A compilable WGSL module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Module {
+    /// `linear.wgsl` with one weight format.
+    Linear(WeightFormat),
+    /// `norm.wgsl`.
+    Norm,
+    /// `attention.wgsl`: RoPE, KV writes, attention.
+    Attention,
+    /// `router.wgsl`.
+    Router,
+    /// `elementwise.wgsl`.
+    Elementwise,
+}
+
+impl Module {
+    /// Every module the engine can use.
+    pub const ALL: [Module; 7] = [
+        Module::Linear(WeightFormat::Bf16),
+        Module::Linear(WeightFormat::Nvfp4),
+        Module::Linear(WeightFormat::Fp8Block),
+        Module::Norm,
+        Module::Attention,
+        Module::Router,
+        Module::Elementwise,
+    ];
+
+    /// The assembled WGSL source.
+    pub fn source(self) -> String {
+        let family = match self {
+            Module::Linear(format) => {
+                let format_source = match format {
+                    WeightFormat::Bf16 => include_str!("wgsl/fmt_bf16.wgsl"),
+                    WeightFormat::Nvfp4 => include_str!("wgsl/fmt_nvfp4.wgsl"),
+                    WeightFormat::Fp8Block => include_str!("wgsl/fmt_fp8.wgsl"),
+                };
+                // The format file refers to the bindings and `Params` declared by linear.wgsl,
+                // which WGSL allows in any order at module scope.
+                return format!(
+                    "{COMMON}\n{}\n{format_source}",
+                    include_str!("wgsl/linear.wgsl")
+                );
+            }
+            Module::Norm => include_str!("wgsl/norm.wgsl"),
+            Module::Attention => include_str!("wgsl/attention.wgsl"),
+            Module::Router => include_str!("wgsl/router.wgsl"),
+            Module::Elementwise => include_str!("wgsl/elementwise.wgsl"),
+        };
+        format!("{COMMON}\n{family}")
+    }
+
+    /// A short name for labels and dumps.
+    pub fn name(self) -> String {
+        match self {
+            Module::Linear(format) => format!("linear_{format:?}").to_lowercase(),
+            other => format!("{other:?}").to_lowercase(),
+        }
+    }
+}
+
+/// One entry point: what the engine dispatches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    /// Dense linear, weight rows reused across up to 8 activation rows.
+    Linear(WeightFormat),
+    /// Routed-expert linear: expert per slot read on the GPU.
+    Gathered(WeightFormat),
+    /// RMSNorm.
+    RmsNorm,
+    /// RoPE of the queries.
+    RopeQ,
+    /// RoPE of the keys and the KV-cache writes.
+    WriteKv,
+    /// Causal grouped-query attention.
+    Attend,
+    /// Top-k routing.
+    Route,
+    /// silu(gate) * up.
+    Swiglu,
+    /// Residual addition.
+    Add,
+    /// Weighted sum of expert outputs plus the gated shared expert, added to the residual.
+    MoeCombine,
+    /// Rows of a BF16 embedding table.
+    EmbedBf16,
+    /// Rows of an F32 table (voice prefixes).
+    EmbedF32,
+}
+
+impl Kernel {
+    /// Every kernel.
+    pub fn all() -> Vec<Kernel> {
+        let formats = [
+            WeightFormat::Bf16,
+            WeightFormat::Nvfp4,
+            WeightFormat::Fp8Block,
+        ];
+        let mut all: Vec<Kernel> = formats.iter().map(|&f| Kernel::Linear(f)).collect();
+        all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
+        all.extend([
+            Kernel::RmsNorm,
+            Kernel::RopeQ,
+            Kernel::WriteKv,
+            Kernel::Attend,
+            Kernel::Route,
+            Kernel::Swiglu,
+            Kernel::Add,
+            Kernel::MoeCombine,
+            Kernel::EmbedBf16,
+            Kernel::EmbedF32,
+        ]);
+        all
+    }
+
+    /// The module holding this entry point.
+    pub fn module(self) -> Module {
+        match self {
+            Kernel::Linear(f) | Kernel::Gathered(f) => Module::Linear(f),
+            Kernel::RmsNorm => Module::Norm,
+            Kernel::RopeQ | Kernel::WriteKv | Kernel::Attend => Module::Attention,
+            Kernel::Route => Module::Router,
+            Kernel::Swiglu
+            | Kernel::Add
+            | Kernel::MoeCombine
+            | Kernel::EmbedBf16
+            | Kernel::EmbedF32 => Module::Elementwise,
+        }
+    }
+
+    /// The WGSL function name.
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            Kernel::Linear(_) => "linear",
+            Kernel::Gathered(_) => "gathered",
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::RopeQ => "rope_q",
+            Kernel::WriteKv => "write_kv",
+            Kernel::Attend => "attend",
+            Kernel::Route => "route",
+            Kernel::Swiglu => "swiglu",
+            Kernel::Add => "add",
+            Kernel::MoeCombine => "moe_combine",
+            Kernel::EmbedBf16 => "embed_bf16",
+            Kernel::EmbedF32 => "embed_f32",
+        }
+    }
+
+    /// The binding numbers of group 0 the entry point uses, in order; binding 0 is always
+    /// the parameter block (uniform), the last is the output (read-write).
+    pub fn bindings(self) -> &'static [u32] {
+        match self {
+            // params, x, w, (scales,) bias, y: BF16 weights have no scales
+            Kernel::Linear(WeightFormat::Bf16) => &[0, 1, 2, 4, 6],
+            Kernel::Linear(_) => &[0, 1, 2, 3, 4, 6],
+            // params, x, w, (scales,) bias, expert_ids, y
+            Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6],
+            Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6],
+            // params, x, weight, y
+            Kernel::RmsNorm => &[0, 1, 2, 3],
+            // params, row_pos, rope_table, src, dst
+            Kernel::RopeQ => &[0, 2, 3, 4, 7],
+            // params, row_lane, row_pos, rope_table, src, k_cache, v_cache
+            Kernel::WriteKv => &[0, 1, 2, 3, 4, 5, 6],
+            // params, row_lane, row_pos, src (q), k_cache, v_cache, dst, scratch
+            Kernel::Attend => &[0, 1, 2, 4, 5, 6, 7, 8],
+            // params, logits, kept_ids, score_bias, chosen_ids, chosen_weights
+            Kernel::Route => &[0, 1, 2, 3, 4, 5],
+            // params, a, b, out
+            Kernel::Swiglu | Kernel::Add => &[0, 1, 2, 8],
+            // params, a, b, c, d, out
+            Kernel::MoeCombine => &[0, 1, 2, 3, 4, 8],
+            // params, words, row_table, row_index, out
+            Kernel::EmbedBf16 => &[0, 5, 6, 7, 8],
+            // params, a, row_table, row_index, out
+            Kernel::EmbedF32 => &[0, 1, 6, 7, 8],
+        }
+    }
+
+    /// Invocations per workgroup (every kernel uses 64).
+    pub fn workgroup_size(self) -> u32 {
+        64
+    }
+}
+
+/// A module that failed to parse, validate or translate.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// WGSL parse error.
+    #[error("{module}: WGSL does not parse: {message}")]
+    Parse {
+        /// Module name.
+        module: String,
+        /// naga's message with source context.
+        message: String,
+    },
+    /// naga validation error.
+    #[error("{module}: WGSL does not validate: {message}")]
+    Validate {
+        /// Module name.
+        module: String,
+        /// naga's message.
+        message: String,
+    },
+    /// MSL translation error.
+    #[error("{module}: cannot translate to MSL: {message}")]
+    Msl {
+        /// Module name.
+        module: String,
+        /// naga's message.
+        message: String,
+    },
+}
+
+/// Parses and validates a module with naga; returns the IR and its analysis.
+pub fn validate(module: Module) -> Result<(naga::Module, naga::valid::ModuleInfo), KernelError> {
+    let source = module.source();
+    let ir = naga::front::wgsl::parse_str(&source).map_err(|e| KernelError::Parse {
+        module: module.name(),
+        message: e.emit_to_string(&source),
+    })?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    )
+    .validate(&ir)
+    .map_err(|e| KernelError::Validate {
+        module: module.name(),
+        message: e.emit_to_string(&source),
+    })?;
+    Ok((ir, info))
+}
+
+/// Translates a module to Metal Shading Language (MSL 2.4), as wgpu's Metal backend does.
+pub fn to_msl(module: Module) -> Result<String, KernelError> {
+    let (ir, info) = validate(module)?;
+    let options = naga::back::msl::Options {
+        lang_version: (2, 4),
+        ..Default::default()
+    };
+    let (msl, _) = naga::back::msl::write_string(
+        &ir,
+        &info,
+        &options,
+        &naga::back::msl::PipelineOptions::default(),
+    )
+    .map_err(|e| KernelError::Msl {
+        module: module.name(),
+        message: e.to_string(),
+    })?;
+    Ok(msl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_module_validates_and_translates_to_msl() {
+        for module in Module::ALL {
+            let msl = to_msl(module).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                msl.contains("kernel void"),
+                "{}: no kernel in MSL",
+                module.name()
+            );
+        }
+    }
+
+    #[test]
+    fn every_kernel_entry_point_exists_with_its_bindings() {
+        for kernel in Kernel::all() {
+            let (ir, info) = validate(kernel.module()).unwrap();
+            let (index, entry) = ir
+                .entry_points
+                .iter()
+                .enumerate()
+                .find(|(_, e)| e.name == kernel.entry_point())
+                .unwrap_or_else(|| panic!("{kernel:?}: no entry point"));
+            assert_eq!(entry.workgroup_size, [kernel.workgroup_size(), 1, 1]);
+            let used: Vec<u32> = ir
+                .global_variables
+                .iter()
+                .filter(|(handle, _)| !info.get_entry_point(index)[*handle].is_empty())
+                .filter_map(|(_, var)| var.binding.as_ref().map(|b| b.binding))
+                .collect();
+            let mut used = used;
+            used.sort_unstable();
+            assert_eq!(
+                used,
+                kernel.bindings(),
+                "{kernel:?}: bindings used by the WGSL"
+            );
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Parameter blocks, laid out exactly like the `Params` structs of the WGSL files.
+
+use bytemuck::{Pod, Zeroable};
+
+/// `linear.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct LinearParams {
+    /// Activation rows (linear) or slots (gathered).
+    pub rows: u32,
+    /// Input width K.
+    pub in_features: u32,
+    /// Weight rows in this segment (per expert when gathered).
+    pub out_features: u32,
+    /// Column of the output row where this segment starts.
+    pub out_offset: u32,
+    /// Floats per output row.
+    pub y_stride: u32,
+    /// Gathered: input row = slot / x_row_div.
+    pub x_row_div: u32,
+    /// Gathered: first local expert id held by this segment.
+    pub expert_begin: u32,
+    /// Gathered: one past the last.
+    pub expert_end: u32,
+    /// 1: add bias; 2: round output to BF16.
+    pub flags: u32,
+    /// NVFP4 tensor scale (1 otherwise).
+    pub tensor_scale: f32,
+    /// Padding to 16 bytes.
+    pub pad: [u32; 2],
+}
+
+/// `norm.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct NormParams {
+    /// Row width.
+    pub width: u32,
+    /// 1: round output to BF16.
+    pub flags: u32,
+    /// Epsilon.
+    pub eps: f32,
+    /// Padding.
+    pub pad: u32,
+}
+
+/// `attention.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct AttentionParams {
+    /// Token rows.
+    pub rows: u32,
+    /// Query heads.
+    pub heads: u32,
+    /// Key/value heads.
+    pub kv_heads: u32,
+    /// Head width.
+    pub head_dim: u32,
+    /// Positions per cache slot.
+    pub capacity: u32,
+    /// 1: round the attention output to BF16.
+    pub flags: u32,
+    /// Score scale 1/sqrt(head_dim).
+    pub scale: f32,
+    /// Padding.
+    pub pad: u32,
+}
+
+/// `router.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct RouterParams {
+    /// Token rows.
+    pub rows: u32,
+    /// Router logits per token.
+    pub logit_width: u32,
+    /// Kept experts.
+    pub kept: u32,
+    /// Experts chosen per token.
+    pub k: u32,
+    /// 1: sigmoid; 2: full-width logits; 4: selection bias; 8: renormalise.
+    pub flags: u32,
+    /// Expert groups.
+    pub n_group: u32,
+    /// Groups kept per token.
+    pub topk_group: u32,
+    /// Original ids per group.
+    pub group_size: u32,
+    /// Routed scaling factor.
+    pub scaling: f32,
+    /// Padding.
+    pub pad: [u32; 3],
+}
+
+/// `elementwise.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct ElementwiseParams {
+    /// Output elements.
+    pub count: u32,
+    /// Row width.
+    pub width: u32,
+    /// moe_combine: experts per token; embed: first table row of the segment.
+    pub k: u32,
+    /// Kernel-specific flags.
+    pub flags: u32,
+    /// embed: one past the last table row of the segment.
+    pub row_end: u32,
+    /// embed: the table this dispatch serves.
+    pub table: u32,
+    /// Padding.
+    pub pad: [u32; 2],
+}

@@ -1,0 +1,137 @@
+// Rotary embedding, KV-cache writes and causal grouped-query attention, all FP32.
+//
+// Rows are tokens; `row_lane[r]` names the KV cache slot of row r and `row_pos[r]` its
+// position. RoPE is NeoX rotate-half over the whole head with cos/sin from a table the host
+// computes in f64 (`rope_table[pos * half + i]` = (cos, sin)), so every platform rotates by
+// the same numbers. Attention gives each (row, head) one workgroup: scores into `scratch`,
+// max and sum by a fixed tree, then each thread owns output dimensions. A row's result
+// depends only on its own cache, whatever else is in the batch.
+
+const WG: u32 = 64u;
+
+struct Params {
+    rows: u32,
+    heads: u32,       // query heads
+    kv_heads: u32,
+    head_dim: u32,
+    capacity: u32,    // positions per cache slot
+    flags: u32,       // attention: 1 = round output to BF16
+    scale: f32,       // 1 / sqrt(head_dim)
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> row_lane: array<u32>;
+@group(0) @binding(2) var<storage, read> row_pos: array<u32>;
+@group(0) @binding(3) var<storage, read> rope_table: array<vec2<f32>>;
+@group(0) @binding(4) var<storage, read> src: array<f32>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<f32>;
+@group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(8) var<storage, read_write> scratch: array<f32>;
+
+fn rotated(base: u32, i: u32, pos: u32) -> f32 {
+    let half = p.head_dim / 2u;
+    let j = i % half;
+    let cs = rope_table[pos * half + j];
+    let a = src[base + j];
+    let b = src[base + j + half];
+    if (i < half) {
+        return a * cs.x - b * cs.y;
+    }
+    return b * cs.x + a * cs.y;
+}
+
+// q: src [rows, heads * head_dim] -> dst rotated. One thread per element.
+@compute @workgroup_size(64)
+fn rope_q(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let index = gid.x + gid.y * nwg.x * WG;
+    let width = p.heads * p.head_dim;
+    if (index >= p.rows * width) {
+        return;
+    }
+    let r = index / width;
+    let i = index % p.head_dim;
+    let head_base = index - i;
+    dst[index] = rotated(head_base, i, row_pos[r]);
+}
+
+// k (rotated) and v into the caches. src = [k | v] rows of width 2 * kv_heads * head_dim.
+@compute @workgroup_size(64)
+fn write_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let index = gid.x + gid.y * nwg.x * WG;
+    let width = p.kv_heads * p.head_dim;
+    if (index >= p.rows * width) {
+        return;
+    }
+    let r = index / width;
+    let c = index % width;
+    let i = c % p.head_dim;
+    let pos = row_pos[r];
+    let slot = (row_lane[r] * p.capacity + pos) * width + c;
+    let row_base = r * 2u * width;
+    k_cache[slot] = rotated(row_base + c - i, i, pos);
+    v_cache[slot] = src[row_base + width + c];
+}
+
+var<workgroup> partial: array<f32, 64>;
+
+fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
+    partial[t] = value;
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        workgroupBarrier();
+        if (t < stride) {
+            let other = partial[t + stride];
+            partial[t] = select(partial[t] + other, max(partial[t], other), is_max);
+        }
+    }
+    workgroupBarrier();
+    let result = partial[0];
+    workgroupBarrier();
+    return result;
+}
+
+// q rotated: src [rows, heads * head_dim]; out: dst [rows, heads * head_dim].
+@compute @workgroup_size(64)
+fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let r = wg.x;
+    let h = wg.y;
+    let g = h / (p.heads / p.kv_heads);
+    let kv_width = p.kv_heads * p.head_dim;
+    let length = row_pos[r] + 1u;
+    let cache_base = row_lane[r] * p.capacity * kv_width + g * p.head_dim;
+    let q_base = (r * p.heads + h) * p.head_dim;
+    let s_base = (r * p.heads + h) * p.capacity;
+    var local_max = -3.0e38;
+    for (var s = t; s < length; s += WG) {
+        var dot = 0.0;
+        let k_base = cache_base + s * kv_width;
+        for (var d = 0u; d < p.head_dim; d++) {
+            dot += src[q_base + d] * k_cache[k_base + d];
+        }
+        let score = dot * p.scale;
+        scratch[s_base + s] = score;
+        local_max = max(local_max, score);
+    }
+    let m = reduce(t, local_max, true);
+    var local_sum = 0.0;
+    for (var s = t; s < length; s += WG) {
+        let e = exp(scratch[s_base + s] - m);
+        scratch[s_base + s] = e;
+        local_sum += e;
+    }
+    let total = reduce(t, local_sum, false);
+    storageBarrier();
+    workgroupBarrier();
+    for (var d = t; d < p.head_dim; d += WG) {
+        var acc = 0.0;
+        for (var s = 0u; s < length; s++) {
+            acc += scratch[s_base + s] * v_cache[cache_base + s * kv_width + d];
+        }
+        var out = acc / total;
+        if ((p.flags & 1u) != 0u) {
+            out = round_bf16(out);
+        }
+        dst[q_base + d] = out;
+    }
+}

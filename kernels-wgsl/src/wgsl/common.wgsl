@@ -1,0 +1,36 @@
+// Shared number-format helpers, prepended to every kernel that decodes weights or rounds.
+
+// Round an f32 to the nearest BF16 value (ties to even); infinities and NaN pass through.
+fn round_bf16(x: f32) -> f32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7f800000u) == 0x7f800000u) {
+        return x;
+    }
+    return bitcast<f32>((b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u);
+}
+
+// The BF16 value in the low (half 0) or high (half 1) 16 bits of a word.
+fn bf16_half(word: u32, half: u32) -> f32 {
+    return select(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u), half == 1u);
+}
+
+
+// E4M3FN byte to f32 (bias 7, subnormals m * 2^-9). NaN codes never reach kernels: the
+// loader refuses them.
+fn e4m3(v: u32) -> f32 {
+    let e = (v >> 3u) & 0xfu;
+    let m = v & 7u;
+    var magnitude = f32(m) * 0.001953125;
+    if (e != 0u) {
+        magnitude = bitcast<f32>(((e + 120u) << 23u) | (m << 20u));
+    }
+    return select(magnitude, -magnitude, (v & 0x80u) != 0u);
+}
+
+// Twice the E2M1 value of a 4-bit code: the doubled magnitudes {0,1,2,3,4,6,8,12} live in
+// one word, so a decode is a shift, a mask and a conversion; the 1/2 is folded into the
+// block scale by the caller.
+fn e2m1_x2(code: u32) -> f32 {
+    let magnitude = f32((0xC8643210u >> ((code & 7u) * 4u)) & 0xfu);
+    return select(magnitude, -magnitude, (code & 8u) != 0u);
+}

@@ -1,0 +1,109 @@
+// Small FP32 element-wise kernels between the big ones. One thread per output element,
+// dispatched 2-D when a dimension would pass 65535 workgroups.
+
+const WG: u32 = 64u;
+
+struct Params {
+    count: u32,      // output elements
+    width: u32,      // row width
+    k: u32,          // moe_combine: experts per token; embed: first table row of the segment
+    flags: u32,      // swiglu/add: 1 = round output to BF16; moe_combine: 1 = shared expert
+    row_end: u32,    // embed: one past the last table row of the segment
+    table: u32,      // embed: which table this dispatch serves
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read> c: array<f32>;
+@group(0) @binding(4) var<storage, read> d: array<f32>;
+@group(0) @binding(5) var<storage, read> words: array<u32>;
+@group(0) @binding(6) var<storage, read> row_table: array<u32>;
+@group(0) @binding(7) var<storage, read> row_index: array<u32>;
+@group(0) @binding(8) var<storage, read_write> out: array<f32>;
+
+fn element(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * WG;
+}
+
+fn maybe_round(v: f32) -> f32 {
+    return select(v, round_bf16(v), (p.flags & 1u) != 0u);
+}
+
+// out = silu(a) * b, a = gate projection, b = up projection.
+@compute @workgroup_size(64)
+fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i >= p.count) {
+        return;
+    }
+    let g = a[i];
+    out[i] = maybe_round(g / (1.0 + exp(-g)) * b[i]);
+}
+
+// out = a + b (the residual stream).
+@compute @workgroup_size(64)
+fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i >= p.count) {
+        return;
+    }
+    out[i] = maybe_round(a[i] + b[i]);
+}
+
+// out = a + (sum_j w[j] * expert_out[j] + sigmoid(gate) * shared), per token:
+// a = residual [T, H], b = expert outputs [T*K, H] in ascending original-id order,
+// c = weights [T*K], d = [shared output [T, H] | shared gate logits [T]].
+@compute @workgroup_size(64)
+fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i >= p.count) {
+        return;
+    }
+    let token = i / p.width;
+    let h = i % p.width;
+    var sum = 0.0;
+    for (var j = 0u; j < p.k; j++) {
+        let slot = token * p.k + j;
+        sum += c[slot] * b[slot * p.width + h];
+    }
+    if ((p.flags & 1u) != 0u) {
+        let gate = d[p.count + token];
+        sum += (1.0 / (1.0 + exp(-gate))) * d[i];
+    }
+    out[i] = a[i] + sum;
+}
+
+// Rows of a BF16 table: out[r] = words-table[row_index[r]] for rows whose row_table[r] is
+// this dispatch's table and whose index lies in this segment [k, row_end).
+@compute @workgroup_size(64)
+fn embed_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i >= p.count) {
+        return;
+    }
+    let r = i / p.width;
+    let column = i % p.width;
+    let index = row_index[r];
+    if (row_table[r] != p.table || index < p.k || index >= p.row_end) {
+        return;
+    }
+    let e = (index - p.k) * p.width + column;
+    out[i] = bf16_half(words[e / 2u], e & 1u);
+}
+
+// Rows of an F32 table (voice prefixes): out[r] = a[row_index[r]] for rows of this table.
+@compute @workgroup_size(64)
+fn embed_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i >= p.count) {
+        return;
+    }
+    let r = i / p.width;
+    if (row_table[r] != p.table) {
+        return;
+    }
+    out[i] = a[row_index[r] * p.width + i % p.width];
+}

@@ -1,0 +1,125 @@
+// Linear layers y = x W^T (+ bias), FP32 accumulation, for every weight format.
+//
+// The weight format is supplied by a format file prepended to this one (fmt_bf16.wgsl,
+// fmt_nvfp4.wgsl, fmt_fp8.wgsl); it defines UNIT (weights per decode unit), the `Unit`
+// struct and `load_unit(row, unit)`. Inputs are BF16-valued f32 (the graph guarantees it).
+//
+// Entry points:
+//   `linear`:   one workgroup per output feature; it reads the weight row once and applies
+//               it to up to MAX_ROWS activation rows per pass.
+//   `gathered`: routed experts; one workgroup per (output feature, slot), the slot's expert
+//               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
+//               live in another weight segment and are skipped.
+//
+// Every output is computed by the same thread partition and reduction tree whatever the
+// number of rows, so a row's result never depends on the other rows in the batch.
+
+const WG: u32 = 64u;
+const MAX_ROWS: u32 = 8u;
+
+struct Params {
+    rows: u32,          // activation rows (linear) or slots (gathered)
+    in_features: u32,   // K
+    out_features: u32,  // N: weight rows in this segment (per expert when gathered)
+    out_offset: u32,    // column of y where this segment's first output goes
+    y_stride: u32,      // floats per row of y
+    x_row_div: u32,     // gathered: input row = slot / x_row_div
+    expert_begin: u32,  // gathered: local expert ids held by this segment
+    expert_end: u32,
+    flags: u32,         // 1: add bias; 2: round the output to BF16
+    tensor_scale: f32,  // NVFP4 per-tensor scale (1 for other formats)
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> scales: array<u32>;
+@group(0) @binding(4) var<storage, read> bias: array<u32>;
+@group(0) @binding(5) var<storage, read> expert_ids: array<u32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+
+var<workgroup> partial: array<f32, 512>; // WG * MAX_ROWS
+var<workgroup> slot_expert: u32;
+
+fn unit_dot(u: Unit, x_base: u32) -> f32 {
+    var s = 0.0;
+    for (var i = 0u; i < UNIT; i++) {
+        s += u.v[i] * x[x_base + i];
+    }
+    return s * u.scale;
+}
+
+// Sums partial[t * MAX_ROWS + r] over threads t for r < count; the result lands at t = 0.
+fn reduce_rows(t: u32, count: u32) {
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        workgroupBarrier();
+        if (t < stride) {
+            for (var r = 0u; r < count; r++) {
+                partial[t * MAX_ROWS + r] += partial[(t + stride) * MAX_ROWS + r];
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
+fn finish(acc: f32, n: u32) -> f32 {
+    var v = acc * p.tensor_scale;
+    if ((p.flags & 1u) != 0u) {
+        v += bf16_half(bias[n / 2u], n & 1u);
+    }
+    if ((p.flags & 2u) != 0u) {
+        v = round_bf16(v);
+    }
+    return v;
+}
+
+@compute @workgroup_size(64)
+fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let n = wg.x;
+    let units = p.in_features / UNIT;
+    for (var row0 = 0u; row0 < p.rows; row0 += MAX_ROWS) {
+        let count = min(MAX_ROWS, p.rows - row0);
+        var acc = array<f32, 8>();
+        for (var k = t; k < units; k += WG) {
+            let u = load_unit(n, k);
+            for (var r = 0u; r < count; r++) {
+                acc[r] += unit_dot(u, (row0 + r) * p.in_features + k * UNIT);
+            }
+        }
+        for (var r = 0u; r < MAX_ROWS; r++) {
+            partial[t * MAX_ROWS + r] = acc[r];
+        }
+        reduce_rows(t, count);
+        if (t < count) {
+            y[(row0 + t) * p.y_stride + p.out_offset + n] = finish(partial[t], n);
+        }
+        workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(64)
+fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let n = wg.x;
+    let slot = wg.y;
+    if (t == 0u) {
+        slot_expert = expert_ids[slot];
+    }
+    let expert = workgroupUniformLoad(&slot_expert);
+    if (expert < p.expert_begin || expert >= p.expert_end) {
+        return;
+    }
+    let row = (expert - p.expert_begin) * p.out_features + n;
+    let x_base = (slot / p.x_row_div) * p.in_features;
+    let units = p.in_features / UNIT;
+    var acc = 0.0;
+    for (var k = t; k < units; k += WG) {
+        acc += unit_dot(load_unit(row, k), x_base + k * UNIT);
+    }
+    partial[t * MAX_ROWS] = acc;
+    reduce_rows(t, 1u);
+    if (t == 0u) {
+        y[slot * p.y_stride + p.out_offset + n] = finish(partial[0], n);
+    }
+}

@@ -1,0 +1,176 @@
+// Top-k routing over the kept (pruned) experts, one thread per token, FP32.
+//
+// `logits` rows hold one entry per router row: per kept expert (compact) or per original id
+// (full width; pruned ids are never read, the same as masking them to -inf before softmax).
+// softmax: p = softmax over kept ids, choose top K by p, weights p.
+// sigmoid: s = sigmoid(logit), choice score c = s + bias; with groups, a group's score is
+// the sum of its best min(2, n) choices, groups without kept experts are never picked, the
+// best `topk_group` groups are kept, and the top K by c among their experts are chosen;
+// weights s. Then optional renormalisation and the routed scaling factor. Every ranking
+// breaks ties toward the lower original id. Output: the K chosen local (kept-list) indices
+// in ascending original-id order, and their weights. Values are recomputed rather than
+// stored, so any number of kept experts up to MAX_KEPT fits in registers.
+
+const MAX_KEPT: u32 = 512u;
+const MAX_K: u32 = 16u;
+
+struct Params {
+    rows: u32,
+    logit_width: u32,   // router rows per token
+    kept: u32,          // E_kept
+    k: u32,
+    flags: u32,         // 1: sigmoid (else softmax); 2: full-width logits; 4: selection bias;
+                        // 8: renormalise the chosen weights
+    n_group: u32,
+    topk_group: u32,
+    group_size: u32,    // original ids per group
+    scaling: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> kept_ids: array<u32>;
+@group(0) @binding(3) var<storage, read> score_bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> chosen_ids: array<u32>;
+@group(0) @binding(5) var<storage, read_write> chosen_weights: array<f32>;
+
+fn logit(row: u32, i: u32) -> f32 {
+    let column = select(i, kept_ids[i], (p.flags & 2u) != 0u);
+    return logits[row * p.logit_width + column];
+}
+
+fn sigmoid(v: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-v));
+}
+
+// The score used for ranking expert i: the softmax probability, or the sigmoid choice score.
+fn rank_score(row: u32, i: u32, max_logit: f32, total: f32) -> f32 {
+    if ((p.flags & 1u) == 0u) {
+        return exp(logit(row, i) - max_logit) / total;
+    }
+    var c = sigmoid(logit(row, i));
+    if ((p.flags & 4u) != 0u) {
+        c += score_bias[select(i, kept_ids[i], (p.flags & 2u) != 0u)];
+    }
+    return c;
+}
+
+fn group_of(i: u32) -> u32 {
+    return kept_ids[i] / p.group_size;
+}
+
+@compute @workgroup_size(64)
+fn route(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let row = gid.x;
+    if (row >= p.rows) {
+        return;
+    }
+    var max_logit = -3.0e38;
+    for (var i = 0u; i < p.kept; i++) {
+        max_logit = max(max_logit, logit(row, i));
+    }
+    var total = 0.0;
+    for (var i = 0u; i < p.kept; i++) {
+        total += exp(logit(row, i) - max_logit);
+    }
+    // Groups allowed for selection (bit g set); all of them without grouping.
+    var allowed = array<u32, 2>(0xffffffffu, 0xffffffffu);
+    if (p.n_group > 1u) {
+        var best = array<f32, 64>();
+        var non_empty = array<u32, 2>();
+        for (var g = 0u; g < p.n_group; g++) {
+            var first = -3.0e38;
+            var second = -3.0e38;
+            var count = 0u;
+            for (var i = 0u; i < p.kept; i++) {
+                if (group_of(i) != g) {
+                    continue;
+                }
+                let c = rank_score(row, i, max_logit, total);
+                count += 1u;
+                if (c > first) {
+                    second = first;
+                    first = c;
+                } else if (c > second) {
+                    second = c;
+                }
+            }
+            if (count > 0u) {
+                non_empty[g / 32u] |= 1u << (g % 32u);
+                best[g] = select(first + second, first, count == 1u);
+            }
+        }
+        allowed = array<u32, 2>(0u, 0u);
+        for (var pick = 0u; pick < p.topk_group; pick++) {
+            var winner = 0xffffffffu;
+            for (var g = 0u; g < p.n_group; g++) {
+                let free = ((non_empty[g / 32u] >> (g % 32u)) & 1u) != 0u
+                    && ((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u;
+                if (free && (winner == 0xffffffffu || best[g] > best[winner])) {
+                    winner = g;
+                }
+            }
+            if (winner != 0xffffffffu) {
+                allowed[winner / 32u] |= 1u << (winner % 32u);
+            }
+        }
+    }
+    var taken = array<u32, 16>();
+    var picks = array<u32, 16>();
+    for (var j = 0u; j < p.k; j++) {
+        var winner = 0xffffffffu;
+        var winner_score = 0.0;
+        for (var i = 0u; i < p.kept; i++) {
+            if (((taken[i / 32u] >> (i % 32u)) & 1u) != 0u) {
+                continue;
+            }
+            if (p.n_group > 1u) {
+                let g = group_of(i);
+                if (((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u) {
+                    continue;
+                }
+            }
+            let c = rank_score(row, i, max_logit, total);
+            if (winner == 0xffffffffu || c > winner_score) {
+                winner = i;
+                winner_score = c;
+            }
+        }
+        taken[winner / 32u] |= 1u << (winner % 32u);
+        picks[j] = winner;
+    }
+    // Ascending original id = ascending kept index (kept ids are sorted).
+    for (var a = 1u; a < p.k; a++) {
+        let v = picks[a];
+        var b = a;
+        while (b > 0u && picks[b - 1u] > v) {
+            picks[b] = picks[b - 1u];
+            b -= 1u;
+        }
+        picks[b] = v;
+    }
+    // Weights: softmax probabilities, or unbiased sigmoids.
+    var weights = array<f32, 16>();
+    var chosen_sum = 0.0;
+    for (var j = 0u; j < p.k; j++) {
+        var v = 0.0;
+        if ((p.flags & 1u) == 0u) {
+            v = exp(logit(row, picks[j]) - max_logit) / total;
+        } else {
+            v = sigmoid(logit(row, picks[j]));
+        }
+        weights[j] = v;
+        chosen_sum += v;
+    }
+    for (var j = 0u; j < p.k; j++) {
+        var v = weights[j];
+        if ((p.flags & 8u) != 0u) {
+            v = v / chosen_sum;
+        }
+        chosen_ids[row * p.k + j] = picks[j];
+        chosen_weights[row * p.k + j] = v * p.scaling;
+    }
+}
