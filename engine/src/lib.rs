@@ -2,6 +2,8 @@
 //!
 //! - [`checkpoint`]: reading, verifying and validating checkpoints (no GPU).
 //! - [`numerics`]: the contract's scalar formats (BF16, E2M1, E4M3).
+//! - [`gpu`]: the wgpu device, capabilities, buffers and pipelines.
 
 pub mod checkpoint;
+pub mod gpu;
 pub mod numerics;

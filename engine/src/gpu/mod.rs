@@ -1,0 +1,364 @@
+//! The wgpu device: explicit backend choice, the capability report, buffers, pipelines and
+//! dispatch helpers. Nothing else in the engine talks to the adapter.
+
+mod capabilities;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use drama_kernels::Kernel;
+use wgpu::util::DeviceExt;
+
+pub use capabilities::Capabilities;
+
+/// Which graphics API to run on. `Auto` takes the platform's native one (Metal on Apple,
+/// Vulkan elsewhere, DX12 on Windows) and never falls back to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// The platform's native API.
+    #[default]
+    Auto,
+    /// Apple Metal.
+    Metal,
+    /// Vulkan (including Mesa's lavapipe on CPUs).
+    Vulkan,
+    /// Direct3D 12.
+    Dx12,
+    /// OpenGL / GLES.
+    Gl,
+}
+
+impl BackendChoice {
+    /// Parses `auto|metal|vulkan|dx12|gl`.
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "auto" => BackendChoice::Auto,
+            "metal" => BackendChoice::Metal,
+            "vulkan" => BackendChoice::Vulkan,
+            "dx12" => BackendChoice::Dx12,
+            "gl" => BackendChoice::Gl,
+            _ => return None,
+        })
+    }
+
+    fn backends(self) -> wgpu::Backends {
+        match self {
+            BackendChoice::Auto => {
+                if cfg!(target_vendor = "apple") {
+                    wgpu::Backends::METAL
+                } else if cfg!(windows) {
+                    wgpu::Backends::DX12
+                } else {
+                    wgpu::Backends::VULKAN
+                }
+            }
+            BackendChoice::Metal => wgpu::Backends::METAL,
+            BackendChoice::Vulkan => wgpu::Backends::VULKAN,
+            BackendChoice::Dx12 => wgpu::Backends::DX12,
+            BackendChoice::Gl => wgpu::Backends::GL,
+        }
+    }
+}
+
+/// How to open the device.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Graphics API.
+    pub backend: BackendChoice,
+    /// Lower the storage-binding limit (tests use this to force weight splitting).
+    pub max_storage_binding: Option<u64>,
+}
+
+/// Why the GPU could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No adapter of the requested backend exists on this machine.
+    #[error("no {backend:?} adapter is available ({reason}); no other backend is tried")]
+    NoAdapter {
+        /// What was asked for.
+        backend: BackendChoice,
+        /// wgpu's reason.
+        reason: String,
+    },
+    /// The device could not be created with the limits the engine needs.
+    #[error("the {adapter} device refused the engine's requirements: {reason}")]
+    Device {
+        /// Adapter name.
+        adapter: String,
+        /// wgpu's reason.
+        reason: String,
+    },
+    /// A limit is below what the engine needs.
+    #[error("the adapter's {limit} is {found}, the engine needs at least {needed}")]
+    Limit {
+        /// Limit name.
+        limit: &'static str,
+        /// Adapter value.
+        found: u64,
+        /// Required value.
+        needed: u64,
+    },
+    /// A shader or pipeline failed to build (a bug: tests validate every kernel).
+    #[error("kernel {kernel}: {reason}")]
+    Pipeline {
+        /// The kernel.
+        kernel: String,
+        /// wgpu's validation message.
+        reason: String,
+    },
+    /// Reading results back failed.
+    #[error("reading back from the GPU failed: {0}")]
+    Readback(String),
+}
+
+/// The opened device and everything built on it once.
+pub struct Gpu {
+    /// The wgpu device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    /// What the adapter offers.
+    pub caps: Capabilities,
+    pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
+}
+
+/// The storage bindings the engine's largest kernel uses.
+const NEEDED_STORAGE_BUFFERS: u32 = 8;
+
+impl Gpu {
+    /// Opens the adapter of the chosen backend. Never falls back to another backend.
+    pub fn new(options: &GpuOptions) -> Result<Gpu, GpuError> {
+        let backends = options.backend.backends();
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            force_fallback_adapter: false,
+            compatible_surface: None,
+            // Report the adapter's real limits: the engine sizes weight splits by them.
+            apply_limit_buckets: false,
+        }))
+        .map_err(|e| GpuError::NoAdapter {
+            backend: options.backend,
+            reason: e.to_string(),
+        })?;
+        let mut limits = adapter.limits();
+        if limits.max_storage_buffers_per_shader_stage < NEEDED_STORAGE_BUFFERS {
+            return Err(GpuError::Limit {
+                limit: "max_storage_buffers_per_shader_stage",
+                found: limits.max_storage_buffers_per_shader_stage.into(),
+                needed: NEEDED_STORAGE_BUFFERS.into(),
+            });
+        }
+        if let Some(cap) = options.max_storage_binding {
+            let cap = cap.min(limits.max_storage_buffer_binding_size);
+            limits.max_storage_buffer_binding_size = cap;
+        }
+        let info = adapter.get_info();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("drama"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| GpuError::Device {
+            adapter: info.name.clone(),
+            reason: e.to_string(),
+        })?;
+        let caps = Capabilities::read(&info, adapter.features(), &limits);
+        Ok(Gpu {
+            device,
+            queue,
+            caps,
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The compute pipeline of a kernel, built on first use and cached.
+    pub fn pipeline(&self, kernel: Kernel) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        let mut cache = self.pipelines.lock().expect("pipeline cache poisoned");
+        if let Some(pipeline) = cache.get(&kernel) {
+            return Ok(pipeline.clone());
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&kernel.module().name()),
+                source: wgpu::ShaderSource::Wgsl(kernel.module().source().into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(kernel.entry_point()),
+                layout: None,
+                module: &module,
+                entry_point: Some(kernel.entry_point()),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            });
+        if let Some(error) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Pipeline {
+                kernel: format!("{kernel:?}"),
+                reason: error.to_string(),
+            });
+        }
+        let pipeline = Arc::new(pipeline);
+        cache.insert(kernel, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
+    pub fn buffer_with(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let padded;
+        let contents = if bytes.len() % 4 == 0 && !bytes.is_empty() {
+            bytes
+        } else {
+            let mut v = bytes.to_vec();
+            v.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
+            padded = v;
+            &padded
+        };
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+            })
+    }
+
+    /// A zero-filled storage buffer of `size` bytes (at least 4).
+    pub fn buffer(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4).div_ceil(4) * 4,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A uniform buffer holding one parameter block.
+    pub fn uniform<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::bytes_of(value),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            })
+    }
+
+    /// Binds `buffers` to the kernel's bindings, in the order of [`Kernel::bindings`].
+    pub fn bind_group(
+        &self,
+        kernel: Kernel,
+        buffers: &[&wgpu::Buffer],
+    ) -> Result<wgpu::BindGroup, GpuError> {
+        let bindings = kernel.bindings();
+        assert_eq!(bindings.len(), buffers.len(), "{kernel:?}: binding count");
+        let pipeline = self.pipeline(kernel)?;
+        let entries: Vec<wgpu::BindGroupEntry> = bindings
+            .iter()
+            .zip(buffers)
+            .map(|(&binding, buffer)| wgpu::BindGroupEntry {
+                binding,
+                resource: buffer.as_entire_binding(),
+            })
+            .collect();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.entry_point()),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        if let Some(error) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Pipeline {
+                kernel: format!("{kernel:?} bind group"),
+                reason: error.to_string(),
+            });
+        }
+        Ok(group)
+    }
+
+    /// Copies `buffer` back to the host as f32 values (blocking).
+    pub fn read_f32(&self, buffer: &wgpu::Buffer) -> Result<Vec<f32>, GpuError> {
+        Ok(bytemuck::cast_slice(&self.read_bytes(buffer)?).to_vec())
+    }
+
+    /// Copies `buffer` back to the host as u32 values (blocking).
+    pub fn read_u32(&self, buffer: &wgpu::Buffer) -> Result<Vec<u32>, GpuError> {
+        Ok(bytemuck::cast_slice(&self.read_bytes(buffer)?).to_vec())
+    }
+
+    /// Copies `buffer` back to the host (blocking).
+    pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>, GpuError> {
+        let size = buffer.size();
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
+        self.queue.submit([encoder.finish()]);
+        let (sender, receiver) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |result| {
+            let _ = sender.send(result);
+        });
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        receiver
+            .recv()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let bytes = staging
+            .get_mapped_range(..)
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .to_vec();
+        staging.unmap();
+        Ok(bytes)
+    }
+}
+
+/// One recorded kernel launch.
+pub struct Dispatch {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// Its pipeline.
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    /// Its resources.
+    pub bind_group: wgpu::BindGroup,
+    /// Workgroup counts.
+    pub workgroups: [u32; 3],
+}
+
+impl Dispatch {
+    /// Records the launch into a compute pass.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]);
+    }
+}
+
+/// Workgroup counts covering `elements` one-thread-per-element work of `workgroup_size`,
+/// folded into two dimensions when one would pass `max_per_dim`.
+pub fn grid_for(elements: u64, workgroup_size: u32, max_per_dim: u32) -> [u32; 3] {
+    let groups = elements.div_ceil(u64::from(workgroup_size)).max(1);
+    if groups <= u64::from(max_per_dim) {
+        [groups as u32, 1, 1]
+    } else {
+        let x = u64::from(max_per_dim);
+        [x as u32, groups.div_ceil(x) as u32, 1]
+    }
+}
