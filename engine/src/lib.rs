@@ -7,3 +7,4 @@
 pub mod checkpoint;
 pub mod gpu;
 pub mod numerics;
+pub mod reference;

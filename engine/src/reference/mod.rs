@@ -1,0 +1,9 @@
+//! The FP64 CPU reference: every op ([`ops`]) and the whole backbone ([`ReferenceModel`]),
+//! written from the contract and sharing nothing with the GPU kernels but the checkpoint.
+//! Tests compare the GPU against it.
+
+mod model;
+pub mod ops;
+pub mod weights;
+
+pub use model::{ReferenceModel, ReferenceTrace};

@@ -1,0 +1,134 @@
+//! Shared pieces of the GPU op tests: one device per test binary, fresh random inputs with
+//! a printed seed, poisoned outputs, and error measurement against the FP64 reference.
+
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use drama_engine::gpu::{Gpu, GpuOptions};
+use drama_engine::numerics::round_to_bf16;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+/// The test device (lavapipe in CI), opened once per test binary.
+pub fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let gpu = Gpu::new(&GpuOptions::default())
+            .expect("a GPU (install mesa-vulkan-drivers for lavapipe)");
+        eprintln!(
+            "device: {} ({}, {})",
+            gpu.caps.adapter, gpu.caps.backend, gpu.caps.driver
+        );
+        gpu
+    })
+}
+
+/// A fresh random stream. The seed comes from DRAMA_TEST_SEED or the clock and is printed,
+/// so a failure can be replayed.
+pub fn rng(test: &str) -> ChaCha8Rng {
+    let seed = std::env::var("DRAMA_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("{test}: DRAMA_TEST_SEED={seed}");
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// Uniform in [-scale, scale).
+pub fn uniform(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| ((rng.next_u32() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale)
+        .collect()
+}
+
+/// Uniform values rounded to BF16 (what every linear input is).
+pub fn bf16_values(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    uniform(rng, n, scale)
+        .into_iter()
+        .map(round_to_bf16)
+        .collect()
+}
+
+/// BF16 values packed two per u32 word (as little-endian bytes).
+pub fn pack_bf16(values: &[f32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| drama_engine::numerics::f32_to_bf16_bits(v).to_le_bytes())
+        .collect()
+}
+
+/// f32 values as bytes.
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(values).to_vec()
+}
+
+/// u32 values as bytes.
+pub fn u32_bytes(values: &[u32]) -> Vec<u8> {
+    bytemuck::cast_slice(values).to_vec()
+}
+
+/// An output buffer filled with NaN bit patterns, so unwritten elements are caught.
+pub fn poisoned(gpu: &Gpu, label: &str, floats: usize) -> wgpu::Buffer {
+    gpu.buffer_with(label, &vec![0xFF; floats * 4])
+}
+
+/// Runs dispatches in one compute pass and one submit.
+pub fn run(gpu: &Gpu, dispatches: &[drama_engine::gpu::Dispatch]) {
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        for d in dispatches {
+            d.record(&mut pass);
+        }
+    }
+    gpu.queue.submit([encoder.finish()]);
+}
+
+/// One kernel launch with its resources.
+pub fn dispatch(
+    gpu: &Gpu,
+    kernel: drama_kernels::Kernel,
+    buffers: &[&wgpu::Buffer],
+    workgroups: [u32; 3],
+) -> drama_engine::gpu::Dispatch {
+    drama_engine::gpu::Dispatch {
+        kernel,
+        pipeline: gpu.pipeline(kernel).unwrap(),
+        bind_group: gpu.bind_group(kernel, buffers).unwrap(),
+        workgroups,
+    }
+}
+
+/// The distance between `v` and the next BF16 value away from zero.
+pub fn bf16_ulp(v: f64) -> f64 {
+    let bits = (v.abs() as f32).to_bits() & 0x7f80_0000;
+    f64::from(f32::from_bits(bits)) * 2f64.powi(-7)
+}
+
+/// Worst error of `got` against `want` relative to per-element scales; panics past `tol`.
+/// Returns the worst ratio error / (tol * scale) so tests can report how close they came.
+pub fn check(label: &str, got: &[f32], want: &[f64], scale: &[f64], tol: f64) -> f64 {
+    assert_eq!(got.len(), want.len(), "{label}: length");
+    let mut worst = 0.0f64;
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        assert!(
+            g.is_finite(),
+            "{label}: element {i} is {g} (unwritten or overflow); want {w}"
+        );
+        let bound = tol * s.max(f64::MIN_POSITIVE);
+        let err = (f64::from(g) - w).abs();
+        assert!(
+            err <= bound,
+            "{label}: element {i}: got {g}, want {w}, error {err:e} > bound {bound:e}"
+        );
+        worst = worst.max(err / bound);
+    }
+    eprintln!("{label}: worst error {:.3} of tolerance {tol:e}", worst);
+    worst
+}

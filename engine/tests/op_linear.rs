@@ -1,0 +1,346 @@
+//! GPU linear kernels (BF16, NVFP4, FP8 block-scaled; dense and expert-gathered) against the
+//! FP64 reference on fresh random inputs at odd sizes, with poisoned outputs.
+
+mod common;
+
+use common::*;
+use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
+use drama_kernels::{Kernel, LinearParams, WeightFormat};
+use rand_chacha::ChaCha8Rng;
+use rand_core::Rng;
+
+/// A random weight matrix in one stored format, with its exact decoded values.
+struct Weights {
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    packed: Vec<u8>,
+    scales: Vec<u8>,
+    tensor_scale: f32,
+    decoded: Vec<f64>,
+}
+
+/// E4M3 block scales worth testing: the smallest subnormal, the largest subnormal, the
+/// smallest normal, the maximum (448) and random normal values; never NaN or negative.
+fn random_scale(rng: &mut ChaCha8Rng) -> u8 {
+    match rng.next_u32() % 8 {
+        0 => 0x01,
+        1 => 0x07,
+        2 => 0x08,
+        3 => 0x7E,
+        _ => 0x20 + (rng.next_u32() % 0x30) as u8,
+    }
+}
+
+fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, rows: usize, cols: usize) -> Weights {
+    match format {
+        WeightFormat::Bf16 => {
+            let values = bf16_values(rng, rows * cols, 1.0);
+            Weights {
+                format,
+                rows,
+                cols,
+                packed: pack_bf16(&values),
+                scales: vec![0; 4],
+                tensor_scale: 1.0,
+                decoded: values.iter().map(|&v| f64::from(v)).collect(),
+            }
+        }
+        WeightFormat::Nvfp4 => {
+            let mut packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.next_u32() as u8).collect();
+            // Every nibble value, in both positions, at the start of the matrix.
+            for (i, byte) in packed.iter_mut().take(16).enumerate() {
+                *byte = (i as u8) | (((15 - i) as u8) << 4);
+            }
+            let scales: Vec<u8> = (0..rows * cols / 16).map(|_| random_scale(rng)).collect();
+            let tensor_scale = 0.0123f32;
+            let decoded = (0..rows * cols)
+                .map(|i| {
+                    let (r, c) = (i / cols, i % cols);
+                    let byte = packed[i / 2];
+                    let code = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+                    f64::from(e2m1_to_f32(code))
+                        * f64::from(e4m3_to_f32(scales[r * cols / 16 + c / 16]))
+                        * f64::from(tensor_scale)
+                })
+                .collect();
+            Weights {
+                format,
+                rows,
+                cols,
+                packed,
+                scales,
+                tensor_scale,
+                decoded,
+            }
+        }
+        WeightFormat::Fp8Block => {
+            let packed: Vec<u8> = (0..rows * cols)
+                .map(|_| {
+                    loop {
+                        let b = rng.next_u32() as u8;
+                        if b & 0x7F != 0x7F {
+                            break b;
+                        }
+                    }
+                })
+                .collect();
+            let grid = (rows.div_ceil(128), cols.div_ceil(128));
+            let tile_scales: Vec<f32> = (0..grid.0 * grid.1)
+                .map(|i| 0.001 * (1 + i) as f32)
+                .collect();
+            let decoded = (0..rows * cols)
+                .map(|i| {
+                    let (r, c) = (i / cols, i % cols);
+                    f64::from(e4m3_to_f32(packed[i]))
+                        * f64::from(tile_scales[(r / 128) * grid.1 + c / 128])
+                })
+                .collect();
+            Weights {
+                format,
+                rows,
+                cols,
+                packed,
+                scales: f32_bytes(&tile_scales),
+                tensor_scale: 1.0,
+                decoded,
+            }
+        }
+    }
+}
+
+struct Run {
+    y: Vec<f32>,
+    want: Vec<f64>,
+    scale: Vec<f64>,
+}
+
+/// Runs the dense linear kernel on `rows` rows and computes the reference.
+fn run_linear(
+    rng: &mut ChaCha8Rng,
+    w: &Weights,
+    x: &[f32],
+    rows: usize,
+    bias: Option<&[f32]>,
+    round: bool,
+) -> Run {
+    let gpu = gpu();
+    let params = LinearParams {
+        rows: rows as u32,
+        in_features: w.cols as u32,
+        out_features: w.rows as u32,
+        out_offset: 0,
+        y_stride: w.rows as u32,
+        x_row_div: 1,
+        expert_begin: 0,
+        expert_end: 0,
+        flags: u32::from(bias.is_some()) | if round { 2 } else { 0 },
+        tensor_scale: w.tensor_scale,
+        pad: [0; 2],
+    };
+    let _ = rng;
+    let p = gpu.uniform("params", &params);
+    let xb = gpu.buffer_with("x", &f32_bytes(x));
+    let wb = gpu.buffer_with("w", &w.packed);
+    let sb = gpu.buffer_with("scales", &w.scales);
+    let bias_bytes = bias.map(pack_bf16).unwrap_or_else(|| vec![0; 4]);
+    let bb = gpu.buffer_with("bias", &bias_bytes);
+    let y = poisoned(gpu, "y", rows * w.rows);
+    let kernel = Kernel::Linear(w.format);
+    let buffers: Vec<&wgpu::Buffer> = if w.format == WeightFormat::Bf16 {
+        vec![&p, &xb, &wb, &bb, &y]
+    } else {
+        vec![&p, &xb, &wb, &sb, &bb, &y]
+    };
+    run(
+        gpu,
+        &[dispatch(gpu, kernel, &buffers, [w.rows as u32, 1, 1])],
+    );
+    let got = gpu.read_f32(&y).unwrap();
+    let mut want = Vec::new();
+    let mut scale = Vec::new();
+    for r in 0..rows {
+        for n in 0..w.rows {
+            let mut acc = 0.0;
+            let mut magnitude = 0.0;
+            for k in 0..w.cols {
+                let term = w.decoded[n * w.cols + k] * f64::from(x[r * w.cols + k]);
+                acc += term;
+                magnitude += term.abs();
+            }
+            if let Some(b) = bias {
+                acc += f64::from(b[n]);
+                magnitude += f64::from(b[n]).abs();
+            }
+            let exact = acc;
+            let value = if round {
+                f64::from(drama_engine::numerics::round_to_bf16(exact as f32))
+            } else {
+                exact
+            };
+            want.push(value);
+            // f32 accumulation error, plus one BF16 step when the output is rounded.
+            scale.push(magnitude + if round { bf16_ulp(exact) / TOL } else { 0.0 });
+        }
+    }
+    Run {
+        y: got,
+        want,
+        scale,
+    }
+}
+
+const TOL: f64 = 2e-6;
+
+fn linear_case(
+    format: WeightFormat,
+    rows: usize,
+    out: usize,
+    in_: usize,
+    with_bias: bool,
+    round: bool,
+) {
+    let label =
+        format!("linear {format:?} rows {rows} out {out} in {in_} bias {with_bias} round {round}");
+    let mut rng = rng(&label);
+    let w = random_weights(&mut rng, format, out, in_);
+    let x = bf16_values(&mut rng, rows * in_, 2.0);
+    let bias = with_bias.then(|| bf16_values(&mut rng, out, 0.5));
+    let result = run_linear(&mut rng, &w, &x, rows, bias.as_deref(), round);
+    check(&label, &result.y, &result.want, &result.scale, TOL);
+    // Batch invariance: each row alone gives the same bits as inside the batch.
+    for r in [0, rows - 1] {
+        let single = run_linear(
+            &mut rng,
+            &w,
+            &x[r * in_..(r + 1) * in_],
+            1,
+            bias.as_deref(),
+            round,
+        );
+        let batched = &result.y[r * out..(r + 1) * out];
+        assert!(
+            single
+                .y
+                .iter()
+                .zip(batched)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label}: row {r} differs between a batch of {rows} and alone"
+        );
+    }
+}
+
+#[test]
+fn linear_bf16_matches_reference() {
+    linear_case(WeightFormat::Bf16, 1, 37, 64, true, true);
+    linear_case(WeightFormat::Bf16, 11, 23, 250, false, false);
+    linear_case(WeightFormat::Bf16, 8, 5, 2, true, false);
+}
+
+#[test]
+fn linear_nvfp4_matches_reference() {
+    linear_case(WeightFormat::Nvfp4, 1, 33, 48, false, true);
+    linear_case(WeightFormat::Nvfp4, 3, 19, 1040, true, true);
+    linear_case(WeightFormat::Nvfp4, 11, 7, 16, false, false);
+}
+
+#[test]
+fn linear_fp8_matches_reference() {
+    linear_case(WeightFormat::Fp8Block, 2, 131, 144, false, true);
+    linear_case(WeightFormat::Fp8Block, 9, 3, 272, true, false);
+}
+
+/// Routed experts: `experts` matrices split over two weight segments, random expert per
+/// slot, shared input per token (x_row_div = k) or one input per slot (x_row_div = 1).
+fn gathered_case(
+    format: WeightFormat,
+    experts: usize,
+    out: usize,
+    in_: usize,
+    tokens: usize,
+    k: usize,
+    shared_input: bool,
+) {
+    let label = format!(
+        "gathered {format:?} experts {experts} out {out} in {in_} tokens {tokens} k {k} shared_input {shared_input}"
+    );
+    let mut rng = rng(&label);
+    let gpu = gpu();
+    let all: Vec<Weights> = (0..experts)
+        .map(|_| random_weights(&mut rng, format, out, in_))
+        .collect();
+    let slots = tokens * k;
+    let ids: Vec<u32> = (0..slots)
+        .map(|_| rng.next_u32() % experts as u32)
+        .collect();
+    let x_rows = if shared_input { tokens } else { slots };
+    let x = bf16_values(&mut rng, x_rows * in_, 2.0);
+    let split = experts / 2;
+    let xb = gpu.buffer_with("x", &f32_bytes(&x));
+    let idb = gpu.buffer_with("ids", &u32_bytes(&ids));
+    let bias = gpu.buffer_with("bias", &[0; 4]);
+    let y = poisoned(gpu, "y", slots * out);
+    let mut dispatches = Vec::new();
+    let mut keep = Vec::new();
+    for (begin, end) in [(0, split), (split, experts)] {
+        let segment = &all[begin..end];
+        let packed: Vec<u8> = segment.iter().flat_map(|w| w.packed.clone()).collect();
+        let scales: Vec<u8> = segment.iter().flat_map(|w| w.scales.clone()).collect();
+        let params = LinearParams {
+            rows: slots as u32,
+            in_features: in_ as u32,
+            out_features: out as u32,
+            out_offset: 0,
+            y_stride: out as u32,
+            x_row_div: if shared_input { k as u32 } else { 1 },
+            expert_begin: begin as u32,
+            expert_end: end as u32,
+            flags: 2,
+            tensor_scale: all[0].tensor_scale,
+            pad: [0; 2],
+        };
+        let p = gpu.uniform("params", &params);
+        let wb = gpu.buffer_with("w", &packed);
+        let sb = gpu.buffer_with("scales", &scales);
+        let kernel = Kernel::Gathered(format);
+        let buffers: Vec<&wgpu::Buffer> = if format == WeightFormat::Bf16 {
+            vec![&p, &xb, &wb, &bias, &idb, &y]
+        } else {
+            vec![&p, &xb, &wb, &sb, &bias, &idb, &y]
+        };
+        dispatches.push(dispatch(
+            gpu,
+            kernel,
+            &buffers,
+            [out as u32, slots as u32, 1],
+        ));
+        keep.push((p, wb, sb));
+    }
+    run(gpu, &dispatches);
+    let got = gpu.read_f32(&y).unwrap();
+    let mut want = Vec::new();
+    let mut scale = Vec::new();
+    for s in 0..slots {
+        let w = &all[ids[s] as usize];
+        let row = if shared_input { s / k } else { s };
+        for n in 0..out {
+            let terms: Vec<f64> = (0..in_)
+                .map(|c| w.decoded[n * in_ + c] * f64::from(x[row * in_ + c]))
+                .collect();
+            let exact: f64 = terms.iter().sum();
+            want.push(f64::from(drama_engine::numerics::round_to_bf16(
+                exact as f32,
+            )));
+            scale.push(terms.iter().map(|t| t.abs()).sum::<f64>() + bf16_ulp(exact) / TOL);
+        }
+    }
+    check(&label, &got, &want, &scale, TOL);
+}
+
+#[test]
+fn gathered_experts_match_reference_across_segments() {
+    gathered_case(WeightFormat::Nvfp4, 5, 24, 64, 3, 4, true);
+    gathered_case(WeightFormat::Nvfp4, 4, 40, 32, 2, 3, false);
+    gathered_case(WeightFormat::Fp8Block, 3, 17, 48, 2, 2, true);
+    gathered_case(WeightFormat::Bf16, 3, 9, 30, 3, 2, false);
+}
