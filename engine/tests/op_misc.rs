@@ -1,0 +1,517 @@
+//! GPU norm, attention, routing and element-wise kernels against the FP64 reference on fresh
+//! random inputs at odd sizes, with poisoned outputs.
+
+mod common;
+
+use common::*;
+use drama_engine::numerics::round_to_bf16;
+use drama_engine::reference::ops::{self, RouterSpec};
+use drama_kernels::{AttentionParams, ElementwiseParams, Kernel, NormParams, RouterParams};
+
+fn to_f64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| f64::from(x)).collect()
+}
+
+#[test]
+fn rms_norm_matches_reference() {
+    for (rows, width, round) in [(1usize, 64usize, true), (5, 300, false), (3, 7, true)] {
+        let label = format!("rms_norm rows {rows} width {width} round {round}");
+        let mut rng = rng(&label);
+        let gpu = gpu();
+        let x = uniform(&mut rng, rows * width, 3.0);
+        let w = bf16_values(&mut rng, width, 1.5);
+        let params = NormParams {
+            width: width as u32,
+            flags: u32::from(round),
+            eps: 1e-6,
+            pad: 0,
+        };
+        let p = gpu.uniform("p", &params);
+        let (xb, wb, y) = (
+            gpu.buffer_with("x", &f32_bytes(&x)),
+            gpu.buffer_with("w", &pack_bf16(&w)),
+            poisoned(gpu, "y", rows * width),
+        );
+        run(
+            gpu,
+            &[dispatch(
+                gpu,
+                Kernel::RmsNorm,
+                &[&p, &xb, &wb, &y],
+                [rows as u32, 1, 1],
+            )],
+        );
+        let got = gpu.read_f32(&y).unwrap();
+        let exact = ops::rms_norm(&to_f64(&x), width, &to_f64(&w), 1e-6);
+        let want: Vec<f64> = exact
+            .iter()
+            .map(|&v| {
+                if round {
+                    f64::from(round_to_bf16(v as f32))
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let scale: Vec<f64> = exact
+            .iter()
+            .map(|&v| v.abs() + 1e-3 + if round { bf16_ulp(v) / 1e-5 } else { 0.0 })
+            .collect();
+        check(&label, &got, &want, &scale, 1e-5);
+    }
+}
+
+/// Attention over a cache shared by three lanes at different positions: rows of one step
+/// (RoPE on q, RoPE + cache write of k/v, attention) against the reference.
+#[test]
+fn rope_kv_and_attention_match_reference() {
+    let (heads, kv_heads, head_dim, capacity) = (6usize, 2usize, 16usize, 40usize);
+    let label = "attention";
+    let mut rng = rng(label);
+    let gpu = gpu();
+    let theta = 10000.0;
+    let lanes = 3;
+    let lane_lengths = [5usize, 1, 33];
+    let kv_width = kv_heads * head_dim;
+    // History for every lane (positions before the current one), as rotated keys / values.
+    let mut k_cache = vec![0f32; lanes * capacity * kv_width];
+    let mut v_cache = vec![0f32; lanes * capacity * kv_width];
+    let mut keys: Vec<Vec<Vec<f64>>> = vec![Vec::new(); lanes];
+    let mut values: Vec<Vec<Vec<f64>>> = vec![Vec::new(); lanes];
+    for lane in 0..lanes {
+        for pos in 0..lane_lengths[lane] - 1 {
+            let k = bf16_values(&mut rng, kv_width, 1.0);
+            let v = bf16_values(&mut rng, kv_width, 1.0);
+            let rotated: Vec<f64> = (0..kv_heads)
+                .flat_map(|g| ops::rope(&to_f64(&k[g * head_dim..(g + 1) * head_dim]), pos, theta))
+                .collect();
+            let base = (lane * capacity + pos) * kv_width;
+            for (i, r) in rotated.iter().enumerate() {
+                k_cache[base + i] = *r as f32;
+            }
+            v_cache[base..base + kv_width].copy_from_slice(&v);
+            keys[lane].push(rotated.iter().map(|&r| f64::from(r as f32)).collect());
+            values[lane].push(to_f64(&v));
+        }
+    }
+    // This step: one row per lane at its last position.
+    let rows = lanes;
+    let row_lane: Vec<u32> = (0..lanes as u32).collect();
+    let row_pos: Vec<u32> = lane_lengths.iter().map(|&l| (l - 1) as u32).collect();
+    let q = bf16_values(&mut rng, rows * heads * head_dim, 1.0);
+    let kv = bf16_values(&mut rng, rows * 2 * kv_width, 1.0);
+    let table = ops::rope_table(capacity, head_dim, theta);
+    let params = AttentionParams {
+        rows: rows as u32,
+        heads: heads as u32,
+        kv_heads: kv_heads as u32,
+        head_dim: head_dim as u32,
+        capacity: capacity as u32,
+        flags: 1,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        pad: 0,
+    };
+    let p = gpu.uniform("p", &params);
+    let lane_b = gpu.buffer_with("lane", &u32_bytes(&row_lane));
+    let pos_b = gpu.buffer_with("pos", &u32_bytes(&row_pos));
+    let table_b = gpu.buffer_with("rope", bytemuck::cast_slice(&table));
+    let q_b = gpu.buffer_with("q", &f32_bytes(&q));
+    let kv_b = gpu.buffer_with("kv", &f32_bytes(&kv));
+    let kc = gpu.buffer_with("k_cache", &f32_bytes(&k_cache));
+    let vc = gpu.buffer_with("v_cache", &f32_bytes(&v_cache));
+    let q_rot = poisoned(gpu, "q_rot", rows * heads * head_dim);
+    let out = poisoned(gpu, "out", rows * heads * head_dim);
+    let scratch = gpu.buffer("scratch", (rows * heads * capacity * 4) as u64);
+    let dispatches = [
+        dispatch(
+            gpu,
+            Kernel::RopeQ,
+            &[&p, &pos_b, &table_b, &q_b, &q_rot],
+            [(rows * heads * head_dim).div_ceil(64) as u32, 1, 1],
+        ),
+        dispatch(
+            gpu,
+            Kernel::WriteKv,
+            &[&p, &lane_b, &pos_b, &table_b, &kv_b, &kc, &vc],
+            [(rows * kv_width).div_ceil(64) as u32, 1, 1],
+        ),
+        dispatch(
+            gpu,
+            Kernel::Attend,
+            &[&p, &lane_b, &pos_b, &q_rot, &kc, &vc, &out, &scratch],
+            [rows as u32, heads as u32, 1],
+        ),
+    ];
+    run(gpu, &dispatches);
+    let got = gpu.read_f32(&out).unwrap();
+    let mut want = Vec::new();
+    let mut scale = Vec::new();
+    for r in 0..rows {
+        let pos = row_pos[r] as usize;
+        let lane = r;
+        let k_new = &kv[r * 2 * kv_width..r * 2 * kv_width + kv_width];
+        let v_new = &kv[r * 2 * kv_width + kv_width..(r + 1) * 2 * kv_width];
+        let mut ks = keys[lane].clone();
+        let mut vs = values[lane].clone();
+        ks.push(
+            (0..kv_heads)
+                .flat_map(|g| {
+                    ops::rope(
+                        &to_f64(&k_new[g * head_dim..(g + 1) * head_dim]),
+                        pos,
+                        theta,
+                    )
+                })
+                .collect(),
+        );
+        vs.push(to_f64(v_new));
+        let qr: Vec<f64> = (0..heads)
+            .flat_map(|h| {
+                ops::rope(
+                    &to_f64(&q[(r * heads + h) * head_dim..(r * heads + h + 1) * head_dim]),
+                    pos,
+                    theta,
+                )
+            })
+            .collect();
+        let exact = ops::attention(&qr, &ks, &vs, heads, kv_heads, head_dim);
+        for v in exact {
+            want.push(f64::from(round_to_bf16(v as f32)));
+            scale.push(1.0 + bf16_ulp(v) / 1e-5);
+        }
+    }
+    check(label, &got, &want, &scale, 1e-5);
+    // The step's keys and values landed in the cache at each lane's position.
+    let k_after = gpu.read_f32(&kc).unwrap();
+    let v_after = gpu.read_f32(&vc).unwrap();
+    for r in 0..rows {
+        let base = (r * capacity + row_pos[r] as usize) * kv_width;
+        assert_eq!(
+            &v_after[base..base + kv_width],
+            &kv[r * 2 * kv_width + kv_width..(r + 1) * 2 * kv_width]
+        );
+        for g in 0..kv_heads {
+            let k_new = &kv[r * 2 * kv_width + g * head_dim..r * 2 * kv_width + (g + 1) * head_dim];
+            let rotated = ops::rope(&to_f64(k_new), row_pos[r] as usize, theta);
+            for (i, v) in rotated.iter().enumerate() {
+                let got = f64::from(k_after[base + g * head_dim + i]);
+                assert!(
+                    (got - v).abs() <= 1e-5 * (1.0 + v.abs()),
+                    "k cache lane {r} head {g} dim {i}: {got} vs {v}"
+                );
+            }
+        }
+    }
+}
+
+/// Runs the router kernel on `logits` rows and returns (ids, weights).
+fn gpu_route(
+    spec: &RouterSpec,
+    kept: &[usize],
+    logits: &[f32],
+    width: usize,
+    bias: Option<&[f32]>,
+) -> (Vec<u32>, Vec<f32>) {
+    let gpu = gpu();
+    let rows = logits.len() / width;
+    let full = width == spec.num_experts && width != kept.len();
+    let params = RouterParams {
+        rows: rows as u32,
+        logit_width: width as u32,
+        kept: kept.len() as u32,
+        k: spec.k as u32,
+        flags: u32::from(spec.sigmoid)
+            | if full { 2 } else { 0 }
+            | if bias.is_some() { 4 } else { 0 }
+            | if spec.norm_topk_prob { 8 } else { 0 },
+        n_group: spec.n_group as u32,
+        topk_group: spec.topk_group as u32,
+        group_size: (spec.num_experts / spec.n_group) as u32,
+        scaling: spec.routed_scaling_factor as f32,
+        pad: [0; 3],
+    };
+    let kept_u32: Vec<u32> = kept.iter().map(|&e| e as u32).collect();
+    let p = gpu.uniform("p", &params);
+    let lb = gpu.buffer_with("logits", &f32_bytes(logits));
+    let kb = gpu.buffer_with("kept", &u32_bytes(&kept_u32));
+    let bb = gpu.buffer_with("bias", &f32_bytes(bias.unwrap_or(&[0.0])));
+    let ids = poisoned(gpu, "ids", rows * spec.k);
+    let weights = poisoned(gpu, "weights", rows * spec.k);
+    run(
+        gpu,
+        &[dispatch(
+            gpu,
+            Kernel::Route,
+            &[&p, &lb, &kb, &bb, &ids, &weights],
+            [rows.div_ceil(64) as u32, 1, 1],
+        )],
+    );
+    (gpu.read_u32(&ids).unwrap(), gpu.read_f32(&weights).unwrap())
+}
+
+fn route_case(spec: RouterSpec, kept: Vec<usize>, full_width: bool, with_bias: bool, ties: bool) {
+    let label = format!(
+        "route {spec:?} kept {} full {full_width} bias {with_bias} ties {ties}",
+        kept.len()
+    );
+    let mut rng = rng(&label);
+    let rows = 37;
+    let width = if full_width {
+        spec.num_experts
+    } else {
+        kept.len()
+    };
+    let mut logits = uniform(&mut rng, rows * width, 3.0);
+    if ties {
+        // Quantise so many logits are exactly equal: ties must go to the lower original id.
+        for v in &mut logits {
+            *v = (*v * 2.0).round() / 2.0;
+        }
+    }
+    let bias_by_row: Option<Vec<f32>> = with_bias.then(|| uniform(&mut rng, width, 0.2));
+    let (ids, weights) = gpu_route(&spec, &kept, &logits, width, bias_by_row.as_deref());
+    for r in 0..rows {
+        let mut by_id = vec![f64::NEG_INFINITY; spec.num_experts];
+        let mut bias_by_id = vec![0.0; spec.num_experts];
+        for (i, &e) in kept.iter().enumerate() {
+            let column = if full_width { e } else { i };
+            by_id[e] = f64::from(logits[r * width + column]);
+            if let Some(b) = &bias_by_row {
+                bias_by_id[e] = f64::from(b[column]);
+            }
+        }
+        let want = ops::route(&spec, &kept, &by_id, with_bias.then_some(&bias_by_id[..]));
+        let got_ids: Vec<usize> = ids[r * spec.k..(r + 1) * spec.k]
+            .iter()
+            .map(|&i| kept[i as usize])
+            .collect();
+        let want_ids: Vec<usize> = want.iter().map(|w| w.0).collect();
+        assert_eq!(
+            got_ids, want_ids,
+            "{label}: row {r} chose different experts"
+        );
+        for (j, (_, w)) in want.iter().enumerate() {
+            let g = f64::from(weights[r * spec.k + j]);
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1e-3),
+                "{label}: row {r} weight {j}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn router_matches_reference() {
+    let softmax = |k, experts| RouterSpec {
+        sigmoid: false,
+        k,
+        norm_topk_prob: true,
+        routed_scaling_factor: 1.0,
+        num_experts: experts,
+        n_group: 1,
+        topk_group: 1,
+    };
+    let pruned: Vec<usize> = (0..64).filter(|e| e % 3 != 1).collect();
+    route_case(softmax(8, 64), pruned.clone(), false, false, false);
+    route_case(softmax(8, 64), pruned.clone(), true, false, true);
+    let mut unnormalised = softmax(4, 16);
+    unnormalised.norm_topk_prob = false;
+    route_case(unnormalised, (0..16).collect(), false, false, true);
+    let sigmoid = RouterSpec {
+        sigmoid: true,
+        k: 6,
+        norm_topk_prob: true,
+        routed_scaling_factor: 2.5,
+        num_experts: 64,
+        n_group: 8,
+        topk_group: 3,
+    };
+    // Groups 2 and 5 have no kept expert at all; others vary in size.
+    let kept: Vec<usize> = (0..64)
+        .filter(|e| e / 8 != 2 && e / 8 != 5 && e % 5 != 3)
+        .collect();
+    route_case(sigmoid.clone(), kept.clone(), false, true, false);
+    route_case(sigmoid.clone(), kept.clone(), true, true, true);
+    let mut no_groups = sigmoid;
+    no_groups.n_group = 1;
+    no_groups.topk_group = 1;
+    route_case(no_groups, kept, true, false, true);
+}
+
+#[test]
+fn elementwise_kernels_match_reference() {
+    let label = "elementwise";
+    let mut rng = rng(label);
+    let gpu = gpu();
+    let (tokens, width, k) = (3usize, 70usize, 4usize);
+    let count = tokens * width;
+    let params = |flags: u32| ElementwiseParams {
+        count: count as u32,
+        width: width as u32,
+        k: k as u32,
+        flags,
+        row_end: 0,
+        table: 0,
+        pad: [0; 2],
+    };
+    let grid = [count.div_ceil(64) as u32, 1, 1];
+    let a = uniform(&mut rng, count, 4.0);
+    let b = bf16_values(&mut rng, count, 2.0);
+    let (ab, bb) = (
+        gpu.buffer_with("a", &f32_bytes(&a)),
+        gpu.buffer_with("b", &f32_bytes(&b)),
+    );
+    // swiglu, rounded.
+    let p = gpu.uniform("p", &params(1));
+    let out = poisoned(gpu, "out", count);
+    run(
+        gpu,
+        &[dispatch(gpu, Kernel::Swiglu, &[&p, &ab, &bb, &out], grid)],
+    );
+    let exact: Vec<f64> = a
+        .iter()
+        .zip(&b)
+        .map(|(&g, &u)| ops::swiglu(f64::from(g), f64::from(u)))
+        .collect();
+    let want: Vec<f64> = exact
+        .iter()
+        .map(|&v| f64::from(round_to_bf16(v as f32)))
+        .collect();
+    let scale: Vec<f64> = exact
+        .iter()
+        .map(|&v| v.abs() + bf16_ulp(v) / 1e-5 + 1e-6)
+        .collect();
+    check("swiglu", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-5);
+    // add, exact in f32.
+    let p = gpu.uniform("p", &params(0));
+    let out = poisoned(gpu, "out", count);
+    run(
+        gpu,
+        &[dispatch(gpu, Kernel::Add, &[&p, &ab, &bb, &out], grid)],
+    );
+    let got = gpu.read_f32(&out).unwrap();
+    for i in 0..count {
+        assert_eq!(got[i].to_bits(), (a[i] + b[i]).to_bits(), "add element {i}");
+    }
+    // moe_combine with a shared expert.
+    let experts = uniform(&mut rng, tokens * k * width, 1.0);
+    let weights = uniform(&mut rng, tokens * k, 1.0);
+    let mut shared = uniform(&mut rng, count, 1.0);
+    let gates = uniform(&mut rng, tokens, 3.0);
+    shared.extend_from_slice(&gates);
+    let p = gpu.uniform("p", &params(1));
+    let (eb, wb, sb) = (
+        gpu.buffer_with("e", &f32_bytes(&experts)),
+        gpu.buffer_with("w", &f32_bytes(&weights)),
+        gpu.buffer_with("s", &f32_bytes(&shared)),
+    );
+    let out = poisoned(gpu, "out", count);
+    run(
+        gpu,
+        &[dispatch(
+            gpu,
+            Kernel::MoeCombine,
+            &[&p, &ab, &eb, &wb, &sb, &out],
+            grid,
+        )],
+    );
+    let mut want = Vec::new();
+    let mut scale = Vec::new();
+    for t in 0..tokens {
+        for h in 0..width {
+            let mut sum = 0.0;
+            let mut magnitude = f64::from(a[t * width + h]).abs();
+            for j in 0..k {
+                let term =
+                    f64::from(weights[t * k + j]) * f64::from(experts[(t * k + j) * width + h]);
+                sum += term;
+                magnitude += term.abs();
+            }
+            let shared_term = ops::sigmoid(f64::from(gates[t])) * f64::from(shared[t * width + h]);
+            want.push(f64::from(a[t * width + h]) + sum + shared_term);
+            scale.push(magnitude + shared_term.abs());
+        }
+    }
+    check(
+        "moe_combine",
+        &gpu.read_f32(&out).unwrap(),
+        &want,
+        &scale,
+        1e-6,
+    );
+}
+
+#[test]
+fn embedding_rows_come_from_the_right_table_and_segment() {
+    let label = "embed";
+    let mut rng = rng(label);
+    let gpu = gpu();
+    let (vocab, width) = (50usize, 12usize);
+    let table = bf16_values(&mut rng, vocab * width, 1.0);
+    let prefix = uniform(&mut rng, 2 * width, 1.0);
+    // Rows: prefix 1, token 3, token 45 (second segment), prefix 0, token 20.
+    let row_table = [0u32, 1, 1, 0, 1];
+    let row_index = [1u32, 3, 45, 0, 20];
+    let rows = row_table.len();
+    let count = rows * width;
+    let out = poisoned(gpu, "out", count);
+    let (tb, ib) = (
+        gpu.buffer_with("t", &u32_bytes(&row_table)),
+        gpu.buffer_with("i", &u32_bytes(&row_index)),
+    );
+    let grid = [count.div_ceil(64) as u32, 1, 1];
+    let mut dispatches = Vec::new();
+    let mut keep = Vec::new();
+    for (begin, end) in [(0usize, 30usize), (30, vocab)] {
+        let p = gpu.uniform(
+            "p",
+            &ElementwiseParams {
+                count: count as u32,
+                width: width as u32,
+                k: begin as u32,
+                flags: 0,
+                row_end: end as u32,
+                table: 1,
+                pad: [0; 2],
+            },
+        );
+        let segment = gpu.buffer_with("segment", &pack_bf16(&table[begin * width..end * width]));
+        dispatches.push(dispatch(
+            gpu,
+            Kernel::EmbedBf16,
+            &[&p, &segment, &tb, &ib, &out],
+            grid,
+        ));
+        keep.push((p, segment));
+    }
+    let p = gpu.uniform(
+        "p",
+        &ElementwiseParams {
+            count: count as u32,
+            width: width as u32,
+            k: 0,
+            flags: 0,
+            row_end: 0,
+            table: 0,
+            pad: [0; 2],
+        },
+    );
+    let pb = gpu.buffer_with("prefix", &f32_bytes(&prefix));
+    dispatches.push(dispatch(
+        gpu,
+        Kernel::EmbedF32,
+        &[&p, &pb, &tb, &ib, &out],
+        grid,
+    ));
+    run(gpu, &dispatches);
+    let got = gpu.read_f32(&out).unwrap();
+    for r in 0..rows {
+        let source = if row_table[r] == 0 { &prefix } else { &table };
+        let i = row_index[r] as usize;
+        assert_eq!(
+            &got[r * width..(r + 1) * width],
+            &source[i * width..(i + 1) * width],
+            "row {r}"
+        );
+    }
+}
