@@ -6,7 +6,9 @@ mod common;
 use common::*;
 use drama_engine::numerics::round_to_bf16;
 use drama_engine::reference::ops::{self, RouterSpec};
-use drama_kernels::{AttentionParams, ElementwiseParams, Kernel, NormParams, RouterParams};
+use drama_kernels::{
+    AttentionParams, ElementwiseParams, Kernel, MoeParams, NormParams, RouterParams,
+};
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
@@ -396,22 +398,28 @@ fn elementwise_kernels_match_reference() {
     // moe_combine with a shared expert.
     let experts = uniform(&mut rng, tokens * k * width, 1.0);
     let weights = uniform(&mut rng, tokens * k, 1.0);
-    let mut shared = uniform(&mut rng, count, 1.0);
+    let shared = uniform(&mut rng, count, 1.0);
     let gates = uniform(&mut rng, tokens, 3.0);
-    shared.extend_from_slice(&gates);
-    let p = gpu.uniform("p", &params(1));
-    let (eb, wb, sb) = (
-        gpu.buffer_with("e", &f32_bytes(&experts)),
-        gpu.buffer_with("w", &f32_bytes(&weights)),
-        gpu.buffer_with("s", &f32_bytes(&shared)),
+    let p = gpu.uniform(
+        "p",
+        &MoeParams {
+            count: count as u32,
+            width: width as u32,
+            k: k as u32,
+            has_shared: 1,
+        },
     );
+    let eb = gpu.buffer_with("e", &f32_bytes(&experts));
+    let wb = gpu.buffer_with("w", &f32_bytes(&weights));
+    let sb = gpu.buffer_with("s", &f32_bytes(&shared));
+    let gb = gpu.buffer_with("g", &f32_bytes(&gates));
     let out = poisoned(gpu, "out", count);
     run(
         gpu,
         &[dispatch(
             gpu,
             Kernel::MoeCombine,
-            &[&p, &ab, &eb, &wb, &sb, &out],
+            &[&p, &ab, &eb, &wb, &sb, &gb, &out],
             grid,
         )],
     );

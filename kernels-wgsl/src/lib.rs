@@ -11,7 +11,9 @@
 
 mod params;
 
-pub use params::{AttentionParams, ElementwiseParams, LinearParams, NormParams, RouterParams};
+pub use params::{
+    AttentionParams, ElementwiseParams, LinearParams, MoeParams, NormParams, RouterParams,
+};
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
 
@@ -39,11 +41,13 @@ pub enum Module {
     Router,
     /// `elementwise.wgsl`.
     Elementwise,
+    /// `moe.wgsl`.
+    Moe,
 }
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 7] = [
+    pub const ALL: [Module; 8] = [
         Module::Linear(WeightFormat::Bf16),
         Module::Linear(WeightFormat::Nvfp4),
         Module::Linear(WeightFormat::Fp8Block),
@@ -51,6 +55,7 @@ impl Module {
         Module::Attention,
         Module::Router,
         Module::Elementwise,
+        Module::Moe,
     ];
 
     /// The assembled WGSL source.
@@ -73,6 +78,7 @@ impl Module {
             Module::Attention => include_str!("wgsl/attention.wgsl"),
             Module::Router => include_str!("wgsl/router.wgsl"),
             Module::Elementwise => include_str!("wgsl/elementwise.wgsl"),
+            Module::Moe => include_str!("wgsl/moe.wgsl"),
         };
         format!("{COMMON}\n{family}")
     }
@@ -147,11 +153,10 @@ impl Kernel {
             Kernel::RmsNorm => Module::Norm,
             Kernel::RopeQ | Kernel::WriteKv | Kernel::Attend => Module::Attention,
             Kernel::Route => Module::Router,
-            Kernel::Swiglu
-            | Kernel::Add
-            | Kernel::MoeCombine
-            | Kernel::EmbedBf16
-            | Kernel::EmbedF32 => Module::Elementwise,
+            Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 => {
+                Module::Elementwise
+            }
+            Kernel::MoeCombine => Module::Moe,
         }
     }
 
@@ -195,8 +200,8 @@ impl Kernel {
             Kernel::Route => &[0, 1, 2, 3, 4, 5],
             // params, a, b, out
             Kernel::Swiglu | Kernel::Add => &[0, 1, 2, 8],
-            // params, a, b, c, d, out
-            Kernel::MoeCombine => &[0, 1, 2, 3, 4, 8],
+            // params, residual, expert_out, weights, shared_out, shared_gate, out
+            Kernel::MoeCombine => &[0, 1, 2, 3, 4, 5, 6],
             // params, words, row_table, row_index, out
             Kernel::EmbedBf16 => &[0, 5, 6, 7, 8],
             // params, a, row_table, row_index, out

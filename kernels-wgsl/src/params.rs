@@ -100,7 +100,7 @@ pub struct ElementwiseParams {
     pub count: u32,
     /// Row width.
     pub width: u32,
-    /// moe_combine: experts per token; embed: first table row of the segment.
+    /// embed: first table row of the segment.
     pub k: u32,
     /// Kernel-specific flags.
     pub flags: u32,
@@ -110,4 +110,18 @@ pub struct ElementwiseParams {
     pub table: u32,
     /// Padding.
     pub pad: [u32; 2],
+}
+
+/// `moe.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct MoeParams {
+    /// tokens * width.
+    pub count: u32,
+    /// Hidden size.
+    pub width: u32,
+    /// Experts per token.
+    pub k: u32,
+    /// 1: add the gated shared expert.
+    pub has_shared: u32,
 }

@@ -6,8 +6,8 @@ const WG: u32 = 64u;
 struct Params {
     count: u32,      // output elements
     width: u32,      // row width
-    k: u32,          // moe_combine: experts per token; embed: first table row of the segment
-    flags: u32,      // swiglu/add: 1 = round output to BF16; moe_combine: 1 = shared expert
+    k: u32,          // embed: first table row of the segment
+    flags: u32,      // swiglu/add: 1 = round output to BF16
     row_end: u32,    // embed: one past the last table row of the segment
     table: u32,      // embed: which table this dispatch serves
     _pad0: u32,
@@ -51,29 +51,6 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
         return;
     }
     out[i] = maybe_round(a[i] + b[i]);
-}
-
-// out = a + (sum_j w[j] * expert_out[j] + sigmoid(gate) * shared), per token:
-// a = residual [T, H], b = expert outputs [T*K, H] in ascending original-id order,
-// c = weights [T*K], d = [shared output [T, H] | shared gate logits [T]].
-@compute @workgroup_size(64)
-fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = element(gid, nwg);
-    if (i >= p.count) {
-        return;
-    }
-    let token = i / p.width;
-    let h = i % p.width;
-    var sum = 0.0;
-    for (var j = 0u; j < p.k; j++) {
-        let slot = token * p.k + j;
-        sum += c[slot] * b[slot * p.width + h];
-    }
-    if ((p.flags & 1u) != 0u) {
-        let gate = d[p.count + token];
-        sum += (1.0 / (1.0 + exp(-gate))) * d[i];
-    }
-    out[i] = a[i] + sum;
 }
 
 // Rows of a BF16 table: out[r] = words-table[row_index[r]] for rows whose row_table[r] is

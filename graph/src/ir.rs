@@ -1,0 +1,221 @@
+//! The op IR: values with shapes and dtypes, and a closed set of typed ops. Each op infers
+//! its output type from its inputs in one place ([`Op::infer`]), which also validates them.
+
+use drama_kernels::WeightFormat;
+use serde::Serialize;
+
+/// Index of a value in [`Graph::values`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ValueId(pub usize);
+
+/// Element type of a value. Activations are stored as f32 on the GPU; `Bf16` marks values
+/// that are exactly representable in BF16 (what every linear input must be).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// Full FP32.
+    F32,
+    /// f32 storage holding BF16 values.
+    Bf16,
+    /// Unsigned integers (ids, positions).
+    U32,
+}
+
+/// Where a value comes from and how long it lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueKind {
+    /// Written by the host before each step.
+    Input,
+    /// Produced by a node.
+    Activation,
+    /// Persists across steps (KV caches): owned by the session, not the memory plan.
+    State,
+}
+
+/// A typed value.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Value {
+    /// Readable name (`layers.3.attn_out`).
+    pub name: String,
+    /// Shape, outermost first.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: DType,
+    /// Origin and lifetime.
+    pub kind: ValueKind,
+}
+
+impl Value {
+    /// Bytes the value occupies on the GPU (4 per element).
+    pub fn bytes(&self) -> u64 {
+        4 * self.shape.iter().product::<usize>() as u64
+    }
+}
+
+/// One linear of a [`Op::Linear`] group: its weights and where its outputs go.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LinearMember {
+    /// Weight name: a module (`model.layers.0.self_attn.k_proj`) or a plain 2-D tensor
+    /// used as a bias-free BF16 linear (`audio_head.weight`).
+    pub weight: String,
+    /// Stored format.
+    pub format: WeightFormat,
+    /// Output features.
+    pub out: usize,
+    /// Whether a bias is added.
+    pub bias: bool,
+}
+
+/// Which projection of a routed expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Projection {
+    /// gate_proj (input: the token's row).
+    Gate,
+    /// up_proj (input: the token's row).
+    Up,
+    /// down_proj (input: the slot's activation).
+    Down,
+}
+
+/// Router parameters (contract section 5.3).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RouterOp {
+    /// Decoder layer (names the kept ids and bias).
+    pub layer: usize,
+    /// Kept experts.
+    pub kept: usize,
+    /// Experts per token.
+    pub k: usize,
+    /// Sigmoid (else softmax).
+    pub sigmoid: bool,
+    /// Logits are full width (one per original id).
+    pub full_width: bool,
+    /// Selection bias present.
+    pub score_bias: bool,
+    /// Renormalise chosen weights.
+    pub norm_topk_prob: bool,
+    /// Final factor.
+    pub scaling: f32,
+    /// Groups (1 = none).
+    pub n_group: usize,
+    /// Groups kept.
+    pub topk_group: usize,
+    /// Original ids per group.
+    pub group_size: usize,
+}
+
+/// The closed set of operations.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Rows gathered from the text table, the audio table or the voice prefixes.
+    /// Inputs: row_table, row_index, prefixes.
+    Embed {
+        /// Text embedding tensor.
+        text: String,
+        /// Audio embedding tensor.
+        audio: String,
+    },
+    /// RMSNorm. Input: x.
+    RmsNorm {
+        /// Weight tensor.
+        weight: String,
+        /// Epsilon.
+        eps: f32,
+        /// Round the output to BF16 (all consumers are linears).
+        round_output: bool,
+    },
+    /// One or more linears over the same input, outputs side by side. Input: x (BF16).
+    Linear {
+        /// The linears, in output-column order.
+        members: Vec<LinearMember>,
+        /// Input features.
+        in_features: usize,
+        /// Round outputs to BF16 (false for router logits, gates and audio logits).
+        round_output: bool,
+    },
+    /// RoPE of the queries. Inputs: q, row_pos.
+    RopeQ {
+        /// Query heads.
+        heads: usize,
+        /// Head width.
+        head_dim: usize,
+    },
+    /// RoPE of k and the KV-cache writes. Inputs: [k|v], row_lane, row_pos, k_cache, v_cache.
+    /// Output: the updated cache token (a dependency marker of shape [1]).
+    WriteKv {
+        /// Key/value heads.
+        kv_heads: usize,
+        /// Head width.
+        head_dim: usize,
+    },
+    /// Causal grouped-query attention. Inputs: q (rotated), row_lane, row_pos, k_cache,
+    /// v_cache, the WriteKv marker.
+    Attention {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+        /// Head width.
+        head_dim: usize,
+        /// Round the output to BF16 (it feeds o_proj).
+        round_output: bool,
+    },
+    /// Top-k routing. Input: router logits. Outputs: ids (U32 [rows, k]), then weights.
+    Router(RouterOp),
+    /// A routed-expert projection, expert per slot read on the GPU. Inputs: x, ids.
+    Experts {
+        /// Decoder layer.
+        layer: usize,
+        /// Which projection.
+        projection: Projection,
+        /// Stored format.
+        format: WeightFormat,
+        /// Output features per expert.
+        out: usize,
+        /// Input features.
+        in_features: usize,
+        /// Experts per token.
+        k: usize,
+    },
+    /// silu(gate) * up. Inputs: gate, up.
+    Swiglu {
+        /// Round to BF16 (feeds a down projection).
+        round_output: bool,
+    },
+    /// Residual addition. Inputs: a, b.
+    Add,
+    /// residual + sum_j w_j expert_j (+ sigmoid(gate) shared). Inputs: residual, expert
+    /// outputs, weights, and with a shared expert [shared output | gate logits].
+    MoeCombine {
+        /// Experts per token.
+        k: usize,
+        /// Whether a shared expert is present.
+        shared: bool,
+    },
+    /// [a | b] side by side along the last dimension (only to feed MoeCombine's shared
+    /// input). Inputs: a, b.
+    Concat,
+}
+
+impl Op {
+    /// Short name for dumps.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embed { .. } => "embed",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Linear { .. } => "linear",
+            Op::RopeQ { .. } => "rope_q",
+            Op::WriteKv { .. } => "write_kv",
+            Op::Attention { .. } => "attention",
+            Op::Router(_) => "router",
+            Op::Experts { .. } => "experts",
+            Op::Swiglu { .. } => "swiglu",
+            Op::Add => "add",
+            Op::MoeCombine { .. } => "moe_combine",
+            Op::Concat => "concat",
+        }
+    }
+}
