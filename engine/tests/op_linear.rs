@@ -33,6 +33,7 @@ fn random_scale(rng: &mut ChaCha8Rng) -> u8 {
 }
 
 fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, rows: usize, cols: usize) -> Weights {
+    let tensor_scale = 0.001 + (rng.next_u32() % 1000) as f32 * 1e-4;
     match format {
         WeightFormat::Bf16 => {
             let values = bf16_values(rng, rows * cols, 1.0);
@@ -53,7 +54,6 @@ fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, rows: usize, cols:
                 *byte = (i as u8) | (((15 - i) as u8) << 4);
             }
             let scales: Vec<u8> = (0..rows * cols / 16).map(|_| random_scale(rng)).collect();
-            let tensor_scale = 0.0123f32;
             let decoded = (0..rows * cols)
                 .map(|i| {
                     let (r, c) = (i / cols, i % cols);
@@ -278,6 +278,8 @@ fn gathered_case(
     let split = experts / 2;
     let xb = gpu.buffer_with("x", &f32_bytes(&x));
     let idb = gpu.buffer_with("ids", &u32_bytes(&ids));
+    // Each expert keeps its own tensor scale.
+    let expert_scales: Vec<f32> = all.iter().map(|w| w.tensor_scale).collect();
     let bias = gpu.buffer_with("bias", &[0; 4]);
     let y = poisoned(gpu, "y", slots * out);
     let mut dispatches = Vec::new();
@@ -296,17 +298,18 @@ fn gathered_case(
             expert_begin: begin as u32,
             expert_end: end as u32,
             flags: 2,
-            tensor_scale: all[0].tensor_scale,
+            tensor_scale: 1.0,
             pad: [0; 2],
         };
         let p = gpu.uniform("params", &params);
         let wb = gpu.buffer_with("w", &packed);
         let sb = gpu.buffer_with("scales", &scales);
+        let tb = gpu.buffer_with("expert_scales", &f32_bytes(&expert_scales[begin..end]));
         let kernel = Kernel::Gathered(format);
         let buffers: Vec<&wgpu::Buffer> = if format == WeightFormat::Bf16 {
-            vec![&p, &xb, &wb, &bias, &idb, &y]
+            vec![&p, &xb, &wb, &bias, &idb, &y, &tb]
         } else {
-            vec![&p, &xb, &wb, &sb, &bias, &idb, &y]
+            vec![&p, &xb, &wb, &sb, &bias, &idb, &y, &tb]
         };
         dispatches.push(dispatch(
             gpu,
@@ -314,7 +317,7 @@ fn gathered_case(
             &buffers,
             [out as u32, slots as u32, 1],
         ));
-        keep.push((p, wb, sb));
+        keep.push((p, wb, sb, tb));
     }
     run(gpu, &dispatches);
     let got = gpu.read_f32(&y).unwrap();

@@ -188,16 +188,13 @@ pub enum Op {
     /// Residual addition. Inputs: a, b.
     Add,
     /// residual + sum_j w_j expert_j (+ sigmoid(gate) shared). Inputs: residual, expert
-    /// outputs, weights, and with a shared expert [shared output | gate logits].
+    /// outputs, weights, and with a shared expert its output and its gate logits.
     MoeCombine {
         /// Experts per token.
         k: usize,
         /// Whether a shared expert is present.
         shared: bool,
     },
-    /// [a | b] side by side along the last dimension (only to feed MoeCombine's shared
-    /// input). Inputs: a, b.
-    Concat,
 }
 
 impl Op {
@@ -215,7 +212,6 @@ impl Op {
             Op::Swiglu { .. } => "swiglu",
             Op::Add => "add",
             Op::MoeCombine { .. } => "moe_combine",
-            Op::Concat => "concat",
         }
     }
 }

@@ -1,1 +1,15 @@
-//! wip
+//! The Drama 3 op graph: a closed set of typed ops with shape and dtype inference
+//! ([`ir`], [`infer`]), the builder that compiles a model description into the static graph of
+//! one step ([`drama3`]), kernel choice ([`select`]), the static memory plan ([`plan`]) and
+//! text/JSON/DOT dumps ([`dump`]). It knows nothing of wgpu.
+
+pub mod drama3;
+pub mod dump;
+mod graph;
+pub mod infer;
+pub mod ir;
+pub mod plan;
+pub mod select;
+
+pub use graph::{Graph, GraphBuilder, GraphError, Node};
+pub use ir::{DType, Op, Value, ValueId, ValueKind};

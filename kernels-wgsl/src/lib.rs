@@ -18,7 +18,7 @@ pub use params::{
 const COMMON: &str = include_str!("wgsl/common.wgsl");
 
 /// How a linear's weights are stored on the GPU (exactly as in the checkpoint).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum WeightFormat {
     /// BF16, two per word.
     Bf16,
@@ -185,9 +185,9 @@ impl Kernel {
             // params, x, w, (scales,) bias, y: BF16 weights have no scales
             Kernel::Linear(WeightFormat::Bf16) => &[0, 1, 2, 4, 6],
             Kernel::Linear(_) => &[0, 1, 2, 3, 4, 6],
-            // params, x, w, (scales,) bias, expert_ids, y
-            Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6],
-            Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6],
+            // params, x, w, (scales,) bias, expert_ids, y, expert_scales
+            Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
+            Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],
             // params, x, weight, y
             Kernel::RmsNorm => &[0, 1, 2, 3],
             // params, row_pos, rope_table, src, dst

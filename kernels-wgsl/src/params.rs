@@ -24,7 +24,7 @@ pub struct LinearParams {
     pub expert_end: u32,
     /// 1: add bias; 2: round output to BF16.
     pub flags: u32,
-    /// NVFP4 tensor scale (1 otherwise).
+    /// Dense: NVFP4 tensor scale (1 otherwise); gathered kernels read per-expert scales.
     pub tensor_scale: f32,
     /// Padding to 16 bytes.
     pub pad: [u32; 2],

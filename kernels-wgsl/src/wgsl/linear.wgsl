@@ -9,7 +9,8 @@
 //               it to up to MAX_ROWS activation rows per pass.
 //   `gathered`: routed experts; one workgroup per (output feature, slot), the slot's expert
 //               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
-//               live in another weight segment and are skipped.
+//               live in another weight segment and are skipped. Each expert has its own
+//               tensor scale (`expert_scales`, one per expert of the segment).
 //
 // Every output is computed by the same thread partition and reduction tree whatever the
 // number of rows, so a row's result never depends on the other rows in the batch.
@@ -27,7 +28,7 @@ struct Params {
     expert_begin: u32,  // gathered: local expert ids held by this segment
     expert_end: u32,
     flags: u32,         // 1: add bias; 2: round the output to BF16
-    tensor_scale: f32,  // NVFP4 per-tensor scale (1 for other formats)
+    tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
     _pad0: u32,
     _pad1: u32,
 }
@@ -39,6 +40,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read> expert_ids: array<u32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
+@group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 
 var<workgroup> partial: array<f32, 512>; // WG * MAX_ROWS
 var<workgroup> slot_expert: u32;
@@ -64,8 +66,8 @@ fn reduce_rows(t: u32, count: u32) {
     workgroupBarrier();
 }
 
-fn finish(acc: f32, n: u32) -> f32 {
-    var v = acc * p.tensor_scale;
+fn finish(acc: f32, n: u32, tensor_scale: f32) -> f32 {
+    var v = acc * tensor_scale;
     if ((p.flags & 1u) != 0u) {
         v += bf16_half(bias[n / 2u], n & 1u);
     }
@@ -93,7 +95,7 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }
         reduce_rows(t, count);
         if (t < count) {
-            y[(row0 + t) * p.y_stride + p.out_offset + n] = finish(partial[t], n);
+            y[(row0 + t) * p.y_stride + p.out_offset + n] = finish(partial[t], n, p.tensor_scale);
         }
         workgroupBarrier();
     }
@@ -120,6 +122,6 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     partial[t * MAX_ROWS] = acc;
     reduce_rows(t, 1u);
     if (t == 0u) {
-        y[slot * p.y_stride + p.out_offset + n] = finish(partial[0], n);
+        y[slot * p.y_stride + p.out_offset + n] = finish(partial[0], n, expert_scales[expert - p.expert_begin]);
     }
 }

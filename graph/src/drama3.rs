@@ -1,0 +1,449 @@
+//! The Drama 3 builder: compiles a model description into the static graph of one step
+//! (any number of token rows over any number of lanes: a prefill, a decode step, or both
+//! guidance lanes at once).
+
+use std::collections::BTreeMap;
+
+use drama_kernels::WeightFormat;
+use serde::Serialize;
+
+use crate::graph::{Graph, GraphBuilder, GraphError};
+use crate::ir::{DType, LinearMember, Op, Projection, RouterOp, ValueId, ValueKind};
+
+/// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
+pub trait WeightNames {
+    /// A per-layer name from its template (`model.layers.{i}.self_attn.q_proj`).
+    fn layer(&self, template: LayerWeight, layer: usize) -> String;
+    /// A global tensor name.
+    fn global(&self, which: GlobalWeight) -> String;
+}
+
+/// Per-layer weights the graph refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerWeight {
+    /// Pre-attention norm.
+    InputNorm,
+    /// q projection module.
+    Q,
+    /// k projection module.
+    K,
+    /// v projection module.
+    V,
+    /// o projection module.
+    O,
+    /// Pre-MLP norm.
+    PostNorm,
+    /// Dense MLP gate/up/down modules.
+    Dense(Projection),
+    /// Router weight tensor.
+    Router,
+    /// Shared expert gate/up/down modules.
+    Shared(Projection),
+    /// Shared expert gate tensor.
+    SharedGate,
+}
+
+/// Global weights the graph refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalWeight {
+    /// Text embeddings.
+    EmbedTokens,
+    /// Audio embeddings.
+    AudioEmbed,
+    /// Final norm.
+    FinalNorm,
+    /// Audio head.
+    AudioHead,
+}
+
+/// A MoE layer's routing description.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeSpec {
+    /// Kept experts.
+    pub kept: usize,
+    /// Router logits per original id (else per kept expert).
+    pub full_width_router: bool,
+    /// Selection bias present.
+    pub score_bias: bool,
+    /// Formats of the routed experts' gate, up and down projections.
+    pub expert_formats: [WeightFormat; 3],
+}
+
+/// Everything the builder needs to know about the model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSpec {
+    /// H.
+    pub hidden: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV heads.
+    pub kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// Audio vocabulary (C + 2).
+    pub audio_vocab: usize,
+    /// Dense MLP width.
+    pub dense_width: usize,
+    /// Routed expert width.
+    pub expert_width: usize,
+    /// Shared expert width (0: none).
+    pub shared_width: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Original expert count.
+    pub num_experts: usize,
+    /// Sigmoid routing (else softmax).
+    pub sigmoid: bool,
+    /// Renormalise chosen weights.
+    pub norm_topk_prob: bool,
+    /// Routed scaling factor.
+    pub routed_scaling_factor: f32,
+    /// Expert groups.
+    pub n_group: usize,
+    /// Groups kept.
+    pub topk_group: usize,
+    /// Per layer: `None` for dense layers.
+    pub layers: Vec<Option<MoeSpec>>,
+    /// Stored format of every linear module (absent: BF16).
+    pub formats: BTreeMap<String, WeightFormat>,
+}
+
+/// The shape of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct StepShape {
+    /// Token rows processed.
+    pub rows: usize,
+    /// Cache slots (lanes) the KV caches hold.
+    pub lanes: usize,
+    /// Positions per cache slot.
+    pub capacity: usize,
+    /// Rows of the voice-prefix table (lanes * P).
+    pub prefix_rows: usize,
+    /// Keep every layer's hidden state and router output readable (for `drama trace`).
+    pub trace: bool,
+}
+
+/// Names of the host-written inputs, in the order the engine fills them.
+pub const STEP_INPUTS: [&str; 5] = ["row_table", "row_index", "row_lane", "row_pos", "prefixes"];
+
+/// Where an embedded row comes from (the values of `row_table`).
+pub mod row_source {
+    /// A voice-prefix row (`row_index` = lane * P + p).
+    pub const PREFIX: u32 = 0;
+    /// A text token.
+    pub const TEXT: u32 = 1;
+    /// An audio token.
+    pub const AUDIO: u32 = 2;
+}
+
+struct Build<'a> {
+    b: GraphBuilder,
+    spec: &'a ModelSpec,
+    names: &'a dyn WeightNames,
+    trace: bool,
+}
+
+impl Build<'_> {
+    fn format(&self, module: &str) -> WeightFormat {
+        self.spec
+            .formats
+            .get(module)
+            .copied()
+            .unwrap_or(WeightFormat::Bf16)
+    }
+
+    fn linear(
+        &mut self,
+        label: &str,
+        x: ValueId,
+        members: &[(String, usize, bool)],
+        round: bool,
+    ) -> Result<ValueId, GraphError> {
+        let in_features = self.b_width(x);
+        let members = members
+            .iter()
+            .map(|(weight, out, bias)| LinearMember {
+                format: self.format(weight),
+                weight: weight.clone(),
+                out: *out,
+                bias: *bias,
+            })
+            .collect();
+        self.b.node1(
+            label,
+            Op::Linear {
+                members,
+                in_features,
+                round_output: round,
+            },
+            &[x],
+        )
+    }
+
+    fn b_width(&self, x: ValueId) -> usize {
+        *self.b.shape(x).last().unwrap_or(&0)
+    }
+
+    fn swiglu_mlp(
+        &mut self,
+        label: &str,
+        x: ValueId,
+        modules: [String; 3],
+        width: usize,
+    ) -> Result<ValueId, GraphError> {
+        let h = self.spec.hidden;
+        let [gate_m, up_m, down_m] = modules;
+        let gate = self.linear(&format!("{label}.gate"), x, &[(gate_m, width, false)], true)?;
+        let up = self.linear(&format!("{label}.up"), x, &[(up_m, width, false)], true)?;
+        let act = self.b.node1(
+            &format!("{label}.act"),
+            Op::Swiglu { round_output: true },
+            &[gate, up],
+        )?;
+        self.linear(&format!("{label}.down"), act, &[(down_m, h, false)], true)
+    }
+}
+
+/// Builds the graph of one step.
+pub fn build(
+    spec: &ModelSpec,
+    names: &dyn WeightNames,
+    shape: StepShape,
+) -> Result<Graph, GraphError> {
+    let s = spec;
+    let (h, rows) = (s.hidden, shape.rows);
+    let kv_width = s.kv_heads * s.head_dim;
+    let mut g = Build {
+        b: GraphBuilder::default(),
+        spec,
+        names,
+        trace: shape.trace,
+    };
+    let row_table =
+        g.b.input("row_table", vec![rows], DType::U32, ValueKind::Input);
+    let row_index =
+        g.b.input("row_index", vec![rows], DType::U32, ValueKind::Input);
+    let row_lane =
+        g.b.input("row_lane", vec![rows], DType::U32, ValueKind::Input);
+    let row_pos =
+        g.b.input("row_pos", vec![rows], DType::U32, ValueKind::Input);
+    let prefixes = g.b.input(
+        "prefixes",
+        vec![shape.prefix_rows.max(1), h],
+        DType::F32,
+        ValueKind::Input,
+    );
+    let embed = Op::Embed {
+        text: names.global(GlobalWeight::EmbedTokens),
+        audio: names.global(GlobalWeight::AudioEmbed),
+    };
+    let mut x =
+        g.b.node1("embed", embed, &[row_table, row_index, prefixes])?;
+    let cache_shape = vec![shape.lanes * shape.capacity, kv_width];
+    for (i, moe) in s.layers.iter().enumerate() {
+        let l = |w: LayerWeight| names.layer(w, i);
+        let at = |what: &str| format!("layers.{i}.{what}");
+        let k_cache = g.b.input(
+            &at("k_cache"),
+            cache_shape.clone(),
+            DType::F32,
+            ValueKind::State,
+        );
+        let v_cache = g.b.input(
+            &at("v_cache"),
+            cache_shape.clone(),
+            DType::F32,
+            ValueKind::State,
+        );
+        let normed = g.b.node1(
+            &at("input_norm"),
+            Op::RmsNorm {
+                weight: l(LayerWeight::InputNorm),
+                eps: s.eps,
+                round_output: true,
+            },
+            &[x],
+        )?;
+        let q = g.linear(
+            &at("q_proj"),
+            normed,
+            &[(l(LayerWeight::Q), s.heads * s.head_dim, true)],
+            true,
+        )?;
+        let kv = g.linear(
+            &at("kv_proj"),
+            normed,
+            &[
+                (l(LayerWeight::K), kv_width, true),
+                (l(LayerWeight::V), kv_width, true),
+            ],
+            true,
+        )?;
+        let written = g.b.node1(
+            &at("write_kv"),
+            Op::WriteKv {
+                kv_heads: s.kv_heads,
+                head_dim: s.head_dim,
+            },
+            &[kv, row_lane, row_pos, k_cache, v_cache],
+        )?;
+        let q_rot = g.b.node1(
+            &at("rope_q"),
+            Op::RopeQ {
+                heads: s.heads,
+                head_dim: s.head_dim,
+            },
+            &[q, row_pos],
+        )?;
+        let attended = g.b.node1(
+            &at("attention"),
+            Op::Attention {
+                heads: s.heads,
+                kv_heads: s.kv_heads,
+                head_dim: s.head_dim,
+                round_output: true,
+            },
+            &[q_rot, row_lane, row_pos, k_cache, v_cache, written],
+        )?;
+        let o = g.linear(
+            &at("o_proj"),
+            attended,
+            &[(l(LayerWeight::O), h, false)],
+            true,
+        )?;
+        x = g.b.node1(&at("attn_residual"), Op::Add, &[x, o])?;
+        let normed = g.b.node1(
+            &at("post_norm"),
+            Op::RmsNorm {
+                weight: l(LayerWeight::PostNorm),
+                eps: s.eps,
+                round_output: true,
+            },
+            &[x],
+        )?;
+        x = match moe {
+            None => {
+                let modules = [Projection::Gate, Projection::Up, Projection::Down]
+                    .map(|p| l(LayerWeight::Dense(p)));
+                let down = g.swiglu_mlp(&at("mlp"), normed, modules, s.dense_width)?;
+                g.b.node1(&at("hidden"), Op::Add, &[x, down])?
+            }
+            Some(moe) => moe_block(&mut g, i, moe, x, normed)?,
+        };
+        if g.trace {
+            g.b.output(x);
+        }
+    }
+    let normed = g.b.node1(
+        "final_norm",
+        Op::RmsNorm {
+            weight: names.global(GlobalWeight::FinalNorm),
+            eps: s.eps,
+            round_output: true,
+        },
+        &[x],
+    )?;
+    let logits = g.linear(
+        "logits",
+        normed,
+        &[(names.global(GlobalWeight::AudioHead), s.audio_vocab, false)],
+        false,
+    )?;
+    g.b.output(logits);
+    Ok(g.b.finish())
+}
+
+fn moe_block(
+    g: &mut Build<'_>,
+    i: usize,
+    moe: &MoeSpec,
+    x: ValueId,
+    normed: ValueId,
+) -> Result<ValueId, GraphError> {
+    let s = g.spec;
+    let l = |w: LayerWeight| g.names.layer(w, i);
+    let at = |what: &str| format!("layers.{i}.{what}");
+    let router_rows = if moe.full_width_router {
+        s.num_experts
+    } else {
+        moe.kept
+    };
+    let logits = g.linear(
+        &at("router_logits"),
+        normed,
+        &[(l(LayerWeight::Router), router_rows, false)],
+        false,
+    )?;
+    let route = RouterOp {
+        layer: i,
+        kept: moe.kept,
+        k: s.top_k,
+        sigmoid: s.sigmoid,
+        full_width: moe.full_width_router,
+        score_bias: moe.score_bias,
+        norm_topk_prob: s.norm_topk_prob,
+        scaling: s.routed_scaling_factor,
+        n_group: s.n_group,
+        topk_group: s.topk_group,
+        group_size: s.num_experts / s.n_group.max(1),
+    };
+    let routed = g.b.node(&at("router"), Op::Router(route), &[logits])?;
+    let (ids, weights) = (routed[0], routed[1]);
+    if g.trace {
+        g.b.output(ids);
+        g.b.output(weights);
+    }
+    let expert =
+        |g: &mut Build<'_>, projection: Projection, input: ValueId, out: usize, index: usize| {
+            let in_features = *g.b.shape(input).last().unwrap_or(&0);
+            g.b.node1(
+                &at(&format!("experts.{}", ["gate", "up", "down"][index])),
+                Op::Experts {
+                    layer: i,
+                    projection,
+                    format: moe.expert_formats[index],
+                    out,
+                    in_features,
+                    k: s.top_k,
+                },
+                &[input, ids],
+            )
+        };
+    let gate = expert(g, Projection::Gate, normed, s.expert_width, 0)?;
+    let up = expert(g, Projection::Up, normed, s.expert_width, 1)?;
+    let act = g.b.node1(
+        &at("experts.act"),
+        Op::Swiglu { round_output: true },
+        &[gate, up],
+    )?;
+    let down = expert(g, Projection::Down, act, s.hidden, 2)?;
+    if s.shared_width == 0 {
+        return g.b.node1(
+            &at("hidden"),
+            Op::MoeCombine {
+                k: s.top_k,
+                shared: false,
+            },
+            &[x, down, weights],
+        );
+    }
+    let modules =
+        [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
+    let shared = g.swiglu_mlp(&at("shared_expert"), normed, modules, s.shared_width)?;
+    let gate_logit = g.linear(
+        &at("shared_gate"),
+        normed,
+        &[(l(LayerWeight::SharedGate), 1, false)],
+        false,
+    )?;
+    g.b.node1(
+        &at("hidden"),
+        Op::MoeCombine {
+            k: s.top_k,
+            shared: true,
+        },
+        &[x, down, weights, shared, gate_logit],
+    )
+}

@@ -1,0 +1,226 @@
+//! Output types of every op, and the checks of its inputs: the one place each op's shape
+//! and dtype rules live.
+
+use crate::graph::{is_bf16, shape_of};
+use crate::ir::{DType, Op, Value, ValueKind};
+
+type Outputs = Vec<(Vec<usize>, DType)>;
+
+fn expect(condition: bool, problem: impl FnOnce() -> String) -> Result<(), String> {
+    if condition { Ok(()) } else { Err(problem()) }
+}
+
+fn arity(inputs: &[&Value], n: usize) -> Result<(), String> {
+    expect(inputs.len() == n, || {
+        format!("takes {n} inputs, got {}", inputs.len())
+    })
+}
+
+fn rows_of(value: &Value) -> usize {
+    value.shape.first().copied().unwrap_or(0)
+}
+
+fn width_of(value: &Value) -> usize {
+    value.shape.last().copied().unwrap_or(0)
+}
+
+fn row_vector(value: &Value, rows: usize, what: &str) -> Result<(), String> {
+    expect(value.dtype == DType::U32 && value.shape == [rows], || {
+        format!(
+            "{what} must be U32 [{rows}], is {:?} {:?}",
+            value.dtype, value.shape
+        )
+    })
+}
+
+/// Checks `inputs` against `op` and returns the output shapes and dtypes.
+pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
+    match op {
+        Op::Embed { .. } => {
+            arity(inputs, 3)?;
+            let rows = rows_of(inputs[0]);
+            row_vector(inputs[0], rows, "row_table")?;
+            row_vector(inputs[1], rows, "row_index")?;
+            let width = width_of(inputs[2]);
+            Ok(vec![(vec![rows, width], DType::F32)])
+        }
+        Op::RmsNorm { round_output, .. } => {
+            arity(inputs, 1)?;
+            let x = inputs[0];
+            expect(x.shape.len() == 2, || {
+                format!("x must be 2-D, is {:?}", x.shape)
+            })?;
+            let dtype = if *round_output {
+                DType::Bf16
+            } else {
+                DType::F32
+            };
+            Ok(vec![(x.shape.clone(), dtype)])
+        }
+        Op::Linear {
+            members,
+            in_features,
+            round_output,
+        } => {
+            arity(inputs, 1)?;
+            let x = inputs[0];
+            expect(is_bf16(x.dtype), || {
+                "the input must hold BF16 values (round it where it is made)".into()
+            })?;
+            expect(width_of(x) == *in_features, || {
+                format!("input width {} != in_features {in_features}", width_of(x))
+            })?;
+            expect(!members.is_empty(), || "no linears".into())?;
+            let out: usize = members.iter().map(|m| m.out).sum();
+            let dtype = if *round_output {
+                DType::Bf16
+            } else {
+                DType::F32
+            };
+            Ok(vec![(vec![rows_of(x), out], dtype)])
+        }
+        Op::RopeQ { heads, head_dim } => {
+            arity(inputs, 2)?;
+            let rows = rows_of(inputs[0]);
+            expect(shape_of(inputs[0]) == [rows, heads * head_dim], || {
+                format!("q must be [rows, {}]", heads * head_dim)
+            })?;
+            row_vector(inputs[1], rows, "row_pos")?;
+            Ok(vec![(inputs[0].shape.clone(), DType::F32)])
+        }
+        Op::WriteKv { kv_heads, head_dim } => {
+            arity(inputs, 5)?;
+            let rows = rows_of(inputs[0]);
+            let width = kv_heads * head_dim;
+            expect(shape_of(inputs[0]) == [rows, 2 * width], || {
+                format!("[k|v] must be [rows, {}]", 2 * width)
+            })?;
+            row_vector(inputs[1], rows, "row_lane")?;
+            row_vector(inputs[2], rows, "row_pos")?;
+            for cache in &inputs[3..5] {
+                expect(
+                    cache.kind == ValueKind::State && width_of(cache) == width,
+                    || format!("{} must be a cache state of width {width}", cache.name),
+                )?;
+            }
+            Ok(vec![(vec![1], DType::U32)])
+        }
+        Op::Attention {
+            heads,
+            kv_heads,
+            head_dim,
+            round_output,
+        } => {
+            arity(inputs, 6)?;
+            let rows = rows_of(inputs[0]);
+            expect(heads % kv_heads == 0, || {
+                format!("{heads} heads over {kv_heads} kv heads")
+            })?;
+            expect(shape_of(inputs[0]) == [rows, heads * head_dim], || {
+                "q shape".into()
+            })?;
+            row_vector(inputs[1], rows, "row_lane")?;
+            row_vector(inputs[2], rows, "row_pos")?;
+            let dtype = if *round_output {
+                DType::Bf16
+            } else {
+                DType::F32
+            };
+            Ok(vec![(inputs[0].shape.clone(), dtype)])
+        }
+        Op::Router(r) => {
+            arity(inputs, 1)?;
+            let logits = inputs[0];
+            let width = if r.full_width {
+                r.group_size * r.n_group
+            } else {
+                r.kept
+            };
+            expect(
+                logits.dtype == DType::F32 && width_of(logits) == width,
+                || {
+                    format!(
+                        "logits must be F32 of width {width}, are {:?} {:?}",
+                        logits.dtype, logits.shape
+                    )
+                },
+            )?;
+            expect((1..=16).contains(&r.k) && r.k <= r.kept, || {
+                format!("k {} must be in 1..=min(16, kept)", r.k)
+            })?;
+            expect(r.kept <= 512 && r.n_group <= 64, || {
+                "at most 512 kept experts and 64 groups".into()
+            })?;
+            let rows = rows_of(logits);
+            Ok(vec![
+                (vec![rows, r.k], DType::U32),
+                (vec![rows, r.k], DType::F32),
+            ])
+        }
+        Op::Experts {
+            projection,
+            out,
+            in_features,
+            k,
+            ..
+        } => {
+            arity(inputs, 2)?;
+            let (x, ids) = (inputs[0], inputs[1]);
+            expect(is_bf16(x.dtype) && width_of(x) == *in_features, || {
+                "x must be BF16 of width in_features".into()
+            })?;
+            expect(ids.dtype == DType::U32 && width_of(ids) == *k, || {
+                "ids must be U32 [tokens, k]".into()
+            })?;
+            let slots = rows_of(ids) * k;
+            let x_rows = match projection {
+                crate::ir::Projection::Down => slots,
+                _ => rows_of(ids),
+            };
+            expect(rows_of(x) == x_rows, || {
+                format!("x must have {x_rows} rows, has {}", rows_of(x))
+            })?;
+            Ok(vec![(vec![slots, *out], DType::Bf16)])
+        }
+        Op::Swiglu { round_output } => {
+            arity(inputs, 2)?;
+            expect(inputs[0].shape == inputs[1].shape, || {
+                "gate and up shapes differ".into()
+            })?;
+            let dtype = if *round_output {
+                DType::Bf16
+            } else {
+                DType::F32
+            };
+            Ok(vec![(inputs[0].shape.clone(), dtype)])
+        }
+        Op::Add => {
+            arity(inputs, 2)?;
+            expect(inputs[0].shape == inputs[1].shape, || {
+                "shapes differ".into()
+            })?;
+            Ok(vec![(inputs[0].shape.clone(), DType::F32)])
+        }
+        Op::MoeCombine { k, shared } => {
+            arity(inputs, if *shared { 5 } else { 3 })?;
+            let residual = inputs[0];
+            let tokens = rows_of(residual);
+            let width = width_of(residual);
+            expect(shape_of(inputs[1]) == [tokens * k, width], || {
+                "expert outputs must be [tokens * k, width]".into()
+            })?;
+            expect(shape_of(inputs[2]) == [tokens, *k], || {
+                "weights must be [tokens, k]".into()
+            })?;
+            if *shared {
+                expect(shape_of(inputs[3]) == [tokens, width], || {
+                    "shared output must be [tokens, width]".into()
+                })?;
+                expect(shape_of(inputs[4]) == [tokens, 1], || {
+                    "shared gate must be [tokens, 1]".into()
+                })?;
+            }
+            Ok(vec![(residual.shape.clone(), DType::F32)])
+        }
+    }
+}
