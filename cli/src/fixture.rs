@@ -21,13 +21,8 @@ pub struct FixtureArgs {
 
 /// Runs `drama fixture`.
 pub fn run(args: FixtureArgs) -> Result<()> {
-    drama_fixtures::write_preset(&args.preset, args.seed, &args.out).with_context(|| {
-        format!(
-            "generating preset {} into {}",
-            args.preset,
-            args.out.display()
-        )
-    })?;
+    drama_fixtures::write_preset(&args.preset, args.seed, &args.out)
+        .with_context(|| format!("generating preset {} into {}", args.preset, args.out.display()))?;
     println!(
         "wrote preset {} (seed {}) to {}",
         args.preset,

@@ -5,6 +5,11 @@
 //! - [`gpu`]: the wgpu device, capabilities, buffers and pipelines.
 
 pub mod checkpoint;
+pub mod error;
+pub mod exec;
 pub mod gpu;
 pub mod numerics;
 pub mod reference;
+pub mod session;
+pub mod spec;
+pub mod weights;

@@ -73,10 +73,7 @@ mod tests {
         // 1 + 2^-8 lies exactly between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
         assert_eq!(round_to_bf16(1.0 + 2f32.powi(-8)), 1.0);
         // 1 + 3*2^-8 lies between 1 + 2^-7 (odd) and 1 + 2^-6 (even): goes up.
-        assert_eq!(
-            round_to_bf16(1.0 + 3.0 * 2f32.powi(-8)),
-            1.0 + 2f32.powi(-6)
-        );
+        assert_eq!(round_to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2f32.powi(-6));
         assert!(round_to_bf16(f32::NAN).is_nan());
     }
 }

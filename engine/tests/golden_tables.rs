@@ -32,10 +32,7 @@ fn e2m1_decoder_matches_ml_dtypes_for_all_16_codes() {
     assert_eq!(decode.len(), 16);
     for (code, golden) in decode.iter().enumerate() {
         let golden = golden_value(golden);
-        assert!(
-            same(e2m1_to_f32(code as u8), golden),
-            "code {code}: {golden}"
-        );
+        assert!(same(e2m1_to_f32(code as u8), golden), "code {code}: {golden}");
         // Only the low nibble is read: the high nibble of a packed byte must not leak in.
         assert!(
             same(e2m1_to_f32(code as u8 | 0xA0), golden),
@@ -53,10 +50,7 @@ fn e4m3_decoder_matches_ml_dtypes_for_all_256_bytes() {
     for (bits, golden) in decode.iter().enumerate() {
         let golden = golden_value(golden);
         nans += usize::from(golden.is_nan());
-        assert!(
-            same(e4m3_to_f32(bits as u8), golden),
-            "byte {bits:#04x}: {golden}"
-        );
+        assert!(same(e4m3_to_f32(bits as u8), golden), "byte {bits:#04x}: {golden}");
     }
     assert_eq!(nans, 2, "exactly 0x7F and 0xFF are NaN");
 }

@@ -86,14 +86,11 @@ fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, rows: usize, cols:
                 })
                 .collect();
             let grid = (rows.div_ceil(128), cols.div_ceil(128));
-            let tile_scales: Vec<f32> = (0..grid.0 * grid.1)
-                .map(|i| 0.001 * (1 + i) as f32)
-                .collect();
+            let tile_scales: Vec<f32> = (0..grid.0 * grid.1).map(|i| 0.001 * (1 + i) as f32).collect();
             let decoded = (0..rows * cols)
                 .map(|i| {
                     let (r, c) = (i / cols, i % cols);
-                    f64::from(e4m3_to_f32(packed[i]))
-                        * f64::from(tile_scales[(r / 128) * grid.1 + c / 128])
+                    f64::from(e4m3_to_f32(packed[i])) * f64::from(tile_scales[(r / 128) * grid.1 + c / 128])
                 })
                 .collect();
             Weights {
@@ -115,47 +112,64 @@ struct Run {
     scale: Vec<f64>,
 }
 
-/// Runs the dense linear kernel on `rows` rows and computes the reference.
-fn run_linear(
-    rng: &mut ChaCha8Rng,
-    w: &Weights,
-    x: &[f32],
-    rows: usize,
-    bias: Option<&[f32]>,
-    round: bool,
-) -> Run {
+/// Runs the dense linear kernel on `rows` rows, with the weight split in two row segments
+/// (as the engine splits weights past the binding limit), and computes the reference.
+fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: bool) -> Run {
     let gpu = gpu();
-    let params = LinearParams {
-        rows: rows as u32,
-        in_features: w.cols as u32,
-        out_features: w.rows as u32,
-        out_offset: 0,
-        y_stride: w.rows as u32,
-        x_row_div: 1,
-        expert_begin: 0,
-        expert_end: 0,
-        flags: u32::from(bias.is_some()) | if round { 2 } else { 0 },
-        tensor_scale: w.tensor_scale,
-        pad: [0; 2],
+    let split = match w.format {
+        WeightFormat::Fp8Block if w.rows > 128 => 128,
+        WeightFormat::Fp8Block => w.rows,
+        _ => w.rows.div_ceil(2),
     };
-    let _ = rng;
-    let p = gpu.uniform("params", &params);
     let xb = gpu.buffer_with("x", &f32_bytes(x));
-    let wb = gpu.buffer_with("w", &w.packed);
-    let sb = gpu.buffer_with("scales", &w.scales);
     let bias_bytes = bias.map(pack_bf16).unwrap_or_else(|| vec![0; 4]);
     let bb = gpu.buffer_with("bias", &bias_bytes);
     let y = poisoned(gpu, "y", rows * w.rows);
     let kernel = Kernel::Linear(w.format);
-    let buffers: Vec<&wgpu::Buffer> = if w.format == WeightFormat::Bf16 {
-        vec![&p, &xb, &wb, &bb, &y]
-    } else {
-        vec![&p, &xb, &wb, &sb, &bb, &y]
-    };
-    run(
-        gpu,
-        &[dispatch(gpu, kernel, &buffers, [w.rows as u32, 1, 1])],
-    );
+    let mut dispatches = Vec::new();
+    for (start, end) in [(0, split), (split, w.rows)] {
+        if start == end {
+            continue;
+        }
+        let (codes, scales) = match w.format {
+            WeightFormat::Bf16 => (w.packed[start * w.cols * 2..end * w.cols * 2].to_vec(), vec![0; 4]),
+            WeightFormat::Nvfp4 => (
+                w.packed[start * w.cols / 2..end * w.cols / 2].to_vec(),
+                w.scales[start * w.cols / 16..end * w.cols / 16].to_vec(),
+            ),
+            WeightFormat::Fp8Block => {
+                let tile_row = w.cols.div_ceil(128) * 4;
+                (
+                    w.packed[start * w.cols..end * w.cols].to_vec(),
+                    w.scales[start / 128 * tile_row..end.div_ceil(128) * tile_row].to_vec(),
+                )
+            }
+        };
+        let params = LinearParams {
+            rows: rows as u32,
+            in_features: w.cols as u32,
+            out_features: (end - start) as u32,
+            out_offset: start as u32,
+            y_stride: w.rows as u32,
+            x_row_div: 1,
+            expert_begin: 0,
+            expert_end: 0,
+            flags: u32::from(bias.is_some()) | if round { 2 } else { 0 },
+            tensor_scale: w.tensor_scale,
+            bias_offset: start as u32,
+            pad: 0,
+        };
+        let p = gpu.uniform("params", &params);
+        let wb = gpu.buffer_with("w", &codes);
+        let sb = gpu.buffer_with("scales", &scales);
+        let buffers: Vec<&wgpu::Buffer> = if w.format == WeightFormat::Bf16 {
+            vec![&p, &xb, &wb, &bb, &y]
+        } else {
+            vec![&p, &xb, &wb, &sb, &bb, &y]
+        };
+        dispatches.push(dispatch(gpu, kernel, &buffers, [(end - start) as u32, 1, 1]));
+    }
+    run(gpu, &dispatches);
     let got = gpu.read_f32(&y).unwrap();
     let mut want = Vec::new();
     let mut scale = Vec::new();
@@ -183,48 +197,25 @@ fn run_linear(
             scale.push(magnitude + if round { bf16_ulp(exact) / TOL } else { 0.0 });
         }
     }
-    Run {
-        y: got,
-        want,
-        scale,
-    }
+    Run { y: got, want, scale }
 }
 
 const TOL: f64 = 2e-6;
 
-fn linear_case(
-    format: WeightFormat,
-    rows: usize,
-    out: usize,
-    in_: usize,
-    with_bias: bool,
-    round: bool,
-) {
-    let label =
-        format!("linear {format:?} rows {rows} out {out} in {in_} bias {with_bias} round {round}");
+fn linear_case(format: WeightFormat, rows: usize, out: usize, in_: usize, with_bias: bool, round: bool) {
+    let label = format!("linear {format:?} rows {rows} out {out} in {in_} bias {with_bias} round {round}");
     let mut rng = rng(&label);
     let w = random_weights(&mut rng, format, out, in_);
     let x = bf16_values(&mut rng, rows * in_, 2.0);
     let bias = with_bias.then(|| bf16_values(&mut rng, out, 0.5));
-    let result = run_linear(&mut rng, &w, &x, rows, bias.as_deref(), round);
+    let result = run_linear(&w, &x, rows, bias.as_deref(), round);
     check(&label, &result.y, &result.want, &result.scale, TOL);
     // Batch invariance: each row alone gives the same bits as inside the batch.
     for r in [0, rows - 1] {
-        let single = run_linear(
-            &mut rng,
-            &w,
-            &x[r * in_..(r + 1) * in_],
-            1,
-            bias.as_deref(),
-            round,
-        );
+        let single = run_linear(&w, &x[r * in_..(r + 1) * in_], 1, bias.as_deref(), round);
         let batched = &result.y[r * out..(r + 1) * out];
         assert!(
-            single
-                .y
-                .iter()
-                .zip(batched)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            single.y.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits()),
             "{label}: row {r} differs between a batch of {rows} and alone"
         );
     }
@@ -270,9 +261,7 @@ fn gathered_case(
         .map(|_| random_weights(&mut rng, format, out, in_))
         .collect();
     let slots = tokens * k;
-    let ids: Vec<u32> = (0..slots)
-        .map(|_| rng.next_u32() % experts as u32)
-        .collect();
+    let ids: Vec<u32> = (0..slots).map(|_| rng.next_u32() % experts as u32).collect();
     let x_rows = if shared_input { tokens } else { slots };
     let x = bf16_values(&mut rng, x_rows * in_, 2.0);
     let split = experts / 2;
@@ -299,7 +288,8 @@ fn gathered_case(
             expert_end: end as u32,
             flags: 2,
             tensor_scale: 1.0,
-            pad: [0; 2],
+            bias_offset: 0,
+            pad: 0,
         };
         let p = gpu.uniform("params", &params);
         let wb = gpu.buffer_with("w", &packed);
@@ -311,12 +301,7 @@ fn gathered_case(
         } else {
             vec![&p, &xb, &wb, &sb, &bias, &idb, &y, &tb]
         };
-        dispatches.push(dispatch(
-            gpu,
-            kernel,
-            &buffers,
-            [out as u32, slots as u32, 1],
-        ));
+        dispatches.push(dispatch(gpu, kernel, &buffers, [out as u32, slots as u32, 1]));
         keep.push((p, wb, sb, tb));
     }
     run(gpu, &dispatches);
@@ -331,9 +316,7 @@ fn gathered_case(
                 .map(|c| w.decoded[n * in_ + c] * f64::from(x[row * in_ + c]))
                 .collect();
             let exact: f64 = terms.iter().sum();
-            want.push(f64::from(drama_engine::numerics::round_to_bf16(
-                exact as f32,
-            )));
+            want.push(f64::from(drama_engine::numerics::round_to_bf16(exact as f32)));
             scale.push(terms.iter().map(|t| t.abs()).sum::<f64>() + bf16_ulp(exact) / TOL);
         }
     }

@@ -6,9 +6,7 @@ mod common;
 use common::*;
 use drama_engine::numerics::round_to_bf16;
 use drama_engine::reference::ops::{self, RouterSpec};
-use drama_kernels::{
-    AttentionParams, ElementwiseParams, Kernel, MoeParams, NormParams, RouterParams,
-};
+use drama_kernels::{AttentionParams, ElementwiseParams, Kernel, MoeParams, NormParams, RouterParams};
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
@@ -36,24 +34,13 @@ fn rms_norm_matches_reference() {
         );
         run(
             gpu,
-            &[dispatch(
-                gpu,
-                Kernel::RmsNorm,
-                &[&p, &xb, &wb, &y],
-                [rows as u32, 1, 1],
-            )],
+            &[dispatch(gpu, Kernel::RmsNorm, &[&p, &xb, &wb, &y], [rows as u32, 1, 1])],
         );
         let got = gpu.read_f32(&y).unwrap();
         let exact = ops::rms_norm(&to_f64(&x), width, &to_f64(&w), 1e-6);
         let want: Vec<f64> = exact
             .iter()
-            .map(|&v| {
-                if round {
-                    f64::from(round_to_bf16(v as f32))
-                } else {
-                    v
-                }
-            })
+            .map(|&v| if round { f64::from(round_to_bf16(v as f32)) } else { v })
             .collect();
         let scale: Vec<f64> = exact
             .iter()
@@ -157,13 +144,7 @@ fn rope_kv_and_attention_match_reference() {
         let mut vs = values[lane].clone();
         ks.push(
             (0..kv_heads)
-                .flat_map(|g| {
-                    ops::rope(
-                        &to_f64(&k_new[g * head_dim..(g + 1) * head_dim]),
-                        pos,
-                        theta,
-                    )
-                })
+                .flat_map(|g| ops::rope(&to_f64(&k_new[g * head_dim..(g + 1) * head_dim]), pos, theta))
                 .collect(),
         );
         vs.push(to_f64(v_new));
@@ -258,11 +239,7 @@ fn route_case(spec: RouterSpec, kept: Vec<usize>, full_width: bool, with_bias: b
     );
     let mut rng = rng(&label);
     let rows = 37;
-    let width = if full_width {
-        spec.num_experts
-    } else {
-        kept.len()
-    };
+    let width = if full_width { spec.num_experts } else { kept.len() };
     let mut logits = uniform(&mut rng, rows * width, 3.0);
     if ties {
         // Quantise so many logits are exactly equal: ties must go to the lower original id.
@@ -288,10 +265,7 @@ fn route_case(spec: RouterSpec, kept: Vec<usize>, full_width: bool, with_bias: b
             .map(|&i| kept[i as usize])
             .collect();
         let want_ids: Vec<usize> = want.iter().map(|w| w.0).collect();
-        assert_eq!(
-            got_ids, want_ids,
-            "{label}: row {r} chose different experts"
-        );
+        assert_eq!(got_ids, want_ids, "{label}: row {r} chose different experts");
         for (j, (_, w)) in want.iter().enumerate() {
             let g = f64::from(weights[r * spec.k + j]);
             assert!(
@@ -329,9 +303,7 @@ fn router_matches_reference() {
         topk_group: 3,
     };
     // Groups 2 and 5 have no kept expert at all; others vary in size.
-    let kept: Vec<usize> = (0..64)
-        .filter(|e| e / 8 != 2 && e / 8 != 5 && e % 5 != 3)
-        .collect();
+    let kept: Vec<usize> = (0..64).filter(|e| e / 8 != 2 && e / 8 != 5 && e % 5 != 3).collect();
     route_case(sigmoid.clone(), kept.clone(), false, true, false);
     route_case(sigmoid.clone(), kept.clone(), true, true, true);
     let mut no_groups = sigmoid;
@@ -366,31 +338,19 @@ fn elementwise_kernels_match_reference() {
     // swiglu, rounded.
     let p = gpu.uniform("p", &params(1));
     let out = poisoned(gpu, "out", count);
-    run(
-        gpu,
-        &[dispatch(gpu, Kernel::Swiglu, &[&p, &ab, &bb, &out], grid)],
-    );
+    run(gpu, &[dispatch(gpu, Kernel::Swiglu, &[&p, &ab, &bb, &out], grid)]);
     let exact: Vec<f64> = a
         .iter()
         .zip(&b)
         .map(|(&g, &u)| ops::swiglu(f64::from(g), f64::from(u)))
         .collect();
-    let want: Vec<f64> = exact
-        .iter()
-        .map(|&v| f64::from(round_to_bf16(v as f32)))
-        .collect();
-    let scale: Vec<f64> = exact
-        .iter()
-        .map(|&v| v.abs() + bf16_ulp(v) / 1e-5 + 1e-6)
-        .collect();
+    let want: Vec<f64> = exact.iter().map(|&v| f64::from(round_to_bf16(v as f32))).collect();
+    let scale: Vec<f64> = exact.iter().map(|&v| v.abs() + bf16_ulp(v) / 1e-5 + 1e-6).collect();
     check("swiglu", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-5);
     // add, exact in f32.
     let p = gpu.uniform("p", &params(0));
     let out = poisoned(gpu, "out", count);
-    run(
-        gpu,
-        &[dispatch(gpu, Kernel::Add, &[&p, &ab, &bb, &out], grid)],
-    );
+    run(gpu, &[dispatch(gpu, Kernel::Add, &[&p, &ab, &bb, &out], grid)]);
     let got = gpu.read_f32(&out).unwrap();
     for i in 0..count {
         assert_eq!(got[i].to_bits(), (a[i] + b[i]).to_bits(), "add element {i}");
@@ -430,8 +390,7 @@ fn elementwise_kernels_match_reference() {
             let mut sum = 0.0;
             let mut magnitude = f64::from(a[t * width + h]).abs();
             for j in 0..k {
-                let term =
-                    f64::from(weights[t * k + j]) * f64::from(experts[(t * k + j) * width + h]);
+                let term = f64::from(weights[t * k + j]) * f64::from(experts[(t * k + j) * width + h]);
                 sum += term;
                 magnitude += term.abs();
             }
@@ -440,13 +399,7 @@ fn elementwise_kernels_match_reference() {
             scale.push(magnitude + shared_term.abs());
         }
     }
-    check(
-        "moe_combine",
-        &gpu.read_f32(&out).unwrap(),
-        &want,
-        &scale,
-        1e-6,
-    );
+    check("moe_combine", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-6);
 }
 
 #[test]
@@ -484,12 +437,7 @@ fn embedding_rows_come_from_the_right_table_and_segment() {
             },
         );
         let segment = gpu.buffer_with("segment", &pack_bf16(&table[begin * width..end * width]));
-        dispatches.push(dispatch(
-            gpu,
-            Kernel::EmbedBf16,
-            &[&p, &segment, &tb, &ib, &out],
-            grid,
-        ));
+        dispatches.push(dispatch(gpu, Kernel::EmbedBf16, &[&p, &segment, &tb, &ib, &out], grid));
         keep.push((p, segment));
     }
     let p = gpu.uniform(
@@ -505,12 +453,7 @@ fn embedding_rows_come_from_the_right_table_and_segment() {
         },
     );
     let pb = gpu.buffer_with("prefix", &f32_bytes(&prefix));
-    dispatches.push(dispatch(
-        gpu,
-        Kernel::EmbedF32,
-        &[&p, &pb, &tb, &ib, &out],
-        grid,
-    ));
+    dispatches.push(dispatch(gpu, Kernel::EmbedF32, &[&p, &pb, &tb, &ib, &out], grid));
     run(gpu, &dispatches);
     let got = gpu.read_f32(&out).unwrap();
     for r in 0..rows {

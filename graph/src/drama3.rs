@@ -147,11 +147,7 @@ struct Build<'a> {
 
 impl Build<'_> {
     fn format(&self, module: &str) -> WeightFormat {
-        self.spec
-            .formats
-            .get(module)
-            .copied()
-            .unwrap_or(WeightFormat::Bf16)
+        self.spec.formats.get(module).copied().unwrap_or(WeightFormat::Bf16)
     }
 
     fn linear(
@@ -197,21 +193,15 @@ impl Build<'_> {
         let [gate_m, up_m, down_m] = modules;
         let gate = self.linear(&format!("{label}.gate"), x, &[(gate_m, width, false)], true)?;
         let up = self.linear(&format!("{label}.up"), x, &[(up_m, width, false)], true)?;
-        let act = self.b.node1(
-            &format!("{label}.act"),
-            Op::Swiglu { round_output: true },
-            &[gate, up],
-        )?;
+        let act = self
+            .b
+            .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate, up])?;
         self.linear(&format!("{label}.down"), act, &[(down_m, h, false)], true)
     }
 }
 
 /// Builds the graph of one step.
-pub fn build(
-    spec: &ModelSpec,
-    names: &dyn WeightNames,
-    shape: StepShape,
-) -> Result<Graph, GraphError> {
+pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Result<Graph, GraphError> {
     let s = spec;
     let (h, rows) = (s.hidden, shape.rows);
     let kv_width = s.kv_heads * s.head_dim;
@@ -221,14 +211,10 @@ pub fn build(
         names,
         trace: shape.trace,
     };
-    let row_table =
-        g.b.input("row_table", vec![rows], DType::U32, ValueKind::Input);
-    let row_index =
-        g.b.input("row_index", vec![rows], DType::U32, ValueKind::Input);
-    let row_lane =
-        g.b.input("row_lane", vec![rows], DType::U32, ValueKind::Input);
-    let row_pos =
-        g.b.input("row_pos", vec![rows], DType::U32, ValueKind::Input);
+    let row_table = g.b.input("row_table", vec![rows], DType::U32, ValueKind::Input);
+    let row_index = g.b.input("row_index", vec![rows], DType::U32, ValueKind::Input);
+    let row_lane = g.b.input("row_lane", vec![rows], DType::U32, ValueKind::Input);
+    let row_pos = g.b.input("row_pos", vec![rows], DType::U32, ValueKind::Input);
     let prefixes = g.b.input(
         "prefixes",
         vec![shape.prefix_rows.max(1), h],
@@ -239,24 +225,15 @@ pub fn build(
         text: names.global(GlobalWeight::EmbedTokens),
         audio: names.global(GlobalWeight::AudioEmbed),
     };
-    let mut x =
-        g.b.node1("embed", embed, &[row_table, row_index, prefixes])?;
+    let mut x = g.b.node1("embed", embed, &[row_table, row_index, prefixes])?;
     let cache_shape = vec![shape.lanes * shape.capacity, kv_width];
     for (i, moe) in s.layers.iter().enumerate() {
         let l = |w: LayerWeight| names.layer(w, i);
         let at = |what: &str| format!("layers.{i}.{what}");
-        let k_cache = g.b.input(
-            &at("k_cache"),
-            cache_shape.clone(),
-            DType::F32,
-            ValueKind::State,
-        );
-        let v_cache = g.b.input(
-            &at("v_cache"),
-            cache_shape.clone(),
-            DType::F32,
-            ValueKind::State,
-        );
+        let k_cache =
+            g.b.input(&at("k_cache"), cache_shape.clone(), DType::F32, ValueKind::State);
+        let v_cache =
+            g.b.input(&at("v_cache"), cache_shape.clone(), DType::F32, ValueKind::State);
         let normed = g.b.node1(
             &at("input_norm"),
             Op::RmsNorm {
@@ -275,10 +252,7 @@ pub fn build(
         let kv = g.linear(
             &at("kv_proj"),
             normed,
-            &[
-                (l(LayerWeight::K), kv_width, true),
-                (l(LayerWeight::V), kv_width, true),
-            ],
+            &[(l(LayerWeight::K), kv_width, true), (l(LayerWeight::V), kv_width, true)],
             true,
         )?;
         let written = g.b.node1(
@@ -307,12 +281,7 @@ pub fn build(
             },
             &[q_rot, row_lane, row_pos, k_cache, v_cache, written],
         )?;
-        let o = g.linear(
-            &at("o_proj"),
-            attended,
-            &[(l(LayerWeight::O), h, false)],
-            true,
-        )?;
+        let o = g.linear(&at("o_proj"), attended, &[(l(LayerWeight::O), h, false)], true)?;
         x = g.b.node1(&at("attn_residual"), Op::Add, &[x, o])?;
         let normed = g.b.node1(
             &at("post_norm"),
@@ -325,8 +294,7 @@ pub fn build(
         )?;
         x = match moe {
             None => {
-                let modules = [Projection::Gate, Projection::Up, Projection::Down]
-                    .map(|p| l(LayerWeight::Dense(p)));
+                let modules = [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Dense(p)));
                 let down = g.swiglu_mlp(&at("mlp"), normed, modules, s.dense_width)?;
                 g.b.node1(&at("hidden"), Op::Add, &[x, down])?
             }
@@ -355,21 +323,11 @@ pub fn build(
     Ok(g.b.finish())
 }
 
-fn moe_block(
-    g: &mut Build<'_>,
-    i: usize,
-    moe: &MoeSpec,
-    x: ValueId,
-    normed: ValueId,
-) -> Result<ValueId, GraphError> {
+fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: ValueId) -> Result<ValueId, GraphError> {
     let s = g.spec;
     let l = |w: LayerWeight| g.names.layer(w, i);
     let at = |what: &str| format!("layers.{i}.{what}");
-    let router_rows = if moe.full_width_router {
-        s.num_experts
-    } else {
-        moe.kept
-    };
+    let router_rows = if moe.full_width_router { s.num_experts } else { moe.kept };
     let logits = g.linear(
         &at("router_logits"),
         normed,
@@ -395,29 +353,25 @@ fn moe_block(
         g.b.output(ids);
         g.b.output(weights);
     }
-    let expert =
-        |g: &mut Build<'_>, projection: Projection, input: ValueId, out: usize, index: usize| {
-            let in_features = *g.b.shape(input).last().unwrap_or(&0);
-            g.b.node1(
-                &at(&format!("experts.{}", ["gate", "up", "down"][index])),
-                Op::Experts {
-                    layer: i,
-                    projection,
-                    format: moe.expert_formats[index],
-                    out,
-                    in_features,
-                    k: s.top_k,
-                },
-                &[input, ids],
-            )
-        };
+    let expert = |g: &mut Build<'_>, projection: Projection, input: ValueId, out: usize, index: usize| {
+        let in_features = *g.b.shape(input).last().unwrap_or(&0);
+        g.b.node1(
+            &at(&format!("experts.{}", ["gate", "up", "down"][index])),
+            Op::Experts {
+                layer: i,
+                projection,
+                format: moe.expert_formats[index],
+                out,
+                in_features,
+                k: s.top_k,
+            },
+            &[input, ids],
+        )
+    };
     let gate = expert(g, Projection::Gate, normed, s.expert_width, 0)?;
     let up = expert(g, Projection::Up, normed, s.expert_width, 1)?;
-    let act = g.b.node1(
-        &at("experts.act"),
-        Op::Swiglu { round_output: true },
-        &[gate, up],
-    )?;
+    let act =
+        g.b.node1(&at("experts.act"), Op::Swiglu { round_output: true }, &[gate, up])?;
     let down = expert(g, Projection::Down, act, s.hidden, 2)?;
     if s.shared_width == 0 {
         return g.b.node1(
@@ -429,8 +383,7 @@ fn moe_block(
             &[x, down, weights],
         );
     }
-    let modules =
-        [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
+    let modules = [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
     let shared = g.swiglu_mlp(&at("shared_expert"), normed, modules, s.shared_width)?;
     let gate_logit = g.linear(
         &at("shared_gate"),

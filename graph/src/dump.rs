@@ -75,9 +75,7 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
         .enumerate()
         .map(|(index, node)| {
             let formats = match &node.op {
-                Op::Linear { members, .. } => {
-                    members.iter().map(|m| format!("{:?}", m.format)).collect()
-                }
+                Op::Linear { members, .. } => members.iter().map(|m| format!("{:?}", m.format)).collect(),
                 Op::Experts { format, .. } => vec![format!("{format:?}")],
                 _ => Vec::new(),
             };
@@ -85,21 +83,10 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
                 index,
                 label: node.label.clone(),
                 op: node.op.name(),
-                inputs: node
-                    .inputs
-                    .iter()
-                    .map(|&i| graph.value(i).name.clone())
-                    .collect(),
-                outputs: node
-                    .outputs
-                    .iter()
-                    .map(|&o| value_dump(graph, plan, o))
-                    .collect(),
+                inputs: node.inputs.iter().map(|&i| graph.value(i).name.clone()).collect(),
+                outputs: node.outputs.iter().map(|&o| value_dump(graph, plan, o)).collect(),
                 formats,
-                kernels: kernels_of(&node.op)
-                    .iter()
-                    .map(|k| format!("{k:?}"))
-                    .collect(),
+                kernels: kernels_of(&node.op).iter().map(|k| format!("{k:?}")).collect(),
                 attributes: node.op.clone(),
             }
         })
@@ -157,21 +144,11 @@ impl GraphDump {
 
     /// The dataflow as a Graphviz digraph: one box per node, edges along values.
     pub fn dot(&self) -> String {
-        let mut out = String::from(
-            "digraph drama {\n  rankdir=TB;\n  node [shape=box, fontname=monospace];\n",
-        );
+        let mut out = String::from("digraph drama {\n  rankdir=TB;\n  node [shape=box, fontname=monospace];\n");
         let mut producer = std::collections::HashMap::new();
         for n in &self.nodes {
-            let shape = n
-                .outputs
-                .first()
-                .map(|o| format!("{:?}", o.shape))
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "  n{} [label=\"{}\\n{} {}\"];",
-                n.index, n.label, n.op, shape
-            );
+            let shape = n.outputs.first().map(|o| format!("{:?}", o.shape)).unwrap_or_default();
+            let _ = writeln!(out, "  n{} [label=\"{}\\n{} {}\"];", n.index, n.label, n.op, shape);
             for o in &n.outputs {
                 producer.insert(o.name.clone(), n.index);
             }
@@ -183,11 +160,7 @@ impl GraphDump {
                         let _ = writeln!(out, "  n{p} -> n{};", n.index);
                     }
                     None => {
-                        let _ = writeln!(
-                            out,
-                            "  \"{input}\" [shape=ellipse];\n  \"{input}\" -> n{};",
-                            n.index
-                        );
+                        let _ = writeln!(out, "  \"{input}\" [shape=ellipse];\n  \"{input}\" -> n{};", n.index);
                     }
                 }
             }

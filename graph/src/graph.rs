@@ -71,13 +71,7 @@ impl Default for Graph {
 
 impl GraphBuilder {
     /// Declares a value written by the host or held by the session.
-    pub fn input(
-        &mut self,
-        name: &str,
-        shape: Vec<usize>,
-        dtype: DType,
-        kind: ValueKind,
-    ) -> ValueId {
+    pub fn input(&mut self, name: &str, shape: Vec<usize>, dtype: DType, kind: ValueKind) -> ValueId {
         self.graph.values.push(Value {
             name: name.to_string(),
             shape,
@@ -88,12 +82,7 @@ impl GraphBuilder {
     }
 
     /// Adds a node; its outputs are inferred (and its inputs checked) by [`infer`].
-    pub fn node(
-        &mut self,
-        label: &str,
-        op: Op,
-        inputs: &[ValueId],
-    ) -> Result<Vec<ValueId>, GraphError> {
+    pub fn node(&mut self, label: &str, op: Op, inputs: &[ValueId]) -> Result<Vec<ValueId>, GraphError> {
         let input_values: Vec<&Value> = inputs.iter().map(|&i| self.graph.value(i)).collect();
         let outputs = crate::infer::infer(&op, &input_values).map_err(|problem| GraphError {
             label: label.to_string(),
@@ -104,11 +93,7 @@ impl GraphBuilder {
             .into_iter()
             .enumerate()
             .map(|(index, (shape, dtype))| {
-                let suffix = if index == 0 {
-                    String::new()
-                } else {
-                    format!(".{index}")
-                };
+                let suffix = if index == 0 { String::new() } else { format!(".{index}") };
                 self.graph.values.push(Value {
                     name: format!("{label}{suffix}"),
                     shape,
@@ -128,12 +113,7 @@ impl GraphBuilder {
     }
 
     /// Adds a node with a single output.
-    pub fn node1(
-        &mut self,
-        label: &str,
-        op: Op,
-        inputs: &[ValueId],
-    ) -> Result<ValueId, GraphError> {
+    pub fn node1(&mut self, label: &str, op: Op, inputs: &[ValueId]) -> Result<ValueId, GraphError> {
         Ok(self.node(label, op, inputs)?[0])
     }
 

@@ -11,9 +11,7 @@ fn expect(condition: bool, problem: impl FnOnce() -> String) -> Result<(), Strin
 }
 
 fn arity(inputs: &[&Value], n: usize) -> Result<(), String> {
-    expect(inputs.len() == n, || {
-        format!("takes {n} inputs, got {}", inputs.len())
-    })
+    expect(inputs.len() == n, || format!("takes {n} inputs, got {}", inputs.len()))
 }
 
 fn rows_of(value: &Value) -> usize {
@@ -26,10 +24,7 @@ fn width_of(value: &Value) -> usize {
 
 fn row_vector(value: &Value, rows: usize, what: &str) -> Result<(), String> {
     expect(value.dtype == DType::U32 && value.shape == [rows], || {
-        format!(
-            "{what} must be U32 [{rows}], is {:?} {:?}",
-            value.dtype, value.shape
-        )
+        format!("{what} must be U32 [{rows}], is {:?} {:?}", value.dtype, value.shape)
     })
 }
 
@@ -47,14 +42,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
         Op::RmsNorm { round_output, .. } => {
             arity(inputs, 1)?;
             let x = inputs[0];
-            expect(x.shape.len() == 2, || {
-                format!("x must be 2-D, is {:?}", x.shape)
-            })?;
-            let dtype = if *round_output {
-                DType::Bf16
-            } else {
-                DType::F32
-            };
+            expect(x.shape.len() == 2, || format!("x must be 2-D, is {:?}", x.shape))?;
+            let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(x.shape.clone(), dtype)])
         }
         Op::Linear {
@@ -72,11 +61,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             })?;
             expect(!members.is_empty(), || "no linears".into())?;
             let out: usize = members.iter().map(|m| m.out).sum();
-            let dtype = if *round_output {
-                DType::Bf16
-            } else {
-                DType::F32
-            };
+            let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows_of(x), out], dtype)])
         }
         Op::RopeQ { heads, head_dim } => {
@@ -98,10 +83,9 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             row_vector(inputs[1], rows, "row_lane")?;
             row_vector(inputs[2], rows, "row_pos")?;
             for cache in &inputs[3..5] {
-                expect(
-                    cache.kind == ValueKind::State && width_of(cache) == width,
-                    || format!("{} must be a cache state of width {width}", cache.name),
-                )?;
+                expect(cache.kind == ValueKind::State && width_of(cache) == width, || {
+                    format!("{} must be a cache state of width {width}", cache.name)
+                })?;
             }
             Ok(vec![(vec![1], DType::U32)])
         }
@@ -116,35 +100,22 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(heads % kv_heads == 0, || {
                 format!("{heads} heads over {kv_heads} kv heads")
             })?;
-            expect(shape_of(inputs[0]) == [rows, heads * head_dim], || {
-                "q shape".into()
-            })?;
+            expect(shape_of(inputs[0]) == [rows, heads * head_dim], || "q shape".into())?;
             row_vector(inputs[1], rows, "row_lane")?;
             row_vector(inputs[2], rows, "row_pos")?;
-            let dtype = if *round_output {
-                DType::Bf16
-            } else {
-                DType::F32
-            };
+            let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(inputs[0].shape.clone(), dtype)])
         }
         Op::Router(r) => {
             arity(inputs, 1)?;
             let logits = inputs[0];
-            let width = if r.full_width {
-                r.group_size * r.n_group
-            } else {
-                r.kept
-            };
-            expect(
-                logits.dtype == DType::F32 && width_of(logits) == width,
-                || {
-                    format!(
-                        "logits must be F32 of width {width}, are {:?} {:?}",
-                        logits.dtype, logits.shape
-                    )
-                },
-            )?;
+            let width = if r.full_width { r.group_size * r.n_group } else { r.kept };
+            expect(logits.dtype == DType::F32 && width_of(logits) == width, || {
+                format!(
+                    "logits must be F32 of width {width}, are {:?} {:?}",
+                    logits.dtype, logits.shape
+                )
+            })?;
             expect((1..=16).contains(&r.k) && r.k <= r.kept, || {
                 format!("k {} must be in 1..=min(16, kept)", r.k)
             })?;
@@ -152,10 +123,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 "at most 512 kept experts and 64 groups".into()
             })?;
             let rows = rows_of(logits);
-            Ok(vec![
-                (vec![rows, r.k], DType::U32),
-                (vec![rows, r.k], DType::F32),
-            ])
+            Ok(vec![(vec![rows, r.k], DType::U32), (vec![rows, r.k], DType::F32)])
         }
         Op::Experts {
             projection,
@@ -187,18 +155,12 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(inputs[0].shape == inputs[1].shape, || {
                 "gate and up shapes differ".into()
             })?;
-            let dtype = if *round_output {
-                DType::Bf16
-            } else {
-                DType::F32
-            };
+            let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(inputs[0].shape.clone(), dtype)])
         }
         Op::Add => {
             arity(inputs, 2)?;
-            expect(inputs[0].shape == inputs[1].shape, || {
-                "shapes differ".into()
-            })?;
+            expect(inputs[0].shape == inputs[1].shape, || "shapes differ".into())?;
             Ok(vec![(inputs[0].shape.clone(), DType::F32)])
         }
         Op::MoeCombine { k, shared } => {

@@ -68,7 +68,7 @@ pub struct LinearMember {
 }
 
 /// Which projection of a routed expert.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Projection {
     /// gate_proj (input: the token's row).

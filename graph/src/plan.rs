@@ -65,23 +65,17 @@ pub fn plan(graph: &Graph) -> MemoryPlan {
         // Free the buffers whose values die here (never the host-read outputs).
         for value in node.inputs.iter().chain(&node.outputs) {
             let dead = last_use[value.0].is_none_or(|last| last <= index);
-            let kept =
-                graph.outputs.contains(value) || graph.value(*value).kind != ValueKind::Activation;
+            let kept = graph.outputs.contains(value) || graph.value(*value).kind != ValueKind::Activation;
             if dead && !kept {
                 if let Some(b) = value_buffer[value.0] {
-                    if !free.contains(&b)
-                        && !live_elsewhere(graph, &value_buffer, &last_use, b, index)
-                    {
+                    if !free.contains(&b) && !live_elsewhere(graph, &value_buffer, &last_use, b, index) {
                         free.push(b);
                     }
                 }
             }
         }
     }
-    MemoryPlan {
-        buffers,
-        value_buffer,
-    }
+    MemoryPlan { buffers, value_buffer }
 }
 
 /// Whether another value in buffer `b` is still needed after node `index`.
@@ -94,7 +88,6 @@ fn live_elsewhere(
 ) -> bool {
     graph.values.iter().enumerate().any(|(id, _)| {
         value_buffer[id] == Some(b)
-            && (graph.outputs.iter().any(|o| o.0 == id)
-                || last_use[id].is_some_and(|last| last > index))
+            && (graph.outputs.iter().any(|o| o.0 == id) || last_use[id].is_some_and(|last| last > index))
     })
 }

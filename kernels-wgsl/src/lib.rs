@@ -11,9 +11,7 @@
 
 mod params;
 
-pub use params::{
-    AttentionParams, ElementwiseParams, LinearParams, MoeParams, NormParams, RouterParams,
-};
+pub use params::{AttentionParams, ElementwiseParams, LinearParams, MoeParams, NormParams, RouterParams};
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
 
@@ -69,10 +67,7 @@ impl Module {
                 };
                 // The format file refers to the bindings and `Params` declared by linear.wgsl,
                 // which WGSL allows in any order at module scope.
-                return format!(
-                    "{COMMON}\n{}\n{format_source}",
-                    include_str!("wgsl/linear.wgsl")
-                );
+                return format!("{COMMON}\n{}\n{format_source}", include_str!("wgsl/linear.wgsl"));
             }
             Module::Norm => include_str!("wgsl/norm.wgsl"),
             Module::Attention => include_str!("wgsl/attention.wgsl"),
@@ -124,11 +119,7 @@ pub enum Kernel {
 impl Kernel {
     /// Every kernel.
     pub fn all() -> Vec<Kernel> {
-        let formats = [
-            WeightFormat::Bf16,
-            WeightFormat::Nvfp4,
-            WeightFormat::Fp8Block,
-        ];
+        let formats = [WeightFormat::Bf16, WeightFormat::Nvfp4, WeightFormat::Fp8Block];
         let mut all: Vec<Kernel> = formats.iter().map(|&f| Kernel::Linear(f)).collect();
         all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
         all.extend([
@@ -153,9 +144,7 @@ impl Kernel {
             Kernel::RmsNorm => Module::Norm,
             Kernel::RopeQ | Kernel::WriteKv | Kernel::Attend => Module::Attention,
             Kernel::Route => Module::Router,
-            Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 => {
-                Module::Elementwise
-            }
+            Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 => Module::Elementwise,
             Kernel::MoeCombine => Module::Moe,
         }
     }
@@ -251,15 +240,12 @@ pub fn validate(module: Module) -> Result<(naga::Module, naga::valid::ModuleInfo
         module: module.name(),
         message: e.emit_to_string(&source),
     })?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::empty(),
-    )
-    .validate(&ir)
-    .map_err(|e| KernelError::Validate {
-        module: module.name(),
-        message: e.emit_to_string(&source),
-    })?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+        .validate(&ir)
+        .map_err(|e| KernelError::Validate {
+            module: module.name(),
+            message: e.emit_to_string(&source),
+        })?;
     Ok((ir, info))
 }
 
@@ -270,16 +256,11 @@ pub fn to_msl(module: Module) -> Result<String, KernelError> {
         lang_version: (2, 4),
         ..Default::default()
     };
-    let (msl, _) = naga::back::msl::write_string(
-        &ir,
-        &info,
-        &options,
-        &naga::back::msl::PipelineOptions::default(),
-    )
-    .map_err(|e| KernelError::Msl {
-        module: module.name(),
-        message: e.to_string(),
-    })?;
+    let (msl, _) = naga::back::msl::write_string(&ir, &info, &options, &naga::back::msl::PipelineOptions::default())
+        .map_err(|e| KernelError::Msl {
+            module: module.name(),
+            message: e.to_string(),
+        })?;
     Ok(msl)
 }
 
@@ -291,11 +272,7 @@ mod tests {
     fn every_module_validates_and_translates_to_msl() {
         for module in Module::ALL {
             let msl = to_msl(module).unwrap_or_else(|e| panic!("{e}"));
-            assert!(
-                msl.contains("kernel void"),
-                "{}: no kernel in MSL",
-                module.name()
-            );
+            assert!(msl.contains("kernel void"), "{}: no kernel in MSL", module.name());
         }
     }
 
@@ -318,11 +295,7 @@ mod tests {
                 .collect();
             let mut used = used;
             used.sort_unstable();
-            assert_eq!(
-                used,
-                kernel.bindings(),
-                "{kernel:?}: bindings used by the WGSL"
-            );
+            assert_eq!(used, kernel.bindings(), "{kernel:?}: bindings used by the WGSL");
         }
     }
 }

@@ -26,8 +26,10 @@ pub struct LinearParams {
     pub flags: u32,
     /// Dense: NVFP4 tensor scale (1 otherwise); gathered kernels read per-expert scales.
     pub tensor_scale: f32,
+    /// Bias element of this segment's first output.
+    pub bias_offset: u32,
     /// Padding to 16 bytes.
-    pub pad: [u32; 2],
+    pub pad: u32,
 }
 
 /// `norm.wgsl` parameters.

@@ -98,30 +98,15 @@ fn serve(mut stream: TcpStream, repo: &Repo) -> std::io::Result<()> {
         }
         let lower = header.to_ascii_lowercase();
         if let Some(value) = lower.strip_prefix("range: bytes=") {
-            range_start = value
-                .trim()
-                .split('-')
-                .next()
-                .unwrap_or("0")
-                .parse()
-                .unwrap_or(0);
+            range_start = value.trim().split('-').next().unwrap_or("0").parse().unwrap_or(0);
         }
     }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("/")
-        .to_string();
+    let path = request_line.split_whitespace().nth(1).unwrap_or("/").to_string();
     let info_path = format!("/api/models/{}/revision/", repo.name);
     let resolve_path = format!("/{}/resolve/", repo.name);
     if let Some(revision) = path.strip_prefix(&info_path) {
         if revision != repo.revision {
-            return respond(
-                &mut stream,
-                "404 Not Found",
-                &[],
-                b"{\"error\":\"Revision Not Found\"}",
-            );
+            return respond(&mut stream, "404 Not Found", &[], b"{\"error\":\"Revision Not Found\"}");
         }
         let sha = match &repo.fault {
             Fault::ServesCommit(other) => other.clone(),
@@ -132,8 +117,7 @@ fn serve(mut stream: TcpStream, repo: &Repo) -> std::io::Result<()> {
             .keys()
             .map(|name| serde_json::json!({ "rfilename": name }))
             .collect();
-        let body =
-            serde_json::json!({ "id": repo.name, "sha": sha, "siblings": siblings }).to_string();
+        let body = serde_json::json!({ "id": repo.name, "sha": sha, "siblings": siblings }).to_string();
         return respond(
             &mut stream,
             "200 OK",
@@ -160,10 +144,7 @@ fn serve(mut stream: TcpStream, repo: &Repo) -> std::io::Result<()> {
         ("Content-Range", format!("bytes {start}-{end}/{total}")),
         (
             "ETag",
-            format!(
-                "\"{}\"",
-                drama_engine::checkpoint::manifest::sha256_hex(&content)
-            ),
+            format!("\"{}\"", drama_engine::checkpoint::manifest::sha256_hex(&content)),
         ),
         ("X-Repo-Commit", repo.revision.clone()),
         ("Content-Length", body.len().to_string()),
@@ -178,23 +159,14 @@ fn serve(mut stream: TcpStream, repo: &Repo) -> std::io::Result<()> {
     stream.write_all(body)
 }
 
-fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    headers: &[(&str, String)],
-    body: &[u8],
-) -> std::io::Result<()> {
+fn respond(stream: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8]) -> std::io::Result<()> {
     let mut all: Vec<(&str, String)> = headers.to_vec();
     all.push(("Content-Length", body.len().to_string()));
     write_head(stream, status, &all)?;
     stream.write_all(body)
 }
 
-fn write_head(
-    stream: &mut TcpStream,
-    status: &str,
-    headers: &[(&str, String)],
-) -> std::io::Result<()> {
+fn write_head(stream: &mut TcpStream, status: &str, headers: &[(&str, String)]) -> std::io::Result<()> {
     let mut head = format!("HTTP/1.1 {status}\r\nConnection: close\r\n");
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));

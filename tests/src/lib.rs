@@ -7,10 +7,7 @@ use std::process::{Command, Output};
 pub fn drama_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/drama
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
     let binary = profile_dir.join(format!("drama{}", std::env::consts::EXE_SUFFIX));
     assert!(
         binary.is_file(),
@@ -22,10 +19,7 @@ pub fn drama_binary() -> PathBuf {
 
 /// Runs `drama` with `args` and returns its output.
 pub fn drama(args: &[&str]) -> Output {
-    Command::new(drama_binary())
-        .args(args)
-        .output()
-        .expect("drama runs")
+    Command::new(drama_binary()).args(args).output().expect("drama runs")
 }
 
 /// Runs `drama` and returns (exit code, stdout, stderr) as text.

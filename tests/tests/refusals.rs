@@ -8,10 +8,7 @@ use drama_tests::drama_text;
 
 fn check(name: &str) {
     let defects = catalogue();
-    let defect: &Defect = defects
-        .iter()
-        .find(|d| d.name == name)
-        .expect("defect in catalogue");
+    let defect: &Defect = defects.iter().find(|d| d.name == name).expect("defect in catalogue");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(name);
     defect.write(7, &path).unwrap();

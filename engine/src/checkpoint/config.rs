@@ -218,10 +218,7 @@ impl ModelConfig {
                 return bad(key, "must be positive".into());
             }
         }
-        if !self
-            .num_attention_heads
-            .is_multiple_of(self.num_key_value_heads)
-        {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return bad(
                 "num_key_value_heads",
                 format!(
@@ -233,10 +230,7 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return bad(
                 "head_dim",
-                format!(
-                    "{} is odd; rotate-half RoPE needs an even head",
-                    self.head_dim
-                ),
+                format!("{} is odd; rotate-half RoPE needs an even head", self.head_dim),
             );
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
@@ -246,25 +240,16 @@ impl ModelConfig {
             );
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
-            return bad(
-                "rope_theta",
-                format!("{} is not a number above 1", self.rope_theta),
-            );
+            return bad("rope_theta", format!("{} is not a number above 1", self.rope_theta));
         }
         if !self.attention_bias {
-            return bad(
-                "attention_bias",
-                "the contract requires q/k/v biases (true)".into(),
-            );
+            return bad("attention_bias", "the contract requires q/k/v biases (true)".into());
         }
         let mut seen = vec![false; self.num_hidden_layers];
         for &layer in &self.mlp_only_layers {
             match seen.get_mut(layer) {
                 None => {
-                    return bad(
-                        "mlp_only_layers",
-                        format!("layer {layer} is beyond num_hidden_layers"),
-                    );
+                    return bad("mlp_only_layers", format!("layer {layer} is beyond num_hidden_layers"));
                 }
                 Some(true) => {
                     return bad("mlp_only_layers", format!("layer {layer} is listed twice"));
@@ -273,10 +258,7 @@ impl ModelConfig {
             }
         }
         if !self.mlp_only_layers.is_empty() && self.intermediate_size == 0 {
-            return bad(
-                "intermediate_size",
-                "dense layers need a positive width".into(),
-            );
+            return bad("intermediate_size", "dense layers need a positive width".into());
         }
         let has_moe = (0..self.num_hidden_layers).any(|l| self.is_moe_layer(l));
         if has_moe {
@@ -313,19 +295,13 @@ impl ModelConfig {
         if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
             return bad(
                 "num_experts_per_tok",
-                format!(
-                    "{} is not in 1..={}",
-                    self.num_experts_per_tok, self.num_experts
-                ),
+                format!("{} is not in 1..={}", self.num_experts_per_tok, self.num_experts),
             );
         }
         if r.pruned_softmax != "renormalize_kept" {
             return bad(
                 "router.pruned_softmax",
-                format!(
-                    "only \"renormalize_kept\" is supported, found {:?}",
-                    r.pruned_softmax
-                ),
+                format!("only \"renormalize_kept\" is supported, found {:?}", r.pruned_softmax),
             );
         }
         if !(r.routed_scaling_factor.is_finite() && r.routed_scaling_factor > 0.0) {
@@ -337,10 +313,7 @@ impl ModelConfig {
         match r.scoring_func {
             ScoringFunc::Softmax => {
                 if r.routed_scaling_factor != 1.0 {
-                    return bad(
-                        "router.routed_scaling_factor",
-                        "softmax routers use 1.0".into(),
-                    );
+                    return bad("router.routed_scaling_factor", "softmax routers use 1.0".into());
                 }
                 if r.n_group != 1 || r.topk_group != 1 {
                     return bad(
@@ -353,10 +326,7 @@ impl ModelConfig {
                 if r.n_group == 0 || !self.num_experts.is_multiple_of(r.n_group) {
                     return bad(
                         "router.n_group",
-                        format!(
-                            "{} does not divide num_experts {}",
-                            r.n_group, self.num_experts
-                        ),
+                        format!("{} does not divide num_experts {}", r.n_group, self.num_experts),
                     );
                 }
                 if r.topk_group == 0 || r.topk_group > r.n_group {
@@ -388,10 +358,7 @@ impl ModelConfig {
             );
         }
         if !(v.f_max.is_finite() && v.f_max > 0.0 && v.f_max <= f64::from(v.sample_rate) / 2.0) {
-            return bad(
-                "voice_tower.f_max",
-                format!("{} is not in (0, sample_rate/2]", v.f_max),
-            );
+            return bad("voice_tower.f_max", format!("{} is not in (0, sample_rate/2]", v.f_max));
         }
         if v.ffn == 0 {
             return bad("voice_tower.ffn", "must be positive".into());
@@ -421,10 +388,7 @@ impl ModelConfig {
             );
         }
         if c.channels.contains(&0) {
-            return bad(
-                "codec.channels",
-                "every channel count must be positive".into(),
-            );
+            return bad("codec.channels", "every channel count must be positive".into());
         }
         if c.upsample_rates.contains(&0) {
             return bad("codec.upsample_rates", "every rate must be positive".into());

@@ -37,9 +37,7 @@ pub enum CheckpointError {
         found: String,
     },
     /// A file of the checkpoint is not listed in the manifest.
-    #[error(
-        "{0} is not listed in SHA256SUMS; the directory holds files the manifest does not vouch for"
-    )]
+    #[error("{0} is not listed in SHA256SUMS; the directory holds files the manifest does not vouch for")]
     Unlisted(String),
     /// A JSON file is not valid JSON of the expected form.
     #[error("{file}: {problem}")]
@@ -101,9 +99,7 @@ pub enum CheckpointError {
         problem: String,
     },
     /// A linear's stored format disagrees with the quantization config.
-    #[error(
-        "linear {module}: the quantization config expects {expected}, but the tensors are {found}"
-    )]
+    #[error("linear {module}: the quantization config expects {expected}, but the tensors are {found}")]
     FormatMismatch {
         /// Module name (tensor name without the last component).
         module: String,

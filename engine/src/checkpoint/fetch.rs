@@ -35,9 +35,7 @@ pub enum FetchError {
         message: String,
     },
     /// The hub answered for a different commit than the pin.
-    #[error(
-        "the hub resolved revision {requested} to {served}; refusing a checkpoint that is not the pinned commit"
-    )]
+    #[error("the hub resolved revision {requested} to {served}; refusing a checkpoint that is not the pinned commit")]
     RevisionMismatch {
         /// The pinned revision.
         requested: String,
@@ -161,9 +159,7 @@ fn download_into(request: &FetchRequest, staging: &Path) -> Result<(), FetchErro
         what: what.to_string(),
         message: e.to_string(),
     };
-    let api = builder
-        .build()
-        .map_err(|e| hub_error("(client setup)", e))?;
+    let api = builder.build().map_err(|e| hub_error("(client setup)", e))?;
     let repo = api.repo(Repo::with_revision(
         request.repo.clone(),
         RepoType::Model,
@@ -197,11 +193,10 @@ fn download_into(request: &FetchRequest, staging: &Path) -> Result<(), FetchErro
         })
     };
     fetch_one(MANIFEST_FILE)?;
-    let manifest_text =
-        std::fs::read_to_string(target.join(MANIFEST_FILE)).map_err(|e| FetchError::Io {
-            path: target.join(MANIFEST_FILE),
-            source: e,
-        })?;
+    let manifest_text = std::fs::read_to_string(target.join(MANIFEST_FILE)).map_err(|e| FetchError::Io {
+        path: target.join(MANIFEST_FILE),
+        source: e,
+    })?;
     let manifest = Manifest::parse(&manifest_text).map_err(FetchError::Refused)?;
     for name in manifest.digests.keys() {
         fetch_one(name)?;

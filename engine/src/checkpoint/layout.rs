@@ -203,11 +203,7 @@ pub fn backbone_rules(config: &ModelConfig, kept: &[Option<Vec<usize>>]) -> Vec<
     let q_out = config.num_attention_heads * config.head_dim;
     let kv_out = config.num_key_value_heads * config.head_dim;
     let mut rules = vec![
-        Rule::tensor(
-            EMBED_TOKENS.into(),
-            Dtype::BF16,
-            vec![config.text_vocab_size, h],
-        ),
+        Rule::tensor(EMBED_TOKENS.into(), Dtype::BF16, vec![config.text_vocab_size, h]),
         Rule::tensor(AUDIO_EMBED.into(), Dtype::BF16, vec![audio_vocab, h]),
     ];
     for (i, kept_ids) in kept.iter().enumerate() {
@@ -228,11 +224,7 @@ pub fn backbone_rules(config: &ModelConfig, kept: &[Option<Vec<usize>>]) -> Vec<
         }
     }
     rules.push(Rule::tensor(FINAL_NORM.into(), Dtype::BF16, vec![h]));
-    rules.push(Rule::tensor(
-        AUDIO_HEAD.into(),
-        Dtype::BF16,
-        vec![audio_vocab, h],
-    ));
+    rules.push(Rule::tensor(AUDIO_HEAD.into(), Dtype::BF16, vec![audio_vocab, h]));
     rules
 }
 
@@ -269,11 +261,7 @@ fn moe_rules(config: &ModelConfig, i: usize, kept: &[usize]) -> Vec<Rule> {
         for (module, (out, in_)) in SHARED_EXPERT.iter().zip([(is, h), (is, h), (h, is)]) {
             rules.push(Rule::linear(layer(module, i), out, in_, false));
         }
-        rules.push(Rule::tensor(
-            layer(SHARED_EXPERT_GATE, i),
-            Dtype::BF16,
-            vec![1, h],
-        ));
+        rules.push(Rule::tensor(layer(SHARED_EXPERT_GATE, i), Dtype::BF16, vec![1, h]));
     }
     rules
 }
@@ -284,35 +272,15 @@ pub fn voice_tower_rules(config: &ModelConfig) -> Vec<Rule> {
     let v = &config.voice_tower;
     let h = config.hidden_size;
     let p = config.speech.voice_prefix_len;
-    let mut rules = vec![Rule::bf16_linear(
-        TOWER_IN.into(),
-        vec![v.dim, v.n_mels],
-        Some(v.dim),
-    )];
+    let mut rules = vec![Rule::bf16_linear(TOWER_IN.into(), vec![v.dim, v.n_mels], Some(v.dim))];
     for j in 0..v.blocks {
         let at = |t: &str| fill(t, &[("j", j)]);
         rules.push(Rule::tensor(at(TOWER_NORM), Dtype::BF16, vec![v.dim]));
-        rules.push(Rule::bf16_linear(
-            at(TOWER_FC1),
-            vec![v.ffn, v.dim],
-            Some(v.ffn),
-        ));
-        rules.push(Rule::bf16_linear(
-            at(TOWER_FC2),
-            vec![v.dim, v.ffn],
-            Some(v.dim),
-        ));
+        rules.push(Rule::bf16_linear(at(TOWER_FC1), vec![v.ffn, v.dim], Some(v.ffn)));
+        rules.push(Rule::bf16_linear(at(TOWER_FC2), vec![v.dim, v.ffn], Some(v.dim)));
     }
-    rules.push(Rule::tensor(
-        TOWER_OUT_NORM.into(),
-        Dtype::BF16,
-        vec![v.dim],
-    ));
-    rules.push(Rule::bf16_linear(
-        TOWER_OUT.into(),
-        vec![p * h, v.dim],
-        Some(p * h),
-    ));
+    rules.push(Rule::tensor(TOWER_OUT_NORM.into(), Dtype::BF16, vec![v.dim]));
+    rules.push(Rule::bf16_linear(TOWER_OUT.into(), vec![p * h, v.dim], Some(p * h)));
     rules.push(Rule::tensor(NULL_PREFIX.into(), Dtype::BF16, vec![p, h]));
     rules.push(Rule::tensor(DEFAULT_PREFIX.into(), Dtype::BF16, vec![p, h]));
     rules
@@ -347,28 +315,13 @@ pub fn codec_rules(config: &ModelConfig) -> Vec<Rule> {
         for r in 0..c.residual_dilations.len() {
             let at = |t: &str| fill(t, &[("u", u), ("r", r)]);
             rules.push(Rule::tensor(at(RES_SNAKE1), Dtype::BF16, vec![c_out]));
-            rules.push(Rule::bf16_linear(
-                at(RES_CONV1),
-                vec![c_out, c_out, k],
-                Some(c_out),
-            ));
+            rules.push(Rule::bf16_linear(at(RES_CONV1), vec![c_out, c_out, k], Some(c_out)));
             rules.push(Rule::tensor(at(RES_SNAKE2), Dtype::BF16, vec![c_out]));
-            rules.push(Rule::bf16_linear(
-                at(RES_CONV2),
-                vec![c_out, c_out, 1],
-                Some(c_out),
-            ));
+            rules.push(Rule::bf16_linear(at(RES_CONV2), vec![c_out, c_out, 1], Some(c_out)));
         }
     }
-    let last = *c
-        .channels
-        .last()
-        .expect("validated: at least two channel counts");
+    let last = *c.channels.last().expect("validated: at least two channel counts");
     rules.push(Rule::tensor(OUT_SNAKE.into(), Dtype::BF16, vec![last]));
-    rules.push(Rule::bf16_linear(
-        CODEC_OUT.into(),
-        vec![1, last, k],
-        Some(1),
-    ));
+    rules.push(Rule::bf16_linear(CODEC_OUT.into(), vec![1, last, k], Some(1)));
     rules
 }

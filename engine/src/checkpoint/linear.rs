@@ -86,14 +86,8 @@ pub fn detect(
     }
     let (required, optional): (&[&str], &[&str]) = match format {
         LinearFormat::Bf16 => (&["weight"], &[]),
-        LinearFormat::Nvfp4ModelOpt => (
-            &["weight", "weight_scale", "weight_scale_2"],
-            &["input_scale"],
-        ),
-        LinearFormat::Nvfp4CompressedTensors => (
-            &["weight_packed", "weight_scale", "weight_global_scale"],
-            &[],
-        ),
+        LinearFormat::Nvfp4ModelOpt => (&["weight", "weight_scale", "weight_scale_2"], &["input_scale"]),
+        LinearFormat::Nvfp4CompressedTensors => (&["weight_packed", "weight_scale", "weight_global_scale"], &[]),
         LinearFormat::Fp8Block => (&["weight", "weight_scale_inv"], &[]),
     };
     for suffix in &present {
@@ -139,17 +133,8 @@ pub fn detect(
             let codes = take(codes_name)?;
             expect(&name(codes_name), codes, Dtype::U8, &[out, in_ / 2])?;
             let scales = take("weight_scale")?;
-            expect(
-                &name("weight_scale"),
-                scales,
-                Dtype::F8_E4M3,
-                &[out, in_ / NVFP4_BLOCK],
-            )?;
-            check_block_scales(
-                &name("weight_scale"),
-                files.bytes(scales),
-                in_ / NVFP4_BLOCK,
-            )?;
+            expect(&name("weight_scale"), scales, Dtype::F8_E4M3, &[out, in_ / NVFP4_BLOCK])?;
+            check_block_scales(&name("weight_scale"), files.bytes(scales), in_ / NVFP4_BLOCK)?;
             if format == LinearFormat::Nvfp4ModelOpt {
                 let s2 = take("weight_scale_2")?;
                 tensor_scale = positive_scalar(&name("weight_scale_2"), s2, files)?;
@@ -217,12 +202,7 @@ fn two_dims(module: &str, shape: &[usize]) -> Result<[usize; 2], CheckpointError
 }
 
 /// Checks a tensor's dtype and shape.
-pub fn expect(
-    name: &str,
-    entry: &TensorEntry,
-    dtype: Dtype,
-    shape: &[usize],
-) -> Result<(), CheckpointError> {
+pub fn expect(name: &str, entry: &TensorEntry, dtype: Dtype, shape: &[usize]) -> Result<(), CheckpointError> {
     if entry.dtype != dtype || entry.shape != shape {
         return Err(CheckpointError::TensorMismatch {
             name: name.to_string(),
@@ -234,17 +214,9 @@ pub fn expect(
 }
 
 /// Refuses NaN or negative E4M3 block scales, naming the first bad one.
-fn check_block_scales(
-    name: &str,
-    bytes: &[u8],
-    blocks_per_row: usize,
-) -> Result<(), CheckpointError> {
+fn check_block_scales(name: &str, bytes: &[u8], blocks_per_row: usize) -> Result<(), CheckpointError> {
     if let Some(index) = bytes.iter().position(|&b| e4m3_is_nan(b) || b & 0x80 != 0) {
-        let kind = if e4m3_is_nan(bytes[index]) {
-            "NaN"
-        } else {
-            "negative"
-        };
+        let kind = if e4m3_is_nan(bytes[index]) { "NaN" } else { "negative" };
         return Err(CheckpointError::BadValues {
             name: name.to_string(),
             problem: format!(
@@ -259,11 +231,7 @@ fn check_block_scales(
 }
 
 /// Reads an F32 scalar (shape [] or [1]) that must be finite and positive.
-fn positive_scalar(
-    name: &str,
-    entry: &TensorEntry,
-    files: &WeightFiles,
-) -> Result<f32, CheckpointError> {
+fn positive_scalar(name: &str, entry: &TensorEntry, files: &WeightFiles) -> Result<f32, CheckpointError> {
     if entry.dtype != Dtype::F32 || entry.element_count() != 1 || entry.shape.len() > 1 {
         return Err(CheckpointError::TensorMismatch {
             name: name.to_string(),

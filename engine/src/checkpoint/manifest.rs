@@ -46,10 +46,7 @@ impl Manifest {
             if name == MANIFEST_FILE {
                 return Err(bad("the manifest cannot list itself".into()));
             }
-            if digests
-                .insert(name.to_string(), digest.to_ascii_lowercase())
-                .is_some()
-            {
+            if digests.insert(name.to_string(), digest.to_ascii_lowercase()).is_some() {
                 return Err(bad(format!("{name} is listed twice")));
             }
         }
@@ -117,9 +114,7 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64), CheckpointError> {
     let mut buffer = vec![0u8; 1 << 20];
     let mut total = 0u64;
     loop {
-        let n = file
-            .read(&mut buffer)
-            .map_err(|e| CheckpointError::io(path, e))?;
+        let n = file.read(&mut buffer).map_err(|e| CheckpointError::io(path, e))?;
         if n == 0 {
             break;
         }

@@ -197,15 +197,10 @@ impl Checkpoint {
                         continue;
                     };
                     if entry.dtype != *dtype || !shapes.contains(&entry.shape) {
-                        let options: Vec<String> =
-                            shapes.iter().map(|s| format!("{s:?}")).collect();
+                        let options: Vec<String> = shapes.iter().map(|s| format!("{s:?}")).collect();
                         return Err(CheckpointError::TensorMismatch {
                             name: name.clone(),
-                            expected: format!(
-                                "{} {}",
-                                shards::dtype_name(*dtype),
-                                options.join(" or ")
-                            ),
+                            expected: format!("{} {}", shards::dtype_name(*dtype), options.join(" or ")),
                             found: format!("{} {:?}", shards::dtype_name(entry.dtype), entry.shape),
                         });
                     }
@@ -218,8 +213,7 @@ impl Checkpoint {
                     bias,
                     kind,
                 } => {
-                    let (info, names_used) =
-                        linear::detect(&self.weights, module, shape, *bias, *kind)?;
+                    let (info, names_used) = linear::detect(&self.weights, module, shape, *bias, *kind)?;
                     if *kind == layout::LinearKind::Quantizable {
                         let expected = self.quant.expected_format(module);
                         if expected != info.format {
@@ -235,12 +229,7 @@ impl Checkpoint {
                 }
             }
         }
-        if let Some(extra) = self
-            .weights
-            .entries()
-            .keys()
-            .find(|name| !used.contains(*name))
-        {
+        if let Some(extra) = self.weights.entries().keys().find(|name| !used.contains(*name)) {
             return Err(unexpected(kept, extra));
         }
         self.layers = kept
@@ -319,10 +308,7 @@ fn check_values(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<(), Checkpoint
 }
 
 /// Reads and validates `kept_expert_ids` of every MoE layer (`None` for dense layers).
-fn read_kept_ids(
-    config: &ModelConfig,
-    weights: &WeightFiles,
-) -> Result<Vec<Option<Vec<usize>>>, CheckpointError> {
+fn read_kept_ids(config: &ModelConfig, weights: &WeightFiles) -> Result<Vec<Option<Vec<usize>>>, CheckpointError> {
     (0..config.num_hidden_layers)
         .map(|i| {
             if !config.is_moe_layer(i) {
@@ -349,18 +335,13 @@ fn read_kept_ids(
                 if id < 0 || id as usize >= config.num_experts {
                     return Err(CheckpointError::BadValues {
                         name,
-                        problem: format!(
-                            "id {id} at position {position} is outside [0, {})",
-                            config.num_experts
-                        ),
+                        problem: format!("id {id} at position {position} is outside [0, {})", config.num_experts),
                     });
                 }
                 if previous.is_some_and(|p| p >= id) {
                     return Err(CheckpointError::BadValues {
                         name,
-                        problem: format!(
-                            "ids are not strictly ascending at position {position} ({id})"
-                        ),
+                        problem: format!("ids are not strictly ascending at position {position} ({id})"),
                     });
                 }
                 previous = Some(id);
@@ -373,11 +354,7 @@ fn read_kept_ids(
 }
 
 /// Refuses a layer whose top-k cannot be filled from the experts the router can reach.
-fn check_reachable(
-    config: &ModelConfig,
-    layer: usize,
-    kept: &[usize],
-) -> Result<(), CheckpointError> {
+fn check_reachable(config: &ModelConfig, layer: usize, kept: &[usize]) -> Result<(), CheckpointError> {
     let k = config.num_experts_per_tok;
     let router = &config.router;
     let reachable = if router.n_group > 1 {

@@ -87,30 +87,23 @@ impl QuantScheme {
 
     /// Reads the scheme from the two possible sources; at least one must exist, and when
     /// both do they must agree.
-    pub fn from_sources(
-        hf_quant_config: Option<&str>,
-        config_json: &str,
-    ) -> Result<Self, CheckpointError> {
-        let config: Value =
-            serde_json::from_str(config_json).map_err(|e| CheckpointError::Json {
-                file: "config.json".into(),
-                problem: e.to_string(),
-            })?;
+    pub fn from_sources(hf_quant_config: Option<&str>, config_json: &str) -> Result<Self, CheckpointError> {
+        let config: Value = serde_json::from_str(config_json).map_err(|e| CheckpointError::Json {
+            file: "config.json".into(),
+            problem: e.to_string(),
+        })?;
         let from_config = match config.get("quantization_config") {
             Some(q) => Some(Self::from_quantization_config(q)?),
             None => None,
         };
         let from_file = match hf_quant_config {
             Some(text) => {
-                let value: Value =
-                    serde_json::from_str(text).map_err(|e| CheckpointError::Json {
-                        file: HF_QUANT_CONFIG_FILE.into(),
-                        problem: e.to_string(),
-                    })?;
+                let value: Value = serde_json::from_str(text).map_err(|e| CheckpointError::Json {
+                    file: HF_QUANT_CONFIG_FILE.into(),
+                    problem: e.to_string(),
+                })?;
                 let section = value.get("quantization").ok_or_else(|| {
-                    CheckpointError::QuantConfig(format!(
-                        "{HF_QUANT_CONFIG_FILE}: missing key `quantization`"
-                    ))
+                    CheckpointError::QuantConfig(format!("{HF_QUANT_CONFIG_FILE}: missing key `quantization`"))
                 })?;
                 Some(Self::from_modelopt(section, HF_QUANT_CONFIG_FILE)?)
             }
@@ -139,10 +132,7 @@ impl QuantScheme {
                         "{where_}: compressed-tensors format {format:?} is not supported (only \"nvfp4-pack-quantized\")"
                     )));
                 }
-                Self::uniform(
-                    LinearFormat::Nvfp4CompressedTensors,
-                    patterns(q, "ignore", where_)?,
-                )
+                Self::uniform(LinearFormat::Nvfp4CompressedTensors, patterns(q, "ignore", where_)?)
             }
             "fp8" => {
                 let block = q.get("weight_block_size").cloned().unwrap_or(Value::Null);
@@ -151,10 +141,7 @@ impl QuantScheme {
                         "{where_}: `weight_block_size` must be [128, 128], found {block}"
                     )));
                 }
-                Self::uniform(
-                    LinearFormat::Fp8Block,
-                    patterns(q, "modules_to_not_convert", where_)?,
-                )
+                Self::uniform(LinearFormat::Fp8Block, patterns(q, "modules_to_not_convert", where_)?)
             }
             other => Err(CheckpointError::QuantConfig(format!(
                 "{where_}: quant_method {other:?} is not supported (modelopt, compressed-tensors, fp8)"
@@ -178,21 +165,12 @@ impl QuantScheme {
                 Self::uniform(LinearFormat::Nvfp4ModelOpt, exclude)
             }
             "MIXED_PRECISION" => {
-                let layers = q
-                    .get("quantized_layers")
-                    .and_then(Value::as_object)
-                    .ok_or_else(|| {
-                        CheckpointError::QuantConfig(format!(
-                            "{where_}: MIXED_PRECISION needs a `quantized_layers` map"
-                        ))
-                    })?;
+                let layers = q.get("quantized_layers").and_then(Value::as_object).ok_or_else(|| {
+                    CheckpointError::QuantConfig(format!("{where_}: MIXED_PRECISION needs a `quantized_layers` map"))
+                })?;
                 let mut map = BTreeMap::new();
                 for (module, entry) in layers {
-                    let algo = str_key(
-                        entry,
-                        "quant_algo",
-                        &format!("{where_}: quantized_layers.{module}"),
-                    )?;
+                    let algo = str_key(entry, "quant_algo", &format!("{where_}: quantized_layers.{module}"))?;
                     let format = match algo {
                         "NVFP4" | "W4A16_NVFP4" => LinearFormat::Nvfp4ModelOpt,
                         "FP8_BLOCK" => LinearFormat::Fp8Block,
@@ -220,9 +198,7 @@ impl QuantScheme {
         let mut builder = GlobSetBuilder::new();
         for pattern in &unquantized_patterns {
             let glob = Glob::new(pattern).map_err(|e| {
-                CheckpointError::QuantConfig(format!(
-                    "pattern {pattern:?} is not a valid wildcard: {e}"
-                ))
+                CheckpointError::QuantConfig(format!("pattern {pattern:?} is not a valid wildcard: {e}"))
             })?;
             builder.add(glob);
         }
@@ -238,9 +214,10 @@ impl QuantScheme {
 }
 
 fn str_key<'a>(value: &'a Value, key: &str, where_: &str) -> Result<&'a str, CheckpointError> {
-    value.get(key).and_then(Value::as_str).ok_or_else(|| {
-        CheckpointError::QuantConfig(format!("{where_}: missing string key `{key}`"))
-    })
+    value
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| CheckpointError::QuantConfig(format!("{where_}: missing string key `{key}`")))
 }
 
 fn patterns(value: &Value, key: &str, where_: &str) -> Result<Vec<String>, CheckpointError> {
@@ -249,11 +226,9 @@ fn patterns(value: &Value, key: &str, where_: &str) -> Result<Vec<String>, Check
         Some(Value::Array(items)) => items
             .iter()
             .map(|item| {
-                item.as_str().map(str::to_string).ok_or_else(|| {
-                    CheckpointError::QuantConfig(format!(
-                        "{where_}: `{key}` holds a non-string {item}"
-                    ))
-                })
+                item.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| CheckpointError::QuantConfig(format!("{where_}: `{key}` holds a non-string {item}")))
             })
             .collect(),
         Some(other) => Err(CheckpointError::QuantConfig(format!(
@@ -280,14 +255,8 @@ mod tests {
         let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 16,
             "exclude_modules": ["*self_attn*", "model.layers.0.*"], "kv_cache_quant_algo": null}}"#;
         let s = QuantScheme::from_sources(Some(q), "{}").unwrap();
-        assert_eq!(
-            s.expected_format("model.layers.3.self_attn.q_proj"),
-            LinearFormat::Bf16
-        );
-        assert_eq!(
-            s.expected_format("model.layers.0.mlp.gate_proj"),
-            LinearFormat::Bf16
-        );
+        assert_eq!(s.expected_format("model.layers.3.self_attn.q_proj"), LinearFormat::Bf16);
+        assert_eq!(s.expected_format("model.layers.0.mlp.gate_proj"), LinearFormat::Bf16);
         assert_eq!(
             s.expected_format("model.layers.3.mlp.experts.7.up_proj"),
             LinearFormat::Nvfp4ModelOpt
@@ -308,19 +277,13 @@ mod tests {
 
     #[test]
     fn refusals_name_the_problem() {
-        let err = QuantScheme::from_sources(None, "{}")
-            .unwrap_err()
-            .to_string();
+        let err = QuantScheme::from_sources(None, "{}").unwrap_err().to_string();
         assert!(err.contains("neither"), "{err}");
         let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 32}}"#;
-        let err = QuantScheme::from_sources(Some(q), "{}")
-            .unwrap_err()
-            .to_string();
+        let err = QuantScheme::from_sources(Some(q), "{}").unwrap_err().to_string();
         assert!(err.contains("group_size"), "{err}");
         let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": "FP8"}}"#;
-        let err = QuantScheme::from_sources(Some(q), "{}")
-            .unwrap_err()
-            .to_string();
+        let err = QuantScheme::from_sources(Some(q), "{}").unwrap_err().to_string();
         assert!(err.contains("kv_cache_quant_algo"), "{err}");
     }
 }

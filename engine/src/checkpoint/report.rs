@@ -58,10 +58,8 @@ impl Checkpoint {
     /// Builds the verification report of this (already validated) checkpoint.
     pub fn report(&self) -> VerifyReport {
         let formats_of = |modules: &mut dyn Iterator<Item = &String>| -> Vec<LinearFormat> {
-            let mut formats: Vec<LinearFormat> = modules
-                .filter_map(|m| self.linears.get(m))
-                .map(|l| l.format)
-                .collect();
+            let mut formats: Vec<LinearFormat> =
+                modules.filter_map(|m| self.linears.get(m)).map(|l| l.format).collect();
             formats.sort();
             formats.dedup();
             formats
@@ -71,11 +69,10 @@ impl Checkpoint {
             .iter()
             .enumerate()
             .map(|(i, mlp)| {
-                let attention: Vec<String> =
-                    [names::Q_PROJ, names::K_PROJ, names::V_PROJ, names::O_PROJ]
-                        .iter()
-                        .map(|t| names::layer(t, i))
-                        .collect();
+                let attention: Vec<String> = [names::Q_PROJ, names::K_PROJ, names::V_PROJ, names::O_PROJ]
+                    .iter()
+                    .map(|t| names::layer(t, i))
+                    .collect();
                 let prefix = format!("model.layers.{i}.mlp.");
                 let mlp_modules = self.linears.keys().filter(|m| m.starts_with(&prefix));
                 let moe = match mlp {
@@ -95,9 +92,7 @@ impl Checkpoint {
             .collect();
         let mut totals: BTreeMap<String, FormatTotals> = BTreeMap::new();
         for info in self.linears.values() {
-            let entry = totals
-                .entry(format!("linear {}", info.format.describe()))
-                .or_default();
+            let entry = totals.entry(format!("linear {}", info.format.describe())).or_default();
             entry.parameters += info.parameter_count() as u64;
             entry.bytes += info.stored_bytes as u64;
         }
@@ -130,11 +125,7 @@ impl VerifyReport {
         let mut out = String::new();
         let _ = writeln!(out, "checkpoint OK");
         let _ = writeln!(out, "provenance:    {}", self.provenance);
-        let _ = writeln!(
-            out,
-            "identity:      sha256(SHA256SUMS) = {}",
-            self.manifest_sha256
-        );
+        let _ = writeln!(out, "identity:      sha256(SHA256SUMS) = {}", self.manifest_sha256);
         let _ = writeln!(
             out,
             "files:         {} verified against SHA256SUMS ({} bytes)",
@@ -143,13 +134,8 @@ impl VerifyReport {
         let _ = writeln!(out, "quantization:  {}", self.quantization);
         let _ = writeln!(out, "layers:");
         for layer in &self.layers {
-            let describe = |formats: &[LinearFormat]| {
-                formats
-                    .iter()
-                    .map(|f| f.describe())
-                    .collect::<Vec<_>>()
-                    .join(" + ")
-            };
+            let describe =
+                |formats: &[LinearFormat]| formats.iter().map(|f| f.describe()).collect::<Vec<_>>().join(" + ");
             let _ = write!(
                 out,
                 "  {:>3}  {:<5}  attention {:<18}  mlp {}",
@@ -158,16 +144,9 @@ impl VerifyReport {
                 describe(&layer.attention_formats),
                 describe(&layer.mlp_formats)
             );
-            if let (Some(n), Some(ids), Some(width)) = (
-                layer.kept_experts,
-                &layer.kept_expert_ids,
-                layer.router_width,
-            ) {
-                let _ = write!(
-                    out,
-                    "  experts kept {n} {}  router {width:?}",
-                    compress_ids(ids)
-                );
+            if let (Some(n), Some(ids), Some(width)) = (layer.kept_experts, &layer.kept_expert_ids, layer.router_width)
+            {
+                let _ = write!(out, "  experts kept {n} {}  router {width:?}", compress_ids(ids));
             }
             let _ = writeln!(out);
         }

@@ -61,19 +61,15 @@ impl WeightFiles {
     pub fn open(dir: &Path) -> Result<(Self, Vec<String>), CheckpointError> {
         let index_path = dir.join(INDEX_FILE);
         if index_path.is_file() {
-            let text = std::fs::read_to_string(&index_path)
-                .map_err(|e| CheckpointError::io(&index_path, e))?;
-            let index: IndexJson =
-                serde_json::from_str(&text).map_err(|e| CheckpointError::Json {
-                    file: INDEX_FILE.into(),
-                    problem: e.to_string(),
-                })?;
+            let text = std::fs::read_to_string(&index_path).map_err(|e| CheckpointError::io(&index_path, e))?;
+            let index: IndexJson = serde_json::from_str(&text).map_err(|e| CheckpointError::Json {
+                file: INDEX_FILE.into(),
+                problem: e.to_string(),
+            })?;
             let shard_names: BTreeSet<&String> = index.weight_map.values().collect();
             for name in &shard_names {
                 if name.contains(['/', '\\']) || !name.ends_with(".safetensors") {
-                    return Err(CheckpointError::Index(format!(
-                        "{name:?} is not a shard file name"
-                    )));
+                    return Err(CheckpointError::Index(format!("{name:?} is not a shard file name")));
                 }
             }
             let mut files = WeightFiles {
@@ -87,9 +83,7 @@ impl WeightFiles {
             }
             for (tensor, shard) in &index.weight_map {
                 let entry = files.tensors.get(tensor).ok_or_else(|| {
-                    CheckpointError::Index(format!(
-                        "tensor {tensor} is mapped to {shard}, which does not hold it"
-                    ))
+                    CheckpointError::Index(format!("tensor {tensor} is mapped to {shard}, which does not hold it"))
                 })?;
                 if files.shards[entry.shard].name != *shard {
                     return Err(CheckpointError::Index(format!(
@@ -98,11 +92,7 @@ impl WeightFiles {
                     )));
                 }
             }
-            if let Some(extra) = files
-                .tensors
-                .keys()
-                .find(|t| !index.weight_map.contains_key(*t))
-            {
+            if let Some(extra) = files.tensors.keys().find(|t| !index.weight_map.contains_key(*t)) {
                 return Err(CheckpointError::Index(format!(
                     "tensor {extra} is stored in a shard but not in weight_map"
                 )));
@@ -116,9 +106,7 @@ impl WeightFiles {
             files.add_shard(dir, SINGLE_FILE)?;
             Ok((files, vec![SINGLE_FILE.to_string()]))
         } else {
-            Err(CheckpointError::MissingFile(format!(
-                "{INDEX_FILE} (or {SINGLE_FILE})"
-            )))
+            Err(CheckpointError::MissingFile(format!("{INDEX_FILE} (or {SINGLE_FILE})")))
         }
     }
 
@@ -131,11 +119,10 @@ impl WeightFiles {
         // SAFETY: the map is read-only; the checkpoint directory is treated as immutable
         // while loaded (its digests were verified), as with every mmap-based loader.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(&path, e))?;
-        let (header_len, metadata) =
-            SafeTensors::read_metadata(&map).map_err(|e| CheckpointError::Safetensors {
-                file: name.to_string(),
-                problem: e.to_string(),
-            })?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| CheckpointError::Safetensors {
+            file: name.to_string(),
+            problem: e.to_string(),
+        })?;
         let shard = self.shards.len();
         let infos: HashMap<String, &safetensors::tensor::TensorInfo> = metadata.tensors();
         for (tensor, info) in infos {

@@ -35,9 +35,7 @@ impl Capabilities {
         Capabilities {
             backend: format!("{:?}", info.backend),
             adapter: info.name.clone(),
-            driver: format!("{} {}", info.driver, info.driver_info)
-                .trim()
-                .to_string(),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
             device_type: format!("{:?}", info.device_type),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),

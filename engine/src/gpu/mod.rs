@@ -183,22 +183,18 @@ impl Gpu {
             return Ok(pipeline.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&kernel.module().name()),
-                source: wgpu::ShaderSource::Wgsl(kernel.module().source().into()),
-            });
-        let pipeline = self
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(kernel.entry_point()),
-                layout: None,
-                module: &module,
-                entry_point: Some(kernel.entry_point()),
-                compilation_options: wgpu::PipelineCompilationOptions::default(),
-                cache: None,
-            });
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&kernel.module().name()),
+            source: wgpu::ShaderSource::Wgsl(kernel.module().source().into()),
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(kernel.entry_point()),
+            layout: None,
+            module: &module,
+            entry_point: Some(kernel.entry_point()),
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        });
         if let Some(error) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Pipeline {
                 kernel: format!("{kernel:?}"),
@@ -221,14 +217,11 @@ impl Gpu {
             padded = v;
             &padded
         };
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-            })
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        })
     }
 
     /// A zero-filled storage buffer of `size` bytes (at least 4).
@@ -236,29 +229,22 @@ impl Gpu {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: size.max(4).div_ceil(4) * 4,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         })
     }
 
     /// A uniform buffer holding one parameter block.
     pub fn uniform<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytemuck::bytes_of(value),
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            })
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::bytes_of(value),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
     }
 
     /// Binds `buffers` to the kernel's bindings, in the order of [`Kernel::bindings`].
-    pub fn bind_group(
-        &self,
-        kernel: Kernel,
-        buffers: &[&wgpu::Buffer],
-    ) -> Result<wgpu::BindGroup, GpuError> {
+    pub fn bind_group(&self, kernel: Kernel, buffers: &[&wgpu::Buffer]) -> Result<wgpu::BindGroup, GpuError> {
         let bindings = kernel.bindings();
         assert_eq!(bindings.len(), buffers.len(), "{kernel:?}: binding count");
         let pipeline = self.pipeline(kernel)?;

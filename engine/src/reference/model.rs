@@ -57,12 +57,7 @@ pub struct ReferenceTrace {
     pub logits: Vec<f64>,
 }
 
-fn mlp_triple(
-    checkpoint: &Checkpoint,
-    templates: [&str; 3],
-    i: usize,
-    e: Option<usize>,
-) -> [Matrix; 3] {
+fn mlp_triple(checkpoint: &Checkpoint, templates: [&str; 3], i: usize, e: Option<usize>) -> [Matrix; 3] {
     templates.map(|t| {
         let module = match e {
             Some(e) => names::expert(t, i, e),
@@ -84,12 +79,9 @@ impl ReferenceModel {
             .map(|(i, mlp)| {
                 let linear = |t: &str| weights::linear(checkpoint, &names::layer(t, i));
                 let mlp = match mlp {
-                    LayerMlp::Dense => {
-                        Mlp::Dense(mlp_triple(checkpoint, names::DENSE_MLP, i, None))
-                    }
+                    LayerMlp::Dense => Mlp::Dense(mlp_triple(checkpoint, names::DENSE_MLP, i, None)),
                     LayerMlp::Moe(moe) => {
-                        let router_values =
-                            weights::values(checkpoint, &names::layer(names::ROUTER, i));
+                        let router_values = weights::values(checkpoint, &names::layer(names::ROUTER, i));
                         let rows = router_values.len() / h;
                         let router_row_ids = match moe.router_width {
                             RouterWidth::Compact => moe.kept_expert_ids.clone(),
@@ -102,8 +94,7 @@ impl ReferenceModel {
                             bias: None,
                         };
                         let score_bias = moe.has_score_bias.then(|| {
-                            let stored =
-                                weights::values(checkpoint, &names::layer(names::ROUTER_BIAS, i));
+                            let stored = weights::values(checkpoint, &names::layer(names::ROUTER_BIAS, i));
                             let mut by_id = vec![0.0; config.num_experts];
                             for (row, &id) in router_row_ids.iter().enumerate() {
                                 by_id[id] = stored[row];
@@ -119,10 +110,7 @@ impl ReferenceModel {
                             let gate = Matrix {
                                 out: 1,
                                 in_: h,
-                                values: weights::values(
-                                    checkpoint,
-                                    &names::layer(names::SHARED_EXPERT_GATE, i),
-                                ),
+                                values: weights::values(checkpoint, &names::layer(names::SHARED_EXPERT_GATE, i)),
                                 bias: None,
                             };
                             (mlp_triple(checkpoint, names::SHARED_EXPERT, i, None), gate)
@@ -237,21 +225,11 @@ impl ReferenceModel {
     fn swiglu_mlp(triple: &[Matrix; 3], x: &[f64], rows: usize, rounding: Rounding) -> Vec<f64> {
         let gate = ops::linear(x, rows, &triple[0], rounding, true);
         let up = ops::linear(x, rows, &triple[1], rounding, true);
-        let act: Vec<f64> = gate
-            .iter()
-            .zip(&up)
-            .map(|(&g, &u)| ops::swiglu(g, u))
-            .collect();
+        let act: Vec<f64> = gate.iter().zip(&up).map(|(&g, &u)| ops::swiglu(g, u)).collect();
         ops::linear(&act, rows, &triple[2], rounding, true)
     }
 
-    fn mlp(
-        &self,
-        mlp: &Mlp,
-        x: &[f64],
-        rows: usize,
-        rounding: Rounding,
-    ) -> (Vec<f64>, Option<Vec<Vec<(usize, f64)>>>) {
+    fn mlp(&self, mlp: &Mlp, x: &[f64], rows: usize, rounding: Rounding) -> (Vec<f64>, Option<Vec<Vec<(usize, f64)>>>) {
         let c = &self.config;
         let h = c.hidden_size;
         match mlp {

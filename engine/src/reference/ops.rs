@@ -38,13 +38,7 @@ pub struct Matrix {
 
 /// y = round?(round?(x) W^T + b) for `rows` rows of x. `round_output` is false for the
 /// contract's FP32 outputs (router logits, shared-expert gate, audio head).
-pub fn linear(
-    x: &[f64],
-    rows: usize,
-    w: &Matrix,
-    rounding: Rounding,
-    round_output: bool,
-) -> Vec<f64> {
+pub fn linear(x: &[f64], rows: usize, w: &Matrix, rounding: Rounding, round_output: bool) -> Vec<f64> {
     assert_eq!(x.len(), rows * w.in_);
     let mut y = vec![0.0; rows * w.out];
     for r in 0..rows {
@@ -58,11 +52,7 @@ pub fn linear(
             if let Some(bias) = &w.bias {
                 acc += bias[n];
             }
-            y[r * w.out + n] = if round_output {
-                rounding.bf16(acc)
-            } else {
-                acc
-            };
+            y[r * w.out + n] = if round_output { rounding.bf16(acc) } else { acc };
         }
     }
     y
@@ -183,12 +173,7 @@ pub struct RouterSpec {
 /// Routes one token. `logits_by_id[e]` is the router logit of ORIGINAL id e (entries of
 /// pruned ids are ignored: they are masked out before any softmax), `bias_by_id` the optional
 /// selection bias. Returns (original id, weight) pairs in ascending id order.
-pub fn route(
-    spec: &RouterSpec,
-    kept: &[usize],
-    logits_by_id: &[f64],
-    bias_by_id: Option<&[f64]>,
-) -> Vec<(usize, f64)> {
+pub fn route(spec: &RouterSpec, kept: &[usize], logits_by_id: &[f64], bias_by_id: Option<&[f64]>) -> Vec<(usize, f64)> {
     let mut masked = vec![f64::NEG_INFINITY; spec.num_experts];
     for &e in kept {
         masked[e] = logits_by_id[e];
@@ -217,11 +202,7 @@ pub fn route(
         let size = spec.num_experts / spec.n_group;
         let mut groups: Vec<(usize, f64)> = (0..spec.n_group)
             .filter_map(|g| {
-                let mut scores: Vec<f64> = kept
-                    .iter()
-                    .filter(|&&e| e / size == g)
-                    .map(|&e| choice[e])
-                    .collect();
+                let mut scores: Vec<f64> = kept.iter().filter(|&&e| e / size == g).map(|&e| choice[e]).collect();
                 if scores.is_empty() {
                     return None;
                 }
@@ -236,11 +217,7 @@ pub fn route(
     }
     // Best choice first; ties toward the lower original id.
     candidates.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
-    let mut picked: Vec<(usize, f64)> = candidates
-        .iter()
-        .take(spec.k)
-        .map(|&e| (e, weight[e]))
-        .collect();
+    let mut picked: Vec<(usize, f64)> = candidates.iter().take(spec.k).map(|&e| (e, weight[e])).collect();
     if spec.norm_topk_prob {
         let sum: f64 = picked.iter().map(|p| p.1).sum();
         for p in &mut picked {

@@ -13,11 +13,7 @@ fn tensor<'a>(checkpoint: &'a Checkpoint, name: &str) -> (&'a [u8], Dtype, Vec<u
         .weights
         .entry(name)
         .unwrap_or_else(|| panic!("validated checkpoint lacks {name}"));
-    (
-        checkpoint.weights.bytes(entry),
-        entry.dtype,
-        entry.shape.clone(),
-    )
+    (checkpoint.weights.bytes(entry), entry.dtype, entry.shape.clone())
 }
 
 /// A BF16 or F32 tensor as f64 values.
@@ -91,8 +87,7 @@ pub fn linear(checkpoint: &Checkpoint, module: &str) -> Matrix {
             (0..out * in_)
                 .map(|index| {
                     let (r, c) = (index / in_, index % in_);
-                    f64::from(e4m3_to_f32(codes[index]))
-                        * scale_inv[(r / FP8_BLOCK) * tiles_per_row + c / FP8_BLOCK]
+                    f64::from(e4m3_to_f32(codes[index])) * scale_inv[(r / FP8_BLOCK) * tiles_per_row + c / FP8_BLOCK]
                 })
                 .collect()
         }

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::numerics::round_to_bf16;
@@ -11,17 +11,23 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
 /// The test device (lavapipe in CI), opened once per test binary.
-pub fn gpu() -> &'static Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
+pub fn shared_gpu() -> Arc<Gpu> {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
-        let gpu = Gpu::new(&GpuOptions::default())
-            .expect("a GPU (install mesa-vulkan-drivers for lavapipe)");
+        let gpu = Gpu::new(&GpuOptions::default()).expect("a GPU (install mesa-vulkan-drivers for lavapipe)");
         eprintln!(
             "device: {} ({}, {})",
             gpu.caps.adapter, gpu.caps.backend, gpu.caps.driver
         );
-        gpu
+        Arc::new(gpu)
     })
+    .clone()
+}
+
+/// The test device, borrowed.
+pub fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(shared_gpu).as_ref()
 }
 
 /// A fresh random stream. The seed comes from DRAMA_TEST_SEED or the clock and is printed,
@@ -49,10 +55,7 @@ pub fn uniform(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
 
 /// Uniform values rounded to BF16 (what every linear input is).
 pub fn bf16_values(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    uniform(rng, n, scale)
-        .into_iter()
-        .map(round_to_bf16)
-        .collect()
+    uniform(rng, n, scale).into_iter().map(round_to_bf16).collect()
 }
 
 /// BF16 values packed two per u32 word (as little-endian bytes).

@@ -29,8 +29,8 @@ struct Params {
     expert_end: u32,
     flags: u32,         // 1: add bias; 2: round the output to BF16
     tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
-    _pad0: u32,
-    _pad1: u32,
+    bias_offset: u32,   // bias element of this segment's first output
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -69,7 +69,8 @@ fn reduce_rows(t: u32, count: u32) {
 fn finish(acc: f32, n: u32, tensor_scale: f32) -> f32 {
     var v = acc * tensor_scale;
     if ((p.flags & 1u) != 0u) {
-        v += bf16_half(bias[n / 2u], n & 1u);
+        let b = n + p.bias_offset;
+        v += bf16_half(bias[b / 2u], b & 1u);
     }
     if ((p.flags & 2u) != 0u) {
         v = round_bf16(v);

@@ -1,0 +1,24 @@
+//! The engine's error type at its library boundary.
+
+use crate::checkpoint::CheckpointError;
+use crate::gpu::GpuError;
+
+/// Why the engine could not load or run a model.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The checkpoint was refused.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The GPU could not be used.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The graph could not be built (an op's inputs did not fit).
+    #[error("graph: {0}")]
+    Graph(#[from] drama_graph::GraphError),
+    /// The checkpoint is valid but this engine cannot run it on this device.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A request does not fit the model or the session.
+    #[error("invalid input: {0}")]
+    Input(String),
+}

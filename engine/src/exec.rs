@@ -1,0 +1,504 @@
+//! Lowering a graph to GPU work: every node becomes one or more kernel launches with their
+//! parameter blocks and bind groups, all built once. Running a step is one command encoder,
+//! one compute pass, one submit.
+
+use std::collections::HashMap;
+
+use drama_graph::drama3::{StepShape, row_source};
+use drama_graph::ir::{Op, Projection, ValueKind};
+use drama_graph::plan::{MemoryPlan, plan};
+use drama_graph::{Graph, ValueId};
+use drama_kernels::{
+    AttentionParams, ElementwiseParams, Kernel, LinearParams, MoeParams, NormParams, RouterParams, WeightFormat,
+};
+
+use crate::error::EngineError;
+use crate::gpu::{Dispatch, Gpu, grid_for};
+use crate::weights::{GpuLinear, GpuWeights};
+
+/// A compiled step: planned buffers and the recorded launches.
+pub struct Executable {
+    /// The graph it runs.
+    pub graph: Graph,
+    /// Its memory plan.
+    pub plan: MemoryPlan,
+    /// The step shape.
+    pub shape: StepShape,
+    buffers: Vec<wgpu::Buffer>,
+    dispatches: Vec<Dispatch>,
+}
+
+/// Everything a step binds besides its own buffers.
+pub struct Bindings<'a> {
+    /// Weights.
+    pub weights: &'a GpuWeights,
+    /// KV caches by state name (`layers.{i}.k_cache`).
+    pub states: &'a HashMap<String, wgpu::Buffer>,
+    /// RoPE cos/sin table.
+    pub rope_table: &'a wgpu::Buffer,
+}
+
+struct Lowering<'a> {
+    gpu: &'a Gpu,
+    graph: &'a Graph,
+    plan: &'a MemoryPlan,
+    buffers: &'a [wgpu::Buffer],
+    bind: &'a Bindings<'a>,
+    scratch: wgpu::Buffer,
+    capacity: usize,
+    dispatches: Vec<Dispatch>,
+}
+
+impl<'a> Lowering<'a> {
+    fn buffer(&self, id: ValueId) -> Result<&'a wgpu::Buffer, EngineError> {
+        let value = self.graph.value(id);
+        if value.kind == ValueKind::State {
+            return self
+                .bind
+                .states
+                .get(&value.name)
+                .ok_or_else(|| EngineError::Unsupported(format!("no state buffer {}", value.name)));
+        }
+        let index = self.plan.value_buffer[id.0].expect("planned value");
+        Ok(&self.buffers[index])
+    }
+
+    fn launch<T: bytemuck::Pod>(
+        &mut self,
+        kernel: Kernel,
+        params: &T,
+        resources: &[&wgpu::Buffer],
+        workgroups: [u32; 3],
+    ) -> Result<(), EngineError> {
+        let uniform = self.gpu.uniform(kernel.entry_point(), params);
+        let mut all = vec![&uniform];
+        all.extend_from_slice(resources);
+        let bind_group = self.gpu.bind_group(kernel, &all)?;
+        self.dispatches.push(Dispatch {
+            kernel,
+            pipeline: self.gpu.pipeline(kernel)?,
+            bind_group,
+            workgroups,
+        });
+        Ok(())
+    }
+
+    fn elements_grid(&self, count: usize) -> [u32; 3] {
+        grid_for(count as u64, 64, self.gpu.caps.max_workgroups_per_dimension.min(65535))
+    }
+
+    fn rows(&self, id: ValueId) -> usize {
+        self.graph.value(id).shape[0]
+    }
+
+    fn lower(&mut self, node: &drama_graph::Node) -> Result<(), EngineError> {
+        let inputs = &node.inputs;
+        let out = self.buffer(node.outputs[0])?;
+        let weights = self.bind.weights;
+        match &node.op {
+            Op::Embed { text, audio } => {
+                let rows = self.rows(inputs[0]);
+                let width = self.graph.value(node.outputs[0]).shape[1];
+                let count = rows * width;
+                let grid = self.elements_grid(count);
+                let (table, index, prefixes) = (
+                    self.buffer(inputs[0])?,
+                    self.buffer(inputs[1])?,
+                    self.buffer(inputs[2])?,
+                );
+                let params = |table: u32, start: usize, end: usize| ElementwiseParams {
+                    count: count as u32,
+                    width: width as u32,
+                    k: start as u32,
+                    flags: 0,
+                    row_end: end as u32,
+                    table,
+                    pad: [0; 2],
+                };
+                self.launch(
+                    Kernel::EmbedF32,
+                    &params(row_source::PREFIX, 0, 0),
+                    &[prefixes, table, index, out],
+                    grid,
+                )?;
+                for (source, name) in [(row_source::TEXT, text), (row_source::AUDIO, audio)] {
+                    let gpu_table = &weights.tables[name];
+                    for (range, data) in &gpu_table.segments {
+                        self.launch(
+                            Kernel::EmbedBf16,
+                            &params(source, range.start, range.end),
+                            &[data, table, index, out],
+                            grid,
+                        )?;
+                    }
+                }
+            }
+            Op::RmsNorm {
+                weight,
+                eps,
+                round_output,
+            } => {
+                let shape = &self.graph.value(inputs[0]).shape;
+                let params = NormParams {
+                    width: shape[1] as u32,
+                    flags: u32::from(*round_output),
+                    eps: *eps,
+                    pad: 0,
+                };
+                let x = self.buffer(inputs[0])?;
+                self.launch(
+                    Kernel::RmsNorm,
+                    &params,
+                    &[x, &weights.vectors[weight], out],
+                    [shape[0] as u32, 1, 1],
+                )?;
+            }
+            Op::Linear {
+                members,
+                in_features,
+                round_output,
+            } => {
+                let rows = self.rows(inputs[0]);
+                let x = self.buffer(inputs[0])?;
+                let total: usize = members.iter().map(|m| m.out).sum();
+                let mut column = 0;
+                for member in members {
+                    let linear = &weights.linears[&member.weight];
+                    self.dense(linear, x, out, rows, *in_features, column, total, *round_output)?;
+                    column += member.out;
+                }
+            }
+            Op::RopeQ { heads, head_dim } => {
+                let rows = self.rows(inputs[0]);
+                let params = self.attention_params(rows, *heads, 1, *head_dim, false);
+                let (q, pos) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
+                let grid = self.elements_grid(rows * heads * head_dim);
+                self.launch(Kernel::RopeQ, &params, &[pos, self.bind.rope_table, q, out], grid)?;
+            }
+            Op::WriteKv { kv_heads, head_dim } => {
+                let rows = self.rows(inputs[0]);
+                let params = self.attention_params(rows, *kv_heads, *kv_heads, *head_dim, false);
+                let resources = [
+                    self.buffer(inputs[1])?,
+                    self.buffer(inputs[2])?,
+                    self.bind.rope_table,
+                    self.buffer(inputs[0])?,
+                    self.buffer(inputs[3])?,
+                    self.buffer(inputs[4])?,
+                ];
+                let grid = self.elements_grid(rows * kv_heads * head_dim);
+                self.launch(Kernel::WriteKv, &params, &resources, grid)?;
+            }
+            Op::Attention {
+                heads,
+                kv_heads,
+                head_dim,
+                round_output,
+            } => {
+                let rows = self.rows(inputs[0]);
+                let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, *round_output);
+                let scratch = self.scratch.clone();
+                let resources = [
+                    self.buffer(inputs[1])?,
+                    self.buffer(inputs[2])?,
+                    self.buffer(inputs[0])?,
+                    self.buffer(inputs[3])?,
+                    self.buffer(inputs[4])?,
+                    out,
+                    &scratch,
+                ];
+                self.launch(Kernel::Attend, &params, &resources, [rows as u32, *heads as u32, 1])?;
+            }
+            Op::Router(r) => {
+                let rows = self.rows(inputs[0]);
+                let width = self.graph.value(inputs[0]).shape[1];
+                let params = RouterParams {
+                    rows: rows as u32,
+                    logit_width: width as u32,
+                    kept: r.kept as u32,
+                    k: r.k as u32,
+                    flags: u32::from(r.sigmoid)
+                        | if r.full_width { 2 } else { 0 }
+                        | if r.score_bias { 4 } else { 0 }
+                        | if r.norm_topk_prob { 8 } else { 0 },
+                    n_group: r.n_group as u32,
+                    topk_group: r.topk_group as u32,
+                    group_size: r.group_size as u32,
+                    scaling: r.scaling,
+                    pad: [0; 3],
+                };
+                let bias = weights.score_bias.get(&r.layer).unwrap_or(&weights.placeholder);
+                let resources = [
+                    self.buffer(inputs[0])?,
+                    &weights.kept_ids[&r.layer],
+                    bias,
+                    out,
+                    self.buffer(node.outputs[1])?,
+                ];
+                self.launch(Kernel::Route, &params, &resources, [rows.div_ceil(64) as u32, 1, 1])?;
+            }
+            Op::Experts {
+                layer,
+                projection,
+                out: width,
+                in_features,
+                k,
+                ..
+            } => {
+                let linear = &weights.experts[&(*layer, *projection)];
+                let slots = self.rows(inputs[1]) * k;
+                let (x, ids) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
+                let x_row_div = if *projection == Projection::Down { 1 } else { *k };
+                for segment in &linear.segments {
+                    let params = LinearParams {
+                        rows: slots as u32,
+                        in_features: *in_features as u32,
+                        out_features: *width as u32,
+                        out_offset: 0,
+                        y_stride: *width as u32,
+                        x_row_div: x_row_div as u32,
+                        expert_begin: segment.range.start as u32,
+                        expert_end: segment.range.end as u32,
+                        flags: 2,
+                        tensor_scale: 1.0,
+                        bias_offset: 0,
+                        pad: 0,
+                    };
+                    let expert_scales = segment.expert_scales.as_ref().expect("expert segment");
+                    let mut resources = vec![x, &segment.codes];
+                    if linear.format != WeightFormat::Bf16 {
+                        resources.push(&segment.scales);
+                    }
+                    resources.extend([&weights.placeholder, ids, out, expert_scales]);
+                    self.launch(
+                        Kernel::Gathered(linear.format),
+                        &params,
+                        &resources,
+                        [*width as u32, slots as u32, 1],
+                    )?;
+                }
+            }
+            Op::Swiglu { .. } | Op::Add => {
+                let (kernel, round_output) = match node.op {
+                    Op::Swiglu { round_output } => (Kernel::Swiglu, round_output),
+                    _ => (Kernel::Add, false),
+                };
+                let count = self.graph.value(node.outputs[0]).shape.iter().product::<usize>();
+                let params = ElementwiseParams {
+                    count: count as u32,
+                    width: 0,
+                    k: 0,
+                    flags: u32::from(round_output),
+                    row_end: 0,
+                    table: 0,
+                    pad: [0; 2],
+                };
+                let (a, b) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
+                let grid = self.elements_grid(count);
+                self.launch(kernel, &params, &[a, b, out], grid)?;
+            }
+            Op::MoeCombine { k, shared } => {
+                let shape = &self.graph.value(node.outputs[0]).shape;
+                let count = shape[0] * shape[1];
+                let params = MoeParams {
+                    count: count as u32,
+                    width: shape[1] as u32,
+                    k: *k as u32,
+                    has_shared: u32::from(*shared),
+                };
+                let placeholder = &weights.placeholder;
+                let (shared_out, shared_gate) = if *shared {
+                    (self.buffer(inputs[3])?, self.buffer(inputs[4])?)
+                } else {
+                    (placeholder, placeholder)
+                };
+                let resources = [
+                    self.buffer(inputs[0])?,
+                    self.buffer(inputs[1])?,
+                    self.buffer(inputs[2])?,
+                    shared_out,
+                    shared_gate,
+                    out,
+                ];
+                let grid = self.elements_grid(count);
+                self.launch(Kernel::MoeCombine, &params, &resources, grid)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn attention_params(
+        &self,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        round: bool,
+    ) -> AttentionParams {
+        AttentionParams {
+            rows: rows as u32,
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            capacity: self.capacity as u32,
+            flags: u32::from(round),
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            pad: 0,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dense(
+        &mut self,
+        linear: &GpuLinear,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        rows: usize,
+        in_features: usize,
+        column: usize,
+        y_stride: usize,
+        round: bool,
+    ) -> Result<(), EngineError> {
+        let weights = self.bind.weights;
+        let bias = linear.bias.as_ref().unwrap_or(&weights.placeholder);
+        for segment in &linear.segments {
+            let params = LinearParams {
+                rows: rows as u32,
+                in_features: in_features as u32,
+                out_features: segment.range.len() as u32,
+                out_offset: (column + segment.range.start) as u32,
+                y_stride: y_stride as u32,
+                x_row_div: 1,
+                expert_begin: 0,
+                expert_end: 0,
+                flags: u32::from(linear.bias.is_some()) | if round { 2 } else { 0 },
+                tensor_scale: linear.tensor_scale,
+                bias_offset: segment.range.start as u32,
+                pad: 0,
+            };
+            let mut resources = vec![x, &segment.codes];
+            if linear.format != WeightFormat::Bf16 {
+                resources.push(&segment.scales);
+            }
+            resources.extend([bias, y]);
+            self.launch(
+                Kernel::Linear(linear.format),
+                &params,
+                &resources,
+                [segment.range.len() as u32, 1, 1],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Executable {
+    /// Plans and lowers `graph`: buffers, parameter blocks, bind groups, launches.
+    pub fn compile(gpu: &Gpu, graph: Graph, shape: StepShape, bind: &Bindings<'_>) -> Result<Executable, EngineError> {
+        let plan = plan(&graph);
+        let limit = gpu.caps.max_storage_binding;
+        let heads = graph
+            .nodes
+            .iter()
+            .find_map(|n| match n.op {
+                Op::Attention { heads, .. } => Some(heads),
+                _ => None,
+            })
+            .unwrap_or(1);
+        let scratch_bytes = (shape.rows * heads * shape.capacity * 4) as u64;
+        let largest = plan.buffers.iter().copied().max().unwrap_or(0).max(scratch_bytes);
+        if largest > limit {
+            return Err(EngineError::Unsupported(format!(
+                "a step of {} rows needs a {largest}-byte activation buffer, above the device's storage-binding limit of {limit} bytes; process fewer rows per step",
+                shape.rows
+            )));
+        }
+        let buffers: Vec<wgpu::Buffer> = plan
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| gpu.buffer(&format!("b{i}"), size))
+            .collect();
+        let scratch = gpu.buffer("attention scratch", scratch_bytes);
+        let mut lowering = Lowering {
+            gpu,
+            graph: &graph,
+            plan: &plan,
+            buffers: &buffers,
+            bind,
+            scratch,
+            capacity: shape.capacity,
+            dispatches: Vec::new(),
+        };
+        for node in &graph.nodes {
+            lowering.lower(node)?;
+        }
+        let dispatches = lowering.dispatches;
+        Ok(Executable {
+            graph,
+            plan,
+            shape,
+            buffers,
+            dispatches,
+        })
+    }
+
+    /// Kernel launches per step.
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    /// The buffer holding a value (inputs and activations).
+    fn value_buffer(&self, id: ValueId) -> &wgpu::Buffer {
+        &self.buffers[self.plan.value_buffer[id.0].expect("planned value")]
+    }
+
+    /// Writes a host input (`row_table`, ... `prefixes`) for the next run.
+    pub fn write_input(&self, gpu: &Gpu, name: &str, bytes: &[u8]) -> Result<(), EngineError> {
+        let id = self
+            .graph
+            .find(name)
+            .ok_or_else(|| EngineError::Input(format!("the step has no input {name}")))?;
+        let buffer = self.value_buffer(id);
+        if bytes.len() as u64 > buffer.size() {
+            return Err(EngineError::Input(format!(
+                "{name}: {} bytes for a {}-byte input",
+                bytes.len(),
+                buffer.size()
+            )));
+        }
+        gpu.queue.write_buffer(buffer, 0, bytes);
+        Ok(())
+    }
+
+    /// Records every launch into one pass and submits it.
+    pub fn run(&self, gpu: &Gpu) {
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("step"),
+                timestamp_writes: None,
+            });
+            for dispatch in &self.dispatches {
+                dispatch.record(&mut pass);
+            }
+        }
+        gpu.queue.submit([encoder.finish()]);
+    }
+
+    /// Reads a value back as f32 (its first `elements`).
+    pub fn read_f32(&self, gpu: &Gpu, id: ValueId) -> Result<Vec<f32>, EngineError> {
+        let n: usize = self.graph.value(id).shape.iter().product();
+        let mut values = gpu.read_f32(self.value_buffer(id))?;
+        values.truncate(n);
+        Ok(values)
+    }
+
+    /// Reads a value back as u32.
+    pub fn read_u32(&self, gpu: &Gpu, id: ValueId) -> Result<Vec<u32>, EngineError> {
+        let n: usize = self.graph.value(id).shape.iter().product();
+        let mut values = gpu.read_u32(self.value_buffer(id))?;
+        values.truncate(n);
+        Ok(values)
+    }
+}

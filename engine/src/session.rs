@@ -1,0 +1,285 @@
+//! A loaded model on the GPU ([`Engine`]) and the state of the lanes using it
+//! ([`Session`]): KV caches, voice prefixes and the compiled steps.
+//!
+//! A step processes any set of token rows, each naming its lane, position and source (a
+//! voice-prefix row, a text token or an audio token). Rows never influence each other except
+//! through their own lane's cache, so a prefill equals the same tokens fed one by one, and a
+//! guidance pair run as two lanes of one step equals two separate runs, bit for bit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use drama_graph::drama3::{self, ModelSpec, StepShape, row_source};
+
+use crate::checkpoint::{Checkpoint, LayerMlp};
+use crate::error::EngineError;
+use crate::exec::{Bindings, Executable};
+use crate::gpu::Gpu;
+use crate::reference::ops::rope_table;
+use crate::spec::{CheckpointNames, model_spec};
+use crate::weights::GpuWeights;
+
+/// A validated checkpoint with its backbone weights on the GPU.
+pub struct Engine {
+    /// The device.
+    pub gpu: Arc<Gpu>,
+    /// The checkpoint (weights stay memory-mapped for the CPU-side parts).
+    pub checkpoint: Checkpoint,
+    /// What the graph builder needs.
+    pub spec: ModelSpec,
+    /// Weights on the GPU.
+    pub weights: GpuWeights,
+}
+
+impl Engine {
+    /// Uploads the checkpoint's backbone to the device.
+    pub fn load(gpu: Arc<Gpu>, checkpoint: Checkpoint) -> Result<Engine, EngineError> {
+        let weights = GpuWeights::upload(&gpu, &checkpoint)?;
+        Ok(Engine {
+            spec: model_spec(&checkpoint),
+            gpu,
+            checkpoint,
+            weights,
+        })
+    }
+}
+
+/// Where one row of a step comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowSource {
+    /// Row `p` of the lane's voice prefix.
+    Prefix(usize),
+    /// A text token id.
+    Text(u32),
+    /// An audio token id (a code, audio_bos or audio_eos).
+    Audio(u32),
+}
+
+/// One token row of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    /// What is embedded.
+    pub source: RowSource,
+    /// Which lane (KV-cache slot).
+    pub lane: usize,
+    /// Position in the lane's sequence.
+    pub pos: usize,
+}
+
+/// What a step returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// Logits of every row, [rows, C + 2].
+    pub logits: Vec<f32>,
+    /// With tracing: every layer's residual stream after the layer, [rows, H] each.
+    pub hidden: Vec<Vec<f32>>,
+    /// With tracing: per MoE layer, the chosen ORIGINAL expert ids and weights, [rows, K].
+    pub routes: Vec<Option<(Vec<u32>, Vec<f32>)>>,
+}
+
+/// Lanes sharing one engine: caches, prefixes and compiled steps.
+pub struct Session<'e> {
+    engine: &'e Engine,
+    lanes: usize,
+    capacity: usize,
+    states: HashMap<String, wgpu::Buffer>,
+    rope_table: wgpu::Buffer,
+    prefixes: Vec<f32>,
+    steps: HashMap<(usize, bool), Executable>,
+}
+
+impl<'e> Session<'e> {
+    /// A session of `lanes` lanes with room for `capacity` positions each.
+    pub fn new(engine: &'e Engine, lanes: usize, capacity: usize) -> Result<Self, EngineError> {
+        let c = &engine.checkpoint.config;
+        if lanes == 0 || capacity == 0 {
+            return Err(EngineError::Input(
+                "a session needs at least one lane and one position".into(),
+            ));
+        }
+        if capacity > c.max_position_embeddings {
+            return Err(EngineError::Input(format!(
+                "capacity {capacity} exceeds max_position_embeddings {}",
+                c.max_position_embeddings
+            )));
+        }
+        let gpu = &engine.gpu;
+        let cache_bytes = (lanes * capacity * c.num_key_value_heads * c.head_dim * 4) as u64;
+        if cache_bytes > gpu.caps.max_storage_binding {
+            return Err(EngineError::Unsupported(format!(
+                "a KV cache of {lanes} lanes x {capacity} positions needs {cache_bytes} bytes per layer, above the device's storage-binding limit of {}",
+                gpu.caps.max_storage_binding
+            )));
+        }
+        let mut states = HashMap::new();
+        for i in 0..c.num_hidden_layers {
+            for which in ["k_cache", "v_cache"] {
+                let name = format!("layers.{i}.{which}");
+                let buffer = gpu.buffer(&name, cache_bytes);
+                states.insert(name, buffer);
+            }
+        }
+        let table = rope_table(capacity, c.head_dim, c.rope_theta);
+        let rope_table = gpu.buffer_with("rope table", bytemuck::cast_slice(&table));
+        let p = c.speech.voice_prefix_len;
+        let h = c.hidden_size;
+        let default_prefix =
+            crate::reference::weights::values(&engine.checkpoint, crate::checkpoint::names::DEFAULT_PREFIX);
+        let prefixes = (0..lanes)
+            .flat_map(|_| default_prefix.iter().map(|&v| v as f32))
+            .collect::<Vec<_>>();
+        debug_assert_eq!(prefixes.len(), lanes * p * h);
+        Ok(Session {
+            engine,
+            lanes,
+            capacity,
+            states,
+            rope_table,
+            prefixes,
+            steps: HashMap::new(),
+        })
+    }
+
+    /// Sets the voice prefix ([P, H] values) a lane's `Prefix` rows embed.
+    pub fn set_prefix(&mut self, lane: usize, prefix: &[f32]) -> Result<(), EngineError> {
+        let c = &self.engine.checkpoint.config;
+        let size = c.speech.voice_prefix_len * c.hidden_size;
+        if lane >= self.lanes || prefix.len() != size {
+            return Err(EngineError::Input(format!(
+                "prefix for lane {lane}: {} values, expected {size} for one of {} lanes",
+                prefix.len(),
+                self.lanes
+            )));
+        }
+        self.prefixes[lane * size..(lane + 1) * size].copy_from_slice(prefix);
+        Ok(())
+    }
+
+    /// Kernel launches of a step of `rows` rows (compiling it if needed).
+    pub fn dispatch_count(&mut self, rows: usize) -> Result<usize, EngineError> {
+        Ok(self.executable(rows, false)?.dispatch_count())
+    }
+
+    fn executable(&mut self, rows: usize, trace: bool) -> Result<&Executable, EngineError> {
+        if !self.steps.contains_key(&(rows, trace)) {
+            let c = &self.engine.checkpoint.config;
+            let shape = StepShape {
+                rows,
+                lanes: self.lanes,
+                capacity: self.capacity,
+                prefix_rows: self.lanes * c.speech.voice_prefix_len,
+                trace,
+            };
+            let graph = drama3::build(&self.engine.spec, &CheckpointNames, shape)?;
+            let bind = Bindings {
+                weights: &self.engine.weights,
+                states: &self.states,
+                rope_table: &self.rope_table,
+            };
+            let executable = Executable::compile(&self.engine.gpu, graph, shape, &bind)?;
+            self.steps.insert((rows, trace), executable);
+        }
+        Ok(&self.steps[&(rows, trace)])
+    }
+
+    /// Checks rows against the model and the session.
+    fn validate(&self, rows: &[Row]) -> Result<(), EngineError> {
+        let c = &self.engine.checkpoint.config;
+        if rows.is_empty() {
+            return Err(EngineError::Input("a step needs at least one row".into()));
+        }
+        for (i, row) in rows.iter().enumerate() {
+            let bad = |what: String| Err(EngineError::Input(format!("row {i}: {what}")));
+            if row.lane >= self.lanes {
+                return bad(format!("lane {} of {}", row.lane, self.lanes));
+            }
+            if row.pos >= self.capacity {
+                return bad(format!(
+                    "position {} beyond the session's capacity {}",
+                    row.pos, self.capacity
+                ));
+            }
+            match row.source {
+                RowSource::Prefix(p) if p >= c.speech.voice_prefix_len => return bad(format!("prefix row {p}")),
+                RowSource::Text(t) if t as usize >= c.text_vocab_size => {
+                    return bad(format!(
+                        "text token {t} outside the vocabulary of {}",
+                        c.text_vocab_size
+                    ));
+                }
+                RowSource::Audio(a) if a as usize >= c.speech.audio_vocab_size => {
+                    return bad(format!(
+                        "audio token {a} outside the audio vocabulary of {}",
+                        c.speech.audio_vocab_size
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step: embeds the rows, writes their keys/values into their lanes' caches at
+    /// their positions, and returns the logits of every row (and, with `trace`, every
+    /// layer's hidden states and router choices).
+    pub fn step(&mut self, rows: &[Row], trace: bool) -> Result<StepOutput, EngineError> {
+        self.validate(rows)?;
+        let c = self.engine.checkpoint.config.clone();
+        let p = c.speech.voice_prefix_len;
+        let mut table = Vec::with_capacity(rows.len());
+        let mut index = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (source, i) = match row.source {
+                RowSource::Prefix(r) => (row_source::PREFIX, (row.lane * p + r) as u32),
+                RowSource::Text(t) => (row_source::TEXT, t),
+                RowSource::Audio(a) => (row_source::AUDIO, a),
+            };
+            table.push(source);
+            index.push(i);
+        }
+        let lanes: Vec<u32> = rows.iter().map(|r| r.lane as u32).collect();
+        let positions: Vec<u32> = rows.iter().map(|r| r.pos as u32).collect();
+        let prefixes = self.prefixes.clone();
+        let gpu = self.engine.gpu.clone();
+        let moe_kept: Vec<Option<Vec<usize>>> = self
+            .engine
+            .checkpoint
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerMlp::Moe(m) => Some(m.kept_expert_ids.clone()),
+                LayerMlp::Dense => None,
+            })
+            .collect();
+        let exe = self.executable(rows.len(), trace)?;
+        exe.write_input(&gpu, "row_table", bytemuck::cast_slice(&table))?;
+        exe.write_input(&gpu, "row_index", bytemuck::cast_slice(&index))?;
+        exe.write_input(&gpu, "row_lane", bytemuck::cast_slice(&lanes))?;
+        exe.write_input(&gpu, "row_pos", bytemuck::cast_slice(&positions))?;
+        exe.write_input(&gpu, "prefixes", bytemuck::cast_slice(&prefixes))?;
+        exe.run(&gpu);
+        let find = |name: &str| {
+            exe.graph
+                .find(name)
+                .ok_or_else(|| EngineError::Unsupported(format!("the step graph has no value {name}")))
+        };
+        let logits = exe.read_f32(&gpu, find("logits")?)?;
+        let mut hidden = Vec::new();
+        let mut routes = Vec::new();
+        if trace {
+            for (i, kept) in moe_kept.iter().enumerate() {
+                hidden.push(exe.read_f32(&gpu, find(&format!("layers.{i}.hidden"))?)?);
+                routes.push(match kept {
+                    None => None,
+                    Some(kept) => {
+                        let local = exe.read_u32(&gpu, find(&format!("layers.{i}.router"))?)?;
+                        let weights = exe.read_f32(&gpu, find(&format!("layers.{i}.router.1"))?)?;
+                        let ids = local.iter().map(|&l| kept[l as usize] as u32).collect();
+                        Some((ids, weights))
+                    }
+                });
+            }
+        }
+        Ok(StepOutput { logits, hidden, routes })
+    }
+}

@@ -1,0 +1,332 @@
+//! Weights on the GPU, exactly as stored in the checkpoint (no conversion, no expansion),
+//! split along their outermost dimension so no binding exceeds the device's storage-binding
+//! limit. Only small per-segment staging copies are made on the host.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use drama_graph::ir::Projection;
+use drama_kernels::WeightFormat;
+
+use crate::checkpoint::linear::FP8_BLOCK;
+use crate::checkpoint::{Checkpoint, LayerMlp, LinearFormat, names};
+use crate::error::EngineError;
+use crate::gpu::Gpu;
+use crate::spec::weight_format;
+
+/// One piece of a split weight: output rows (dense) or local experts (routed) it covers.
+pub struct Segment {
+    /// Rows or experts covered.
+    pub range: Range<usize>,
+    /// Codes (BF16 pairs, NVFP4 nibbles, FP8 bytes).
+    pub codes: wgpu::Buffer,
+    /// NVFP4 block scales or FP8 tile scales (a placeholder for BF16).
+    pub scales: wgpu::Buffer,
+    /// Routed experts: one tensor scale per expert of the segment.
+    pub expert_scales: Option<wgpu::Buffer>,
+}
+
+/// A linear (dense, or all experts of one projection of a layer) on the GPU.
+pub struct GpuLinear {
+    /// Kernel format.
+    pub format: WeightFormat,
+    /// Output features (per expert).
+    pub out: usize,
+    /// Input features.
+    pub in_features: usize,
+    /// The pieces.
+    pub segments: Vec<Segment>,
+    /// BF16 bias.
+    pub bias: Option<wgpu::Buffer>,
+    /// NVFP4 tensor scale (1 otherwise); dense linears only.
+    pub tensor_scale: f32,
+}
+
+/// A BF16 table (embeddings) split by rows.
+pub struct GpuTable {
+    /// Row width.
+    pub width: usize,
+    /// Pieces: rows covered and their data.
+    pub segments: Vec<(Range<usize>, wgpu::Buffer)>,
+}
+
+/// Every backbone weight on the GPU.
+pub struct GpuWeights {
+    /// Dense linears and 2-D matrices used as linears, by weight name.
+    pub linears: HashMap<String, GpuLinear>,
+    /// Routed experts by (layer, projection).
+    pub experts: HashMap<(usize, Projection), GpuLinear>,
+    /// Embedding tables by tensor name.
+    pub tables: HashMap<String, GpuTable>,
+    /// Norm weights and other BF16 vectors by tensor name.
+    pub vectors: HashMap<String, wgpu::Buffer>,
+    /// Kept original expert ids per MoE layer (u32).
+    pub kept_ids: HashMap<usize, wgpu::Buffer>,
+    /// Selection bias per MoE layer (f32, as stored).
+    pub score_bias: HashMap<usize, wgpu::Buffer>,
+    /// A 4-byte placeholder for unused bindings.
+    pub placeholder: wgpu::Buffer,
+    /// Bytes uploaded.
+    pub bytes: u64,
+}
+
+struct Uploader<'a> {
+    gpu: &'a Gpu,
+    checkpoint: &'a Checkpoint,
+    limit: usize,
+    bytes: u64,
+}
+
+impl Uploader<'_> {
+    fn raw(&self, name: &str) -> &[u8] {
+        let entry = self.checkpoint.weights.entry(name).expect("validated tensor");
+        self.checkpoint.weights.bytes(entry)
+    }
+
+    fn buffer(&mut self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        self.bytes += bytes.len() as u64;
+        self.gpu.buffer_with(label, bytes)
+    }
+
+    /// Rows per segment for `row_bytes` per row, a multiple of `align`, within the limit
+    /// and the 65535-workgroup dispatch limit.
+    fn rows_per_segment(&self, what: &str, row_bytes: usize, align: usize) -> Result<usize, EngineError> {
+        let fit = (self.limit / row_bytes.max(1)).min(65535);
+        let rows = fit / align * align;
+        if rows == 0 {
+            return Err(EngineError::Unsupported(format!(
+                "{what}: one row of {row_bytes} bytes does not fit the device's storage-binding limit of {} bytes",
+                self.limit
+            )));
+        }
+        Ok(rows)
+    }
+
+    /// A dense linear (module) or a 2-D BF16 matrix used as a bias-free linear.
+    fn linear(&mut self, weight: &str) -> Result<GpuLinear, EngineError> {
+        let (format, out, in_, has_bias, tensor_scale) = match self.checkpoint.linear(weight) {
+            Some(info) => (
+                info.format,
+                info.shape[0],
+                info.shape[1],
+                info.has_bias,
+                info.tensor_scale,
+            ),
+            None => {
+                let entry = self.checkpoint.weights.entry(weight).expect("validated tensor");
+                (LinearFormat::Bf16, entry.shape[0], entry.shape[1], false, 1.0)
+            }
+        };
+        check_width(weight, format, in_)?;
+        let codes_name = codes_tensor(weight, format, self.checkpoint.linear(weight).is_some());
+        let row_bytes = code_bytes_per_row(format, in_);
+        let align = if format == LinearFormat::Fp8Block { FP8_BLOCK } else { 1 };
+        let per = self.rows_per_segment(weight, row_bytes, align)?;
+        let mut segments = Vec::new();
+        for start in (0..out).step_by(per) {
+            let range = start..(start + per).min(out);
+            let codes = self.raw(&codes_name)[range.start * row_bytes..range.end * row_bytes].to_vec();
+            let scales = self.scales(weight, format, out, in_, range.clone());
+            segments.push(Segment {
+                codes: self.buffer(weight, &codes),
+                scales: self.buffer(weight, &scales),
+                expert_scales: None,
+                range,
+            });
+        }
+        let bias = if has_bias {
+            let bytes = self.raw(&format!("{weight}.bias")).to_vec();
+            Some(self.buffer(weight, &bytes))
+        } else {
+            None
+        };
+        Ok(GpuLinear {
+            format: weight_format(format),
+            out,
+            in_features: in_,
+            segments,
+            bias,
+            tensor_scale,
+        })
+    }
+
+    /// Scale bytes of rows `range` of a linear.
+    fn scales(&self, module: &str, format: LinearFormat, out: usize, in_: usize, range: Range<usize>) -> Vec<u8> {
+        match format {
+            LinearFormat::Bf16 => vec![0; 4],
+            LinearFormat::Nvfp4ModelOpt | LinearFormat::Nvfp4CompressedTensors => {
+                let per_row = in_ / 16;
+                self.raw(&format!("{module}.weight_scale"))[range.start * per_row..range.end * per_row].to_vec()
+            }
+            LinearFormat::Fp8Block => {
+                let per_tile_row = in_.div_ceil(FP8_BLOCK) * 4;
+                let tiles = range.start / FP8_BLOCK..range.end.div_ceil(FP8_BLOCK).min(out.div_ceil(FP8_BLOCK));
+                self.raw(&format!("{module}.weight_scale_inv"))[tiles.start * per_tile_row..tiles.end * per_tile_row]
+                    .to_vec()
+            }
+        }
+    }
+
+    /// All kept experts of one projection of a layer, concatenated expert after expert.
+    fn experts(&mut self, layer: usize, projection: Projection, kept: &[usize]) -> Result<GpuLinear, EngineError> {
+        let template = names::EXPERT[projection as usize];
+        let modules: Vec<String> = kept.iter().map(|&e| names::expert(template, layer, e)).collect();
+        let info = self.checkpoint.linear(&modules[0]).expect("validated expert");
+        let (format, out, in_) = (info.format, info.shape[0], info.shape[1]);
+        for module in &modules {
+            let other = self.checkpoint.linear(module).expect("validated expert").format;
+            if other != format {
+                return Err(EngineError::Unsupported(format!(
+                    "layer {layer}: experts mix formats ({} is {}, {} is {})",
+                    modules[0],
+                    format.describe(),
+                    module,
+                    other.describe()
+                )));
+            }
+        }
+        check_width(&modules[0], format, in_)?;
+        let expert_bytes = code_bytes_per_row(format, in_) * out;
+        let per = self.rows_per_segment(&modules[0], expert_bytes, 1)?;
+        let codes_name = |m: &str| codes_tensor(m, format, true);
+        let mut segments = Vec::new();
+        for start in (0..kept.len()).step_by(per) {
+            let range = start..(start + per).min(kept.len());
+            let mut codes = Vec::with_capacity(expert_bytes * range.len());
+            let mut scales = Vec::new();
+            let mut tensor_scales = Vec::new();
+            for module in &modules[range.clone()] {
+                codes.extend_from_slice(self.raw(&codes_name(module)));
+                scales.extend(self.scales(module, format, out, in_, 0..out));
+                tensor_scales.push(self.checkpoint.linear(module).expect("validated").tensor_scale);
+            }
+            if format == LinearFormat::Bf16 {
+                scales = vec![0; 4];
+            }
+            let expert_scales = self.buffer(&modules[range.start], bytemuck::cast_slice(&tensor_scales));
+            segments.push(Segment {
+                codes: self.buffer(&modules[range.start], &codes),
+                scales: self.buffer(&modules[range.start], &scales),
+                expert_scales: Some(expert_scales),
+                range,
+            });
+        }
+        Ok(GpuLinear {
+            format: weight_format(format),
+            out,
+            in_features: in_,
+            segments,
+            bias: None,
+            tensor_scale: 1.0,
+        })
+    }
+
+    fn table(&mut self, name: &str) -> Result<GpuTable, EngineError> {
+        let entry = self.checkpoint.weights.entry(name).expect("validated tensor");
+        let (rows, width) = (entry.shape[0], entry.shape[1]);
+        // Segments start on even elements so BF16 pairs never straddle two buffers.
+        let per = self.rows_per_segment(name, width * 2, if width % 2 == 0 { 1 } else { 2 })?;
+        let mut segments = Vec::new();
+        for start in (0..rows).step_by(per) {
+            let range = start..(start + per).min(rows);
+            let bytes = self.raw(name)[range.start * width * 2..range.end * width * 2].to_vec();
+            segments.push((range, self.buffer(name, &bytes)));
+        }
+        Ok(GpuTable { width, segments })
+    }
+}
+
+fn codes_tensor(module: &str, format: LinearFormat, is_module: bool) -> String {
+    match (is_module, format) {
+        (false, _) => module.to_string(),
+        (true, LinearFormat::Nvfp4CompressedTensors) => format!("{module}.weight_packed"),
+        (true, _) => format!("{module}.weight"),
+    }
+}
+
+fn code_bytes_per_row(format: LinearFormat, in_: usize) -> usize {
+    match format {
+        LinearFormat::Bf16 => in_ * 2,
+        LinearFormat::Nvfp4ModelOpt | LinearFormat::Nvfp4CompressedTensors => in_ / 2,
+        LinearFormat::Fp8Block => in_,
+    }
+}
+
+/// The linear kernels decode whole units: 2 BF16 weights, 16 NVFP4 or FP8 weights.
+fn check_width(module: &str, format: LinearFormat, in_: usize) -> Result<(), EngineError> {
+    let unit = if format == LinearFormat::Bf16 { 2 } else { 16 };
+    if in_ % unit != 0 {
+        return Err(EngineError::Unsupported(format!(
+            "{module}: input width {in_} is not a multiple of {unit}, which the {} kernel needs",
+            format.describe()
+        )));
+    }
+    Ok(())
+}
+
+impl GpuWeights {
+    /// Uploads every backbone weight of a validated checkpoint.
+    pub fn upload(gpu: &Gpu, checkpoint: &Checkpoint) -> Result<GpuWeights, EngineError> {
+        let limit = usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX);
+        let mut up = Uploader {
+            gpu,
+            checkpoint,
+            limit,
+            bytes: 0,
+        };
+        let mut linears = HashMap::new();
+        let mut experts = HashMap::new();
+        let mut vectors = HashMap::new();
+        let mut kept_ids = HashMap::new();
+        let mut score_bias = HashMap::new();
+        let mut matrices = vec![names::AUDIO_HEAD.to_string()];
+        let mut norms = vec![names::FINAL_NORM.to_string()];
+        for (i, mlp) in checkpoint.layers.iter().enumerate() {
+            norms.push(names::layer(names::INPUT_NORM, i));
+            norms.push(names::layer(names::POST_ATTN_NORM, i));
+            if let LayerMlp::Moe(moe) = mlp {
+                matrices.push(names::layer(names::ROUTER, i));
+                if checkpoint.config.shared_expert_intermediate_size > 0 {
+                    matrices.push(names::layer(names::SHARED_EXPERT_GATE, i));
+                }
+                for projection in [Projection::Gate, Projection::Up, Projection::Down] {
+                    experts.insert((i, projection), up.experts(i, projection, &moe.kept_expert_ids)?);
+                }
+                let ids: Vec<u32> = moe.kept_expert_ids.iter().map(|&e| e as u32).collect();
+                kept_ids.insert(i, up.buffer("kept_expert_ids", bytemuck::cast_slice(&ids)));
+                if moe.has_score_bias {
+                    let bytes = up.raw(&names::layer(names::ROUTER_BIAS, i)).to_vec();
+                    score_bias.insert(i, up.buffer("score_bias", &bytes));
+                }
+            }
+        }
+        let dense_modules: Vec<String> = checkpoint
+            .linears
+            .keys()
+            .filter(|m| m.starts_with("model.") && !m.contains(".mlp.experts."))
+            .cloned()
+            .collect();
+        for weight in dense_modules.iter().chain(&matrices) {
+            linears.insert(weight.clone(), up.linear(weight)?);
+        }
+        for norm in norms {
+            let bytes = up.raw(&norm).to_vec();
+            vectors.insert(norm.clone(), up.buffer(&norm, &bytes));
+        }
+        let mut tables = HashMap::new();
+        for table in [names::EMBED_TOKENS, names::AUDIO_EMBED] {
+            tables.insert(table.to_string(), up.table(table)?);
+        }
+        let placeholder = gpu.buffer("placeholder", 4);
+        Ok(GpuWeights {
+            linears,
+            experts,
+            tables,
+            vectors,
+            kept_ids,
+            score_bias,
+            placeholder,
+            bytes: up.bytes,
+        })
+    }
+}
