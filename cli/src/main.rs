@@ -3,6 +3,9 @@
 mod checkpoint_arg;
 mod fetch;
 mod fixture;
+mod gpu_arg;
+mod graph;
+mod trace;
 mod verify;
 
 use std::process::ExitCode;
@@ -25,6 +28,10 @@ enum Command {
     Fetch(fetch::FetchArgs),
     /// Generate a deterministic checkpoint in the contract layout (random weights).
     Fixture(fixture::FixtureArgs),
+    /// Print the compiled step graph: ops, shapes, dtypes, formats, kernels, buffers.
+    Graph(graph::GraphArgs),
+    /// Teacher-forced run: logits, hidden states and router choices as F32 tensors.
+    Trace(trace::TraceArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +40,8 @@ fn main() -> ExitCode {
         Command::Verify(args) => verify::run(args),
         Command::Fetch(args) => fetch::run(args),
         Command::Fixture(args) => fixture::run(args),
+        Command::Graph(args) => graph::run(args),
+        Command::Trace(args) => trace::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,13 +3,23 @@
 //! - [`checkpoint`]: reading, verifying and validating checkpoints (no GPU).
 //! - [`numerics`]: the contract's scalar formats (BF16, E2M1, E4M3).
 //! - [`gpu`]: the wgpu device, capabilities, buffers and pipelines.
+//! - [`spec`]: a checkpoint described to the graph builder.
+//! - [`weights`]: weights on the GPU, as stored, split to the binding limit.
+//! - [`exec`]: a graph lowered to kernel launches; one pass and one submit per step.
+//! - [`session`]: the loaded engine and its lanes (KV caches, prefixes, steps).
+//! - [`guidance`], [`trace`], [`voice`]: guidance mixing, teacher-forced traces, voice files.
+//! - [`reference`]: the FP64 CPU reference of every op and of the whole backbone.
+//! - [`error`]: the engine's error type.
 
 pub mod checkpoint;
 pub mod error;
 pub mod exec;
 pub mod gpu;
+pub mod guidance;
 pub mod numerics;
 pub mod reference;
 pub mod session;
 pub mod spec;
+pub mod trace;
+pub mod voice;
 pub mod weights;

@@ -243,7 +243,11 @@ fn split_weights_equal_unsplit() {
     let plain_engine = Engine::load(shared_gpu(), open(&f)).unwrap();
     let count = |e: &Engine| -> usize {
         let w = &e.weights;
-        w.linears.values().chain(w.experts.values()).map(|l| l.segments.len()).sum::<usize>()
+        w.linears
+            .values()
+            .chain(w.experts.values())
+            .map(|l| l.segments.len())
+            .sum::<usize>()
             + w.tables.values().map(|t| t.segments.len()).sum::<usize>()
     };
     let (segments, plain_segments) = (count(&split_engine), count(&plain_engine));

@@ -19,7 +19,7 @@ pub struct Node {
 }
 
 /// A static op graph for one step shape.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Graph {
     /// Every value.
     pub values: Vec<Value>,
@@ -57,16 +57,6 @@ impl Graph {
 #[derive(Debug, Default)]
 pub struct GraphBuilder {
     graph: Graph,
-}
-
-impl Default for Graph {
-    fn default() -> Self {
-        Graph {
-            values: Vec::new(),
-            nodes: Vec::new(),
-            outputs: Vec::new(),
-        }
-    }
 }
 
 impl GraphBuilder {

@@ -66,12 +66,13 @@ pub fn plan(graph: &Graph) -> MemoryPlan {
         for value in node.inputs.iter().chain(&node.outputs) {
             let dead = last_use[value.0].is_none_or(|last| last <= index);
             let kept = graph.outputs.contains(value) || graph.value(*value).kind != ValueKind::Activation;
-            if dead && !kept {
-                if let Some(b) = value_buffer[value.0] {
-                    if !free.contains(&b) && !live_elsewhere(graph, &value_buffer, &last_use, b, index) {
-                        free.push(b);
-                    }
-                }
+            if dead
+                && !kept
+                && let Some(b) = value_buffer[value.0]
+                && !free.contains(&b)
+                && !live_elsewhere(graph, &value_buffer, &last_use, b, index)
+            {
+                free.push(b);
             }
         }
     }

@@ -6,4 +6,4 @@ mod model;
 pub mod ops;
 pub mod weights;
 
-pub use model::{ReferenceModel, ReferenceTrace};
+pub use model::{ReferenceModel, ReferenceTrace, TokenRoute};

@@ -44,6 +44,9 @@ pub struct ReferenceModel {
     audio_head: Matrix,
 }
 
+/// The (original id, weight) pairs chosen for one token, in ascending id order.
+pub type TokenRoute = Vec<(usize, f64)>;
+
 /// What a teacher-forced forward produces.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReferenceTrace {
@@ -52,7 +55,7 @@ pub struct ReferenceTrace {
     /// Residual stream after each layer, [S, H] each.
     pub hidden: Vec<Vec<f64>>,
     /// For MoE layers: per position, the chosen (original id, weight) pairs in ascending id order.
-    pub routes: Vec<Option<Vec<Vec<(usize, f64)>>>>,
+    pub routes: Vec<Option<Vec<TokenRoute>>>,
     /// Logits at every position, [S, C + 2].
     pub logits: Vec<f64>,
 }
@@ -229,7 +232,7 @@ impl ReferenceModel {
         ops::linear(&act, rows, &triple[2], rounding, true)
     }
 
-    fn mlp(&self, mlp: &Mlp, x: &[f64], rows: usize, rounding: Rounding) -> (Vec<f64>, Option<Vec<Vec<(usize, f64)>>>) {
+    fn mlp(&self, mlp: &Mlp, x: &[f64], rows: usize, rounding: Rounding) -> (Vec<f64>, Option<Vec<TokenRoute>>) {
         let c = &self.config;
         let h = c.hidden_size;
         match mlp {

@@ -1,0 +1,31 @@
+//! The `--backend` argument: which graphics API to open, never a silent fallback.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use drama_engine::gpu::{BackendChoice, Gpu, GpuOptions};
+
+/// GPU selection.
+#[derive(Args)]
+pub struct GpuArg {
+    /// Graphics API: auto (Metal on macOS, DX12 on Windows, Vulkan elsewhere), metal, vulkan, dx12 or gl.
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    backend: BackendChoice,
+}
+
+fn parse_backend(text: &str) -> Result<BackendChoice, String> {
+    BackendChoice::parse(text).ok_or_else(|| format!("unknown backend {text:?} (auto, metal, vulkan, dx12, gl)"))
+}
+
+impl GpuArg {
+    /// Opens the device.
+    pub fn open(&self) -> Result<Arc<Gpu>> {
+        let gpu = Gpu::new(&GpuOptions {
+            backend: self.backend,
+            ..Default::default()
+        })
+        .context("opening the GPU")?;
+        Ok(Arc::new(gpu))
+    }
+}

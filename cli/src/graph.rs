@@ -1,0 +1,70 @@
+//! `drama graph`: the compiled step graph of a checkpoint, as text, JSON or DOT.
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+use drama_engine::spec::{CheckpointNames, model_spec};
+use drama_graph::drama3::{StepShape, build};
+use drama_graph::dump::dump;
+use drama_graph::plan::plan;
+
+use crate::checkpoint_arg::CheckpointArg;
+
+/// Dump formats.
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Dot,
+}
+
+/// Arguments of `drama graph`.
+#[derive(Args)]
+pub struct GraphArgs {
+    #[command(flatten)]
+    checkpoint: CheckpointArg,
+    /// Lanes decoded together (one token row each).
+    #[arg(long, default_value_t = 1)]
+    lanes: usize,
+    /// Positions per lane the KV caches hold (default: max_position_embeddings).
+    #[arg(long)]
+    capacity: Option<usize>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    format: Format,
+}
+
+/// Runs `drama graph`.
+pub fn run(args: GraphArgs) -> Result<()> {
+    anyhow::ensure!(args.lanes >= 1, "--lanes must be at least 1");
+    let checkpoint = args.checkpoint.open()?;
+    let c = &checkpoint.config;
+    let shape = StepShape {
+        rows: args.lanes,
+        lanes: args.lanes,
+        capacity: args.capacity.unwrap_or(c.max_position_embeddings),
+        prefix_rows: args.lanes * c.speech.voice_prefix_len,
+        trace: false,
+    };
+    let graph = build(&model_spec(&checkpoint), &CheckpointNames, shape)?;
+    let planned = plan(&graph);
+    let dumped = dump(&graph, &planned);
+    match args.format {
+        Format::Json => println!("{}", dumped.json()),
+        Format::Dot => print!("{}", dumped.dot()),
+        Format::Text => {
+            println!(
+                "decode step: {} lane(s), KV capacity {} positions, {}",
+                args.lanes, shape.capacity, checkpoint.provenance
+            );
+            print!("{}", dumped.text());
+            println!("weights by format:");
+            for (kind, totals) in checkpoint.report().totals {
+                println!(
+                    "  {kind:<34} {:>14} parameters {:>14} bytes",
+                    totals.parameters, totals.bytes
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! `drama trace`: a teacher-forced run written as F32 tensors.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use drama_engine::session::Engine;
+use drama_engine::trace::{LaneMode, TraceRequest, trace};
+use drama_engine::voice::read_voice_file;
+
+use crate::checkpoint_arg::CheckpointArg;
+use crate::gpu_arg::GpuArg;
+
+/// Guidance lane modes.
+#[derive(Clone, Copy, ValueEnum)]
+enum Lanes {
+    Paired,
+    Separate,
+}
+
+/// Arguments of `drama trace`.
+#[derive(Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    checkpoint: CheckpointArg,
+    #[command(flatten)]
+    gpu: GpuArg,
+    /// Text token ids, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    text_ids: Vec<u32>,
+    /// Audio codes after audio_bos, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    codes: Vec<u32>,
+    /// Voice file (`.safetensors` from `drama voice`); default: the checkpoint's default prefix.
+    #[arg(long)]
+    voice: Option<PathBuf>,
+    /// Guidance scale; 1 traces the cond lane alone.
+    #[arg(long, default_value_t = 1.0)]
+    gamma: f32,
+    /// Run the guidance lanes in one batched forward (paired) or two (separate).
+    #[arg(long, value_enum, default_value = "paired")]
+    lanes: Lanes,
+    /// Output file.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Runs `drama trace`.
+pub fn run(args: TraceArgs) -> Result<()> {
+    let checkpoint = args.checkpoint.open()?;
+    let prefix = match &args.voice {
+        Some(path) => {
+            let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            Some(read_voice_file(&bytes, &checkpoint)?)
+        }
+        None => None,
+    };
+    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
+    let request = TraceRequest {
+        text: &args.text_ids,
+        codes: &args.codes,
+        prefix: prefix.as_deref(),
+        gamma: args.gamma,
+        lanes: match args.lanes {
+            Lanes::Paired => LaneMode::Paired,
+            Lanes::Separate => LaneMode::Separate,
+        },
+    };
+    let traced = trace(&engine, &request)?;
+    std::fs::write(&args.out, traced.to_safetensors()?).with_context(|| format!("writing {}", args.out.display()))?;
+    println!("wrote {} tensors to {}", traced.tensors.len(), args.out.display());
+    Ok(())
+}

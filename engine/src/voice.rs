@@ -1,0 +1,80 @@
+//! Voice files: a voice prefix saved for reuse (contract section 7), tied to one checkpoint.
+
+use std::collections::HashMap;
+
+use safetensors::Dtype;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::EngineError;
+use crate::numerics::bf16_to_f32;
+
+/// The `format` metadata value of a voice file.
+pub const VOICE_FORMAT: &str = "drama-voice";
+/// The tensor holding the prefix.
+pub const PREFIX_TENSOR: &str = "prefix";
+
+/// Reads a voice file and checks it belongs to `checkpoint`; returns the [P, H] prefix.
+pub fn read_voice_file(bytes: &[u8], checkpoint: &Checkpoint) -> Result<Vec<f32>, EngineError> {
+    let bad = |what: String| EngineError::Input(format!("voice file: {what}"));
+    let (_, metadata) =
+        safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("not a safetensors file ({e})")))?;
+    let info = metadata.metadata().clone().unwrap_or_default();
+    if info.get("format").map(String::as_str) != Some(VOICE_FORMAT) {
+        return Err(bad(format!("metadata `format` must be \"{VOICE_FORMAT}\"")));
+    }
+    match info.get("checkpoint") {
+        Some(digest) if *digest == checkpoint.manifest_digest => {}
+        Some(digest) => {
+            return Err(bad(format!(
+                "made for checkpoint {digest}, not this one ({}); make it again with `drama voice`",
+                checkpoint.manifest_digest
+            )));
+        }
+        None => return Err(bad("metadata lacks `checkpoint`".into())),
+    }
+    let tensors = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+    let prefix = tensors
+        .tensor(PREFIX_TENSOR)
+        .map_err(|_| bad(format!("no tensor `{PREFIX_TENSOR}`")))?;
+    let c = &checkpoint.config;
+    let want = [c.speech.voice_prefix_len, c.hidden_size];
+    if prefix.shape() != want {
+        return Err(bad(format!(
+            "prefix shape {:?}, this checkpoint needs {:?}",
+            prefix.shape(),
+            want
+        )));
+    }
+    let values: Vec<f32> = match prefix.dtype() {
+        Dtype::BF16 => prefix
+            .data()
+            .chunks_exact(2)
+            .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        Dtype::F32 => prefix
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        other => return Err(bad(format!("prefix dtype {other:?}, expected BF16 or F32"))),
+    };
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        return Err(bad(format!("prefix element {i} is not finite")));
+    }
+    Ok(values)
+}
+
+/// Serializes a [P, H] prefix as an F32 voice file for `checkpoint`.
+pub fn voice_file_bytes(prefix: &[f32], checkpoint: &Checkpoint) -> Result<Vec<u8>, EngineError> {
+    let c = &checkpoint.config;
+    let shape = vec![c.speech.voice_prefix_len, c.hidden_size];
+    let data: Vec<u8> = bytemuck::cast_slice(prefix).to_vec();
+    let view = safetensors::tensor::TensorView::new(Dtype::F32, shape, &data)
+        .map_err(|e| EngineError::Input(format!("voice prefix: {e}")))?;
+    let metadata = HashMap::from([
+        ("format".to_string(), VOICE_FORMAT.to_string()),
+        ("checkpoint".to_string(), checkpoint.manifest_digest.clone()),
+    ]);
+    safetensors::serialize([(PREFIX_TENSOR, view)], Some(metadata))
+        .map_err(|e| EngineError::Input(format!("voice file: {e}")))
+}

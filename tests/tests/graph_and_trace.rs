@@ -1,0 +1,115 @@
+//! `drama graph` and `drama trace` through the real binary on a generated checkpoint.
+
+use std::path::Path;
+
+use drama_tests::drama_text;
+
+fn tensors(path: &Path) -> std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(name, info)| {
+            let offsets = info["data_offsets"].as_array().unwrap();
+            let (a, b) = (
+                offsets[0].as_u64().unwrap() as usize,
+                offsets[1].as_u64().unwrap() as usize,
+            );
+            let shape = info["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            (
+                name.clone(),
+                (
+                    info["dtype"].as_str().unwrap().to_string(),
+                    shape,
+                    bytes[8 + n + a..8 + n + b].to_vec(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn graph_dumps_text_json_and_dot() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", 3, &ckpt).unwrap();
+    let c = ckpt.to_str().unwrap();
+    let (code, text, err) = drama_text(&["graph", "--checkpoint", c, "--lanes", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        text.contains("layers.1.router")
+            && text.contains("Gathered(Nvfp4)")
+            && text.contains("kernel launches per step"),
+        "{text}"
+    );
+    let (code, json, _) = drama_text(&["graph", "--checkpoint", c, "--format", "json"]);
+    assert_eq!(code, Some(0));
+    let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(parsed["nodes"][0]["op"], "embed");
+    let (code, dot, _) = drama_text(&["graph", "--checkpoint", c, "--format", "dot"]);
+    assert_eq!(code, Some(0));
+    assert!(dot.starts_with("digraph drama {") && dot.contains("->"));
+    let (code, _, err) = drama_text(&["graph", "--checkpoint", c, "--lanes", "0"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--lanes"), "{err}");
+}
+
+#[test]
+fn trace_paired_equals_separate_and_refuses_bad_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", 4, &ckpt).unwrap();
+    let c = ckpt.to_str().unwrap();
+    let paired = dir.path().join("paired.safetensors");
+    let separate = dir.path().join("separate.safetensors");
+    for (lanes, out) in [("paired", &paired), ("separate", &separate)] {
+        let (code, _, err) = drama_text(&[
+            "trace",
+            "--checkpoint",
+            c,
+            "--text-ids",
+            "5,17,42",
+            "--codes",
+            "12,7,30",
+            "--gamma",
+            "1.5",
+            "--lanes",
+            lanes,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(0), "{lanes}: {err}");
+    }
+    let (a, b) = (tensors(&paired), tensors(&separate));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    for (name, tensor) in &a {
+        assert_eq!(tensor, &b[name], "{name} differs between paired and separate");
+    }
+    // T = 1 + codes rows of C + 2 logits; hidden states for all S = P + text + T positions.
+    assert_eq!(a["logits.mixed"].1, vec![4, 66]);
+    assert_eq!(a["layers.2.hidden"].1, vec![4 + 3 + 4, 64]);
+    assert_eq!(a["layers.1.router.ids"].0, "I32");
+    assert!(!a.contains_key("layers.0.router.ids"), "layer 0 is dense");
+    let (code, _, err) = drama_text(&[
+        "trace",
+        "--checkpoint",
+        c,
+        "--text-ids",
+        "5",
+        "--codes",
+        "64",
+        "--out",
+        dir.path().join("x").to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("code 64"), "{err}");
+}
