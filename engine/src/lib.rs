@@ -7,11 +7,13 @@
 //! - [`weights`]: weights on the GPU, as stored, split to the binding limit.
 //! - [`exec`]: a graph lowered to kernel launches; one pass and one submit per step.
 //! - [`session`]: the loaded engine and its lanes (KV caches, prefixes, steps).
+//! - [`codec`]: the streaming codec decoder (codes to PCM).
 //! - [`guidance`], [`trace`], [`voice`]: guidance mixing, teacher-forced traces, voice files.
 //! - [`reference`]: the FP64 CPU reference of every op and of the whole backbone.
 //! - [`error`]: the engine's error type.
 
 pub mod checkpoint;
+pub mod codec;
 pub mod error;
 pub mod exec;
 pub mod gpu;

@@ -11,7 +11,7 @@
 
 mod params;
 
-pub use params::{AttentionParams, ElementwiseParams, LinearParams, MoeParams, NormParams, RouterParams};
+pub use params::{AttentionParams, CodecParams, ElementwiseParams, LinearParams, MoeParams, NormParams, RouterParams};
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
 
@@ -41,11 +41,13 @@ pub enum Module {
     Elementwise,
     /// `moe.wgsl`.
     Moe,
+    /// `codec.wgsl`: causal convolutions, snake, tanh, stream history.
+    Codec,
 }
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 8] = [
+    pub const ALL: [Module; 9] = [
         Module::Linear(WeightFormat::Bf16),
         Module::Linear(WeightFormat::Nvfp4),
         Module::Linear(WeightFormat::Fp8Block),
@@ -54,6 +56,7 @@ impl Module {
         Module::Router,
         Module::Elementwise,
         Module::Moe,
+        Module::Codec,
     ];
 
     /// The assembled WGSL source.
@@ -74,6 +77,7 @@ impl Module {
             Module::Router => include_str!("wgsl/router.wgsl"),
             Module::Elementwise => include_str!("wgsl/elementwise.wgsl"),
             Module::Moe => include_str!("wgsl/moe.wgsl"),
+            Module::Codec => include_str!("wgsl/codec.wgsl"),
         };
         format!("{COMMON}\n{family}")
     }
@@ -114,6 +118,18 @@ pub enum Kernel {
     EmbedBf16,
     /// Rows of an F32 table (voice prefixes).
     EmbedF32,
+    /// Causal dilated convolution.
+    Conv1d,
+    /// Transposed convolution (upsampling).
+    ConvTranspose,
+    /// Snake activation.
+    Snake,
+    /// tanh to PCM.
+    TanhOut,
+    /// A stream history after a chunk.
+    ShiftHistory,
+    /// Plain copy.
+    Copy,
 }
 
 impl Kernel {
@@ -133,6 +149,12 @@ impl Kernel {
             Kernel::MoeCombine,
             Kernel::EmbedBf16,
             Kernel::EmbedF32,
+            Kernel::Conv1d,
+            Kernel::ConvTranspose,
+            Kernel::Snake,
+            Kernel::TanhOut,
+            Kernel::ShiftHistory,
+            Kernel::Copy,
         ]);
         all
     }
@@ -146,6 +168,12 @@ impl Kernel {
             Kernel::Route => Module::Router,
             Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 => Module::Elementwise,
             Kernel::MoeCombine => Module::Moe,
+            Kernel::Conv1d
+            | Kernel::ConvTranspose
+            | Kernel::Snake
+            | Kernel::TanhOut
+            | Kernel::ShiftHistory
+            | Kernel::Copy => Module::Codec,
         }
     }
 
@@ -164,6 +192,12 @@ impl Kernel {
             Kernel::MoeCombine => "moe_combine",
             Kernel::EmbedBf16 => "embed_bf16",
             Kernel::EmbedF32 => "embed_f32",
+            Kernel::Conv1d => "conv1d",
+            Kernel::ConvTranspose => "conv_transpose",
+            Kernel::Snake => "snake",
+            Kernel::TanhOut => "tanh_out",
+            Kernel::ShiftHistory => "shift_history",
+            Kernel::Copy => "copy",
         }
     }
 
@@ -195,6 +229,14 @@ impl Kernel {
             Kernel::EmbedBf16 => &[0, 5, 6, 7, 8],
             // params, a, row_table, row_index, out
             Kernel::EmbedF32 => &[0, 1, 6, 7, 8],
+            // params, x, hist, w, bias, y
+            Kernel::Conv1d | Kernel::ConvTranspose => &[0, 1, 2, 3, 4, 5],
+            // params, x, alpha, y
+            Kernel::Snake => &[0, 1, 3, 5],
+            // params, x, y
+            Kernel::TanhOut | Kernel::Copy => &[0, 1, 5],
+            // params, x, hist, y
+            Kernel::ShiftHistory => &[0, 1, 2, 5],
         }
     }
 

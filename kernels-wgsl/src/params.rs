@@ -127,3 +127,25 @@ pub struct MoeParams {
     /// 1: add the gated shared expert.
     pub has_shared: u32,
 }
+
+/// `codec.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct CodecParams {
+    /// Input frames in this chunk.
+    pub frames: u32,
+    /// Input channels.
+    pub in_ch: u32,
+    /// Output channels (channels of the element-wise kernels).
+    pub out_ch: u32,
+    /// conv1d: kernel size; conv_transpose: upsampling rate.
+    pub kernel: u32,
+    /// conv1d: dilation.
+    pub dilation: u32,
+    /// Frames held in the history binding.
+    pub history: u32,
+    /// 1: add bias; 2: round output to BF16.
+    pub flags: u32,
+    /// Output elements.
+    pub count: u32,
+}

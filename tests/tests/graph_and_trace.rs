@@ -99,6 +99,8 @@ fn trace_paired_equals_separate_and_refuses_bad_codes() {
     assert_eq!(a["layers.2.hidden"].1, vec![4 + 3 + 4, 64]);
     assert_eq!(a["layers.1.router.ids"].0, "I32");
     assert!(!a.contains_key("layers.0.router.ids"), "layer 0 is dense");
+    // The codec's decoding of the 3 codes: 12 samples per code in the tiny preset.
+    assert_eq!(a["pcm"].1, vec![3 * 12]);
     let (code, _, err) = drama_text(&[
         "trace",
         "--checkpoint",

@@ -2,6 +2,7 @@
 //! written from the contract and sharing nothing with the GPU kernels but the checkpoint.
 //! Tests compare the GPU against it.
 
+pub mod codec;
 mod model;
 pub mod ops;
 pub mod weights;

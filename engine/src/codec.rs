@@ -1,0 +1,359 @@
+//! The codec decoder on the GPU (contract section 8): codes to PCM, streamed in chunks with
+//! carried state. Each causal convolution keeps the input frames its next chunk needs in a
+//! history buffer, so decoding in chunks gives the same samples as decoding the whole
+//! utterance, bit for bit. The codebook lookup is a host gather of BF16 rows.
+//!
+//! A residual unit is `x + conv2(snake2(conv1(snake1(x))))`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use drama_kernels::{CodecParams, ElementwiseParams, Kernel};
+
+use crate::checkpoint::{Checkpoint, names};
+use crate::error::EngineError;
+use crate::gpu::{Dispatch, Gpu, grid_for};
+use crate::reference::weights;
+
+/// A stream history: the frames the next chunk needs, and a scratch for updating it.
+struct History {
+    frames: usize,
+    channels: usize,
+    current: wgpu::Buffer,
+    next: wgpu::Buffer,
+}
+
+/// The launches of one chunk length.
+struct ChunkProgram {
+    input: wgpu::Buffer,
+    output: wgpu::Buffer,
+    samples: usize,
+    dispatches: Vec<Dispatch>,
+}
+
+/// Streams codes to PCM.
+pub struct CodecDecoder {
+    gpu: Arc<Gpu>,
+    tensors: HashMap<String, wgpu::Buffer>,
+    codebook: Vec<f32>,
+    codebook_dim: usize,
+    codes: usize,
+    config: crate::checkpoint::config::CodecConfig,
+    histories: Vec<History>,
+    programs: HashMap<usize, ChunkProgram>,
+}
+
+/// Builds the launches of one chunk, walking the decoder in a fixed order.
+struct Builder<'a> {
+    gpu: &'a Gpu,
+    tensors: &'a HashMap<String, wgpu::Buffer>,
+    histories: &'a [History],
+    next_history: usize,
+    dispatches: Vec<Dispatch>,
+}
+
+impl Builder<'_> {
+    fn launch(
+        &mut self,
+        kernel: Kernel,
+        params: &impl bytemuck::Pod,
+        resources: &[&wgpu::Buffer],
+        count: usize,
+    ) -> Result<(), EngineError> {
+        let uniform = self.gpu.uniform(kernel.entry_point(), params);
+        let mut all = vec![&uniform];
+        all.extend_from_slice(resources);
+        self.dispatches.push(Dispatch {
+            kernel,
+            pipeline: self.gpu.pipeline(kernel)?,
+            bind_group: self.gpu.bind_group(kernel, &all)?,
+            workgroups: grid_for(count as u64, 64, self.gpu.caps.max_workgroups_per_dimension.min(65535)),
+        });
+        Ok(())
+    }
+
+    fn tensor(&self, name: &str) -> &wgpu::Buffer {
+        &self.tensors[name]
+    }
+
+    /// Reads and advances the next history: the convolution runs against it, then it
+    /// becomes the last frames of [history | x].
+    fn with_history(
+        &mut self,
+        x: &wgpu::Buffer,
+        frames: usize,
+        run: impl FnOnce(&mut Self, &wgpu::Buffer) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let index = self.next_history;
+        self.next_history += 1;
+        let history = &self.histories[index];
+        let (current, next) = (history.current.clone(), history.next.clone());
+        run(self, &current)?;
+        let count = history.frames * history.channels;
+        let params = CodecParams {
+            frames: frames as u32,
+            in_ch: history.channels as u32,
+            out_ch: history.channels as u32,
+            kernel: 0,
+            dilation: 0,
+            history: history.frames as u32,
+            flags: 0,
+            count: count as u32,
+        };
+        self.launch(Kernel::ShiftHistory, &params, &[x, &current, &next], count)?;
+        self.launch(Kernel::Copy, &params, &[&next, &current], count)
+    }
+
+    fn conv1d(
+        &mut self,
+        x: &wgpu::Buffer,
+        frames: usize,
+        module: &str,
+        cin: usize,
+        cout: usize,
+        k: usize,
+        d: usize,
+    ) -> Result<wgpu::Buffer, EngineError> {
+        let y = self.gpu.buffer(module, (frames * cout * 4) as u64);
+        let (w, b) = (
+            self.tensor(&format!("{module}.weight")).clone(),
+            self.tensor(&format!("{module}.bias")).clone(),
+        );
+        let params = CodecParams {
+            frames: frames as u32,
+            in_ch: cin as u32,
+            out_ch: cout as u32,
+            kernel: k as u32,
+            dilation: d as u32,
+            history: ((k - 1) * d) as u32,
+            flags: 3,
+            count: (frames * cout) as u32,
+        };
+        if k == 1 {
+            let none = self.gpu.buffer("no history", 4);
+            self.launch(Kernel::Conv1d, &params, &[x, &none, &w, &b, &y], frames * cout)?;
+        } else {
+            self.with_history(x, frames, |me, hist| {
+                me.launch(Kernel::Conv1d, &params, &[x, hist, &w, &b, &y], frames * cout)
+            })?;
+        }
+        Ok(y)
+    }
+
+    fn conv_transpose(
+        &mut self,
+        x: &wgpu::Buffer,
+        frames: usize,
+        module: &str,
+        cin: usize,
+        cout: usize,
+        r: usize,
+    ) -> Result<wgpu::Buffer, EngineError> {
+        let y = self.gpu.buffer(module, (frames * r * cout * 4) as u64);
+        let (w, b) = (
+            self.tensor(&format!("{module}.weight")).clone(),
+            self.tensor(&format!("{module}.bias")).clone(),
+        );
+        let params = CodecParams {
+            frames: frames as u32,
+            in_ch: cin as u32,
+            out_ch: cout as u32,
+            kernel: r as u32,
+            dilation: 1,
+            history: 1,
+            flags: 3,
+            count: (frames * r * cout) as u32,
+        };
+        self.with_history(x, frames, |me, hist| {
+            me.launch(
+                Kernel::ConvTranspose,
+                &params,
+                &[x, hist, &w, &b, &y],
+                frames * r * cout,
+            )
+        })?;
+        Ok(y)
+    }
+
+    fn snake(
+        &mut self,
+        x: &wgpu::Buffer,
+        frames: usize,
+        alpha: &str,
+        channels: usize,
+    ) -> Result<wgpu::Buffer, EngineError> {
+        let y = self.gpu.buffer(alpha, (frames * channels * 4) as u64);
+        let params = CodecParams {
+            out_ch: channels as u32,
+            flags: 2,
+            count: (frames * channels) as u32,
+            ..Default::default()
+        };
+        let a = self.tensor(alpha).clone();
+        self.launch(Kernel::Snake, &params, &[x, &a, &y], frames * channels)?;
+        Ok(y)
+    }
+
+    fn add(&mut self, a: &wgpu::Buffer, b: &wgpu::Buffer, count: usize) -> Result<wgpu::Buffer, EngineError> {
+        let y = self.gpu.buffer("residual", (count * 4) as u64);
+        let params = ElementwiseParams {
+            count: count as u32,
+            ..Default::default()
+        };
+        self.launch(Kernel::Add, &params, &[a, b, &y], count)?;
+        Ok(y)
+    }
+}
+
+/// The convolutions that carry history, in decoding order: (frames kept, channels).
+fn history_shapes(c: &crate::checkpoint::config::CodecConfig) -> Vec<(usize, usize)> {
+    let k = c.kernel_size;
+    let mut shapes = vec![((k - 1), c.codebook_dim)];
+    for u in 0..c.upsample_rates.len() {
+        shapes.push((1, c.channels[u]));
+        for &d in &c.residual_dilations {
+            shapes.push(((k - 1) * d, c.channels[u + 1]));
+        }
+    }
+    shapes.push(((k - 1), *c.channels.last().expect("validated")));
+    shapes
+}
+
+impl CodecDecoder {
+    /// Uploads the codec's weights (BF16, as stored).
+    pub fn new(gpu: Arc<Gpu>, checkpoint: &Checkpoint) -> Result<CodecDecoder, EngineError> {
+        let mut tensors = HashMap::new();
+        for (name, entry) in checkpoint.weights.entries() {
+            if name.starts_with("codec.") && name != names::CODEBOOK {
+                if entry.byte_len() as u64 > gpu.caps.max_storage_binding {
+                    return Err(EngineError::Unsupported(format!(
+                        "{name}: {} bytes exceed the device's storage-binding limit",
+                        entry.byte_len()
+                    )));
+                }
+                tensors.insert(name.clone(), gpu.buffer_with(name, checkpoint.weights.bytes(entry)));
+            }
+        }
+        let config = checkpoint.config.codec.clone();
+        let histories = history_shapes(&config)
+            .into_iter()
+            .map(|(frames, channels)| {
+                let bytes = (frames * channels * 4) as u64;
+                History {
+                    frames,
+                    channels,
+                    current: gpu.buffer("codec history", bytes),
+                    next: gpu.buffer("codec history scratch", bytes),
+                }
+            })
+            .collect();
+        Ok(CodecDecoder {
+            codebook: weights::values(checkpoint, names::CODEBOOK)
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
+            codebook_dim: config.codebook_dim,
+            codes: checkpoint.config.speech.audio_codes,
+            gpu,
+            tensors,
+            config,
+            histories,
+            programs: HashMap::new(),
+        })
+    }
+
+    /// Starts a new utterance: every history back to zeros.
+    pub fn reset(&mut self) {
+        for h in &self.histories {
+            self.gpu
+                .queue
+                .write_buffer(&h.current, 0, &vec![0u8; h.current.size() as usize]);
+        }
+    }
+
+    fn compile(&self, frames: usize) -> Result<ChunkProgram, EngineError> {
+        let c = &self.config;
+        let k = c.kernel_size;
+        let input = self.gpu.buffer("codec input", (frames * c.codebook_dim * 4) as u64);
+        let mut b = Builder {
+            gpu: &self.gpu,
+            tensors: &self.tensors,
+            histories: &self.histories,
+            next_history: 0,
+            dispatches: Vec::new(),
+        };
+        let mut x = b.conv1d(&input, frames, names::CODEC_IN, c.codebook_dim, c.channels[0], k, 1)?;
+        let mut t = frames;
+        for (u, &rate) in c.upsample_rates.iter().enumerate() {
+            let at = |tpl: &str| names::fill(tpl, &[("u", u)]);
+            let (cin, cout) = (c.channels[u], c.channels[u + 1]);
+            let s = b.snake(&x, t, &at(names::STAGE_SNAKE), cin)?;
+            x = b.conv_transpose(&s, t, &at(names::STAGE_UP), cin, cout, rate)?;
+            t *= rate;
+            for (r, &d) in c.residual_dilations.iter().enumerate() {
+                let at = |tpl: &str| names::fill(tpl, &[("u", u), ("r", r)]);
+                let y = b.snake(&x, t, &at(names::RES_SNAKE1), cout)?;
+                let y = b.conv1d(&y, t, &at(names::RES_CONV1), cout, cout, k, d)?;
+                let y = b.snake(&y, t, &at(names::RES_SNAKE2), cout)?;
+                let y = b.conv1d(&y, t, &at(names::RES_CONV2), cout, cout, 1, 1)?;
+                x = b.add(&x, &y, t * cout)?;
+            }
+        }
+        let last = *c.channels.last().expect("validated");
+        let s = b.snake(&x, t, names::OUT_SNAKE, last)?;
+        let y = b.conv1d(&s, t, names::CODEC_OUT, last, 1, k, 1)?;
+        let output = self.gpu.buffer("pcm", (t * 4) as u64);
+        let params = CodecParams {
+            count: t as u32,
+            ..Default::default()
+        };
+        b.launch(Kernel::TanhOut, &params, &[&y, &output], t)?;
+        Ok(ChunkProgram {
+            input,
+            output,
+            samples: t,
+            dispatches: b.dispatches,
+        })
+    }
+
+    /// Decodes the next chunk of codes of the current utterance; returns its PCM samples.
+    pub fn decode(&mut self, codes: &[u32]) -> Result<Vec<f32>, EngineError> {
+        if codes.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(&bad) = codes.iter().find(|&&code| code as usize >= self.codes) {
+            return Err(EngineError::Input(format!(
+                "code {bad} is not below audio_codes {}",
+                self.codes
+            )));
+        }
+        if !self.programs.contains_key(&codes.len()) {
+            let program = self.compile(codes.len())?;
+            self.programs.insert(codes.len(), program);
+        }
+        let program = &self.programs[&codes.len()];
+        let dim = self.codebook_dim;
+        let rows: Vec<f32> = codes
+            .iter()
+            .flat_map(|&code| {
+                self.codebook[code as usize * dim..(code as usize + 1) * dim]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        self.gpu
+            .queue
+            .write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
+        let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            for dispatch in &program.dispatches {
+                dispatch.record(&mut pass);
+            }
+        }
+        self.gpu.queue.submit([encoder.finish()]);
+        let mut pcm = self.gpu.read_f32(&program.output)?;
+        pcm.truncate(program.samples);
+        Ok(pcm)
+    }
+}

@@ -1,0 +1,62 @@
+//! The GPU codec decoder against the FP64 reference, and its streaming promise: chunks of
+//! any size, with carried state, give the whole utterance's samples bit for bit.
+
+mod common;
+
+use common::*;
+use drama_engine::checkpoint::{Checkpoint, Provenance};
+use drama_engine::codec::CodecDecoder;
+use drama_engine::reference::codec::decode;
+use drama_engine::reference::ops::Rounding;
+use rand_core::Rng;
+
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn codec_matches_reference_and_streams_exactly() {
+    let mut rng = rng("codec");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", rng.next_u64(), &path).unwrap();
+    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
+    let codes: Vec<u32> = (0..17)
+        .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
+        .collect();
+    let hop = checkpoint.config.codec.samples_per_code();
+
+    let mut decoder = CodecDecoder::new(shared_gpu(), &checkpoint).unwrap();
+    decoder.reset();
+    let whole = decoder.decode(&codes).unwrap();
+    assert_eq!(whole.len(), codes.len() * hop);
+    assert!(whole.iter().all(|s| s.is_finite() && s.abs() <= 1.0));
+
+    let contract = decode(&checkpoint, &codes, Rounding::Contract);
+    let exact = decode(&checkpoint, &codes, Rounding::Exact);
+    let err = rel_l2(&whole, &contract);
+    let err_exact = rel_l2(&whole, &exact);
+    eprintln!("codec: PCM rel-L2 vs contract-rounding reference {err:.2e}, vs pure FP64 {err_exact:.2e}");
+    assert!(err <= 5e-3, "codec rel-L2 {err}");
+
+    for chunks in [vec![1usize; 17], vec![3, 1, 5, 8], vec![16, 1]] {
+        decoder.reset();
+        let mut streamed = Vec::new();
+        let mut start = 0;
+        for n in chunks.iter().copied() {
+            streamed.extend(decoder.decode(&codes[start..start + n]).unwrap());
+            start += n;
+        }
+        let same = streamed.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same && streamed.len() == whole.len(),
+            "chunks {chunks:?} differ from the whole decode"
+        );
+    }
+    decoder.reset();
+    assert_eq!(decoder.decode(&codes).unwrap(), whole, "a reset decoder repeats itself");
+    let err = decoder.decode(&[64]).unwrap_err().to_string();
+    assert!(err.contains("code 64"), "{err}");
+}
