@@ -12,7 +12,7 @@ use drama_kernels::{CodecParams, ElementwiseParams, Kernel};
 
 use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
-use crate::gpu::{Dispatch, Gpu, grid_for};
+use crate::gpu::{Dispatch, Gpu};
 use crate::reference::weights;
 
 /// A stream history: the frames the next chunk needs, and a scratch for updating it.
@@ -60,15 +60,9 @@ impl Builder<'_> {
         resources: &[&wgpu::Buffer],
         count: usize,
     ) -> Result<(), EngineError> {
-        let uniform = self.gpu.uniform(kernel.entry_point(), params);
-        let mut all = vec![&uniform];
-        all.extend_from_slice(resources);
-        self.dispatches.push(Dispatch {
-            kernel,
-            pipeline: self.gpu.pipeline(kernel)?,
-            bind_group: self.gpu.bind_group(kernel, &all)?,
-            workgroups: grid_for(count as u64, 64, self.gpu.caps.max_workgroups_per_dimension.min(65535)),
-        });
+        let grid = self.gpu.elements_grid(count);
+        self.dispatches
+            .push(self.gpu.dispatch(kernel, params, resources, grid)?);
         Ok(())
     }
 
@@ -344,14 +338,7 @@ impl CodecDecoder {
         self.gpu
             .queue
             .write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
-        let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            for dispatch in &program.dispatches {
-                dispatch.record(&mut pass);
-            }
-        }
-        self.gpu.queue.submit([encoder.finish()]);
+        self.gpu.submit(&program.dispatches);
         let mut pcm = self.gpu.read_f32(&program.output)?;
         pcm.truncate(program.samples);
         Ok(pcm)

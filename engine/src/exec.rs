@@ -13,7 +13,7 @@ use drama_kernels::{
 };
 
 use crate::error::EngineError;
-use crate::gpu::{Dispatch, Gpu, grid_for};
+use crate::gpu::{Dispatch, Gpu};
 use crate::weights::{GpuLinear, GpuWeights};
 
 /// A compiled step: planned buffers and the recorded launches.
@@ -70,21 +70,13 @@ impl<'a> Lowering<'a> {
         resources: &[&wgpu::Buffer],
         workgroups: [u32; 3],
     ) -> Result<(), EngineError> {
-        let uniform = self.gpu.uniform(kernel.entry_point(), params);
-        let mut all = vec![&uniform];
-        all.extend_from_slice(resources);
-        let bind_group = self.gpu.bind_group(kernel, &all)?;
-        self.dispatches.push(Dispatch {
-            kernel,
-            pipeline: self.gpu.pipeline(kernel)?,
-            bind_group,
-            workgroups,
-        });
+        self.dispatches
+            .push(self.gpu.dispatch(kernel, params, resources, workgroups)?);
         Ok(())
     }
 
     fn elements_grid(&self, count: usize) -> [u32; 3] {
-        grid_for(count as u64, 64, self.gpu.caps.max_workgroups_per_dimension.min(65535))
+        self.gpu.elements_grid(count)
     }
 
     fn rows(&self, id: ValueId) -> usize {
@@ -164,7 +156,22 @@ impl<'a> Lowering<'a> {
                 let mut column = 0;
                 for member in members {
                     let linear = &weights.linears[&member.weight];
-                    self.dense(linear, x, out, rows, *in_features, column, total, *round_output)?;
+                    if linear.in_features != *in_features {
+                        return Err(EngineError::Unsupported(format!(
+                            "{}: input width mismatch",
+                            member.weight
+                        )));
+                    }
+                    let io = LinearIo {
+                        x,
+                        y: out,
+                        rows,
+                        column,
+                        y_stride: total,
+                        round: *round_output,
+                    };
+                    let launches = linear_launches(self.gpu, linear, &weights.placeholder, &io)?;
+                    self.dispatches.extend(launches);
                     column += member.out;
                 }
             }
@@ -346,50 +353,57 @@ impl<'a> Lowering<'a> {
             pad: 0,
         }
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn dense(
-        &mut self,
-        linear: &GpuLinear,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        rows: usize,
-        in_features: usize,
-        column: usize,
-        y_stride: usize,
-        round: bool,
-    ) -> Result<(), EngineError> {
-        let weights = self.bind.weights;
-        let bias = linear.bias.as_ref().unwrap_or(&weights.placeholder);
-        for segment in &linear.segments {
-            let params = LinearParams {
-                rows: rows as u32,
-                in_features: in_features as u32,
-                out_features: segment.range.len() as u32,
-                out_offset: (column + segment.range.start) as u32,
-                y_stride: y_stride as u32,
-                x_row_div: 1,
-                expert_begin: 0,
-                expert_end: 0,
-                flags: u32::from(linear.bias.is_some()) | if round { 2 } else { 0 },
-                tensor_scale: linear.tensor_scale,
-                bias_offset: segment.range.start as u32,
-                pad: 0,
-            };
-            let mut resources = vec![x, &segment.codes];
-            if linear.format != WeightFormat::Bf16 {
-                resources.push(&segment.scales);
-            }
-            resources.extend([bias, y]);
-            self.launch(
-                Kernel::Linear(linear.format),
-                &params,
-                &resources,
-                [segment.range.len() as u32, 1, 1],
-            )?;
+/// Where a dense linear reads and writes.
+pub struct LinearIo<'a> {
+    /// Input [rows, in] (BF16 values).
+    pub x: &'a wgpu::Buffer,
+    /// Output [rows, y_stride].
+    pub y: &'a wgpu::Buffer,
+    /// Activation rows.
+    pub rows: usize,
+    /// Output column of the linear's first feature.
+    pub column: usize,
+    /// Floats per output row.
+    pub y_stride: usize,
+    /// Round outputs to BF16.
+    pub round: bool,
+}
+
+/// The launches of a dense linear: one per weight segment.
+pub fn linear_launches(
+    gpu: &Gpu,
+    linear: &GpuLinear,
+    placeholder: &wgpu::Buffer,
+    io: &LinearIo<'_>,
+) -> Result<Vec<Dispatch>, EngineError> {
+    let bias = linear.bias.as_ref().unwrap_or(placeholder);
+    let mut launches = Vec::new();
+    for segment in &linear.segments {
+        let params = LinearParams {
+            rows: io.rows as u32,
+            in_features: linear.in_features as u32,
+            out_features: segment.range.len() as u32,
+            out_offset: (io.column + segment.range.start) as u32,
+            y_stride: io.y_stride as u32,
+            x_row_div: 1,
+            expert_begin: 0,
+            expert_end: 0,
+            flags: u32::from(linear.bias.is_some()) | if io.round { 2 } else { 0 },
+            tensor_scale: linear.tensor_scale,
+            bias_offset: segment.range.start as u32,
+            pad: 0,
+        };
+        let mut resources = vec![io.x, &segment.codes];
+        if linear.format != WeightFormat::Bf16 {
+            resources.push(&segment.scales);
         }
-        Ok(())
+        resources.extend([bias, io.y]);
+        let grid = [segment.range.len() as u32, 1, 1];
+        launches.push(gpu.dispatch(Kernel::Linear(linear.format), &params, &resources, grid)?);
     }
+    Ok(launches)
 }
 
 impl Executable {
@@ -473,17 +487,7 @@ impl Executable {
 
     /// Records every launch into one pass and submits it.
     pub fn run(&self, gpu: &Gpu) {
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("step"),
-                timestamp_writes: None,
-            });
-            for dispatch in &self.dispatches {
-                dispatch.record(&mut pass);
-            }
-        }
-        gpu.queue.submit([encoder.finish()]);
+        gpu.submit(&self.dispatches);
     }
 
     /// Reads a value back as f32 (its first `elements`).

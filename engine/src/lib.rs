@@ -8,6 +8,7 @@
 //! - [`exec`]: a graph lowered to kernel launches; one pass and one submit per step.
 //! - [`session`]: the loaded engine and its lanes (KV caches, prefixes, steps).
 //! - [`codec`]: the streaming codec decoder (codes to PCM).
+//! - [`text`], [`sampling`], [`synth`]: tokenizing and splitting text, seeded sampling, synthesis.
 //! - [`guidance`], [`trace`], [`voice`]: guidance mixing, teacher-forced traces, voice files.
 //! - [`reference`]: the FP64 CPU reference of every op and of the whole backbone.
 //! - [`error`]: the engine's error type.
@@ -20,8 +21,11 @@ pub mod gpu;
 pub mod guidance;
 pub mod numerics;
 pub mod reference;
+pub mod sampling;
 pub mod session;
 pub mod spec;
+pub mod synth;
+pub mod text;
 pub mod trace;
 pub mod voice;
 pub mod weights;

@@ -271,6 +271,45 @@ impl Gpu {
         Ok(group)
     }
 
+    /// One kernel launch: a parameter block, the kernel's bindings after it, a grid.
+    pub fn dispatch<T: bytemuck::Pod>(
+        &self,
+        kernel: Kernel,
+        params: &T,
+        resources: &[&wgpu::Buffer],
+        workgroups: [u32; 3],
+    ) -> Result<Dispatch, GpuError> {
+        let uniform = self.uniform(kernel.entry_point(), params);
+        let mut all = vec![&uniform];
+        all.extend_from_slice(resources);
+        Ok(Dispatch {
+            kernel,
+            pipeline: self.pipeline(kernel)?,
+            bind_group: self.bind_group(kernel, &all)?,
+            workgroups,
+        })
+    }
+
+    /// Workgroups covering `elements` one-thread-per-element work.
+    pub fn elements_grid(&self, elements: usize) -> [u32; 3] {
+        grid_for(elements as u64, 64, self.caps.max_workgroups_per_dimension.min(65535))
+    }
+
+    /// Records `dispatches` into one compute pass and submits them.
+    pub fn submit(&self, dispatches: &[Dispatch]) {
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("step"),
+                timestamp_writes: None,
+            });
+            for dispatch in dispatches {
+                dispatch.record(&mut pass);
+            }
+        }
+        self.queue.submit([encoder.finish()]);
+    }
+
     /// Copies `buffer` back to the host as f32 values (blocking).
     pub fn read_f32(&self, buffer: &wgpu::Buffer) -> Result<Vec<f32>, GpuError> {
         Ok(bytemuck::cast_slice(&self.read_bytes(buffer)?).to_vec())

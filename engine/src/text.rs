@@ -1,0 +1,134 @@
+//! The text front end: the checkpoint's `tokenizer.json`, and splitting long text into
+//! segments that fit the model's context.
+//!
+//! Splitting rule: text is cut after sentence ends (`.`, `!`, `?`, `;` or a line break,
+//! followed by white space); sentences are packed in order into segments of at most
+//! `budget` tokens; a sentence longer than the budget is cut between words; a single word
+//! longer than the budget is refused.
+
+use tokenizers::Tokenizer;
+
+use crate::checkpoint::{Checkpoint, TOKENIZER_FILE};
+use crate::error::EngineError;
+
+/// The checkpoint's tokenizer.
+pub struct TextFrontEnd {
+    tokenizer: Tokenizer,
+    vocab: usize,
+}
+
+impl TextFrontEnd {
+    /// Loads `tokenizer.json` and checks its ids fit the text vocabulary.
+    pub fn load(checkpoint: &Checkpoint) -> Result<TextFrontEnd, EngineError> {
+        let path = checkpoint.dir.join(TOKENIZER_FILE);
+        let tokenizer =
+            Tokenizer::from_file(&path).map_err(|e| EngineError::Unsupported(format!("{TOKENIZER_FILE}: {e}")))?;
+        let vocab = checkpoint.config.text_vocab_size;
+        let size = tokenizer.get_vocab_size(true);
+        if size > vocab {
+            return Err(EngineError::Unsupported(format!(
+                "{TOKENIZER_FILE} has {size} tokens, more than text_vocab_size {vocab}"
+            )));
+        }
+        Ok(TextFrontEnd { tokenizer, vocab })
+    }
+
+    /// Token ids of `text` (no special tokens added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| EngineError::Input(format!("text could not be tokenized: {e}")))?;
+        let ids = encoding.get_ids().to_vec();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(EngineError::Input(format!(
+                "token id {id} is outside the text vocabulary"
+            )));
+        }
+        Ok(ids)
+    }
+
+    /// Splits `text` into segments of at most `budget` tokens each (see the module rule);
+    /// returns the token ids of every segment. Empty text is refused.
+    pub fn segments(&self, text: &str, budget: usize) -> Result<Vec<Vec<u32>>, EngineError> {
+        if text.trim().is_empty() {
+            return Err(EngineError::Input("the text is empty".into()));
+        }
+        let mut segments: Vec<String> = Vec::new();
+        let mut current = String::new();
+        for sentence in sentences(text) {
+            let candidate = format!("{current}{sentence}");
+            if self.encode(candidate.trim())?.len() <= budget {
+                current = candidate;
+                continue;
+            }
+            if !current.trim().is_empty() {
+                segments.push(std::mem::take(&mut current));
+            }
+            if self.encode(sentence.trim())?.len() <= budget {
+                current = sentence;
+                continue;
+            }
+            for word in sentence.split_inclusive(char::is_whitespace) {
+                let candidate = format!("{current}{word}");
+                if self.encode(candidate.trim())?.len() <= budget {
+                    current = candidate;
+                    continue;
+                }
+                if !current.trim().is_empty() {
+                    segments.push(std::mem::take(&mut current));
+                }
+                if self.encode(word.trim())?.len() > budget {
+                    return Err(EngineError::Input(format!(
+                        "the word {:?} alone needs more than the {budget} tokens that fit the context",
+                        word.trim()
+                    )));
+                }
+                current = word.to_string();
+            }
+        }
+        if !current.trim().is_empty() {
+            segments.push(current);
+        }
+        segments.iter().map(|s| self.encode(s.trim())).collect()
+    }
+}
+
+/// Sentences with their trailing white space, in order.
+fn sentences(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        current.push(c);
+        let ends = matches!(c, '.' | '!' | '?' | ';' | '\n');
+        if ends && chars.peek().is_none_or(|n| n.is_whitespace()) {
+            while let Some(&n) = chars.peek() {
+                if !n.is_whitespace() {
+                    break;
+                }
+                current.push(n);
+                chars.next();
+            }
+            out.push(std::mem::take(&mut current));
+        }
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sentences;
+
+    #[test]
+    fn sentences_keep_every_character_in_order() {
+        let text = "Hello there. How are you?\nFine; thanks. 3.14 is pi";
+        let parts = sentences(text);
+        assert_eq!(parts.concat(), text);
+        assert_eq!(parts.len(), 5);
+        assert_eq!(parts[4], "3.14 is pi");
+    }
+}
