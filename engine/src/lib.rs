@@ -7,7 +7,7 @@
 //! - [`weights`]: weights on the GPU, as stored, split to the binding limit.
 //! - [`exec`]: a graph lowered to kernel launches; one pass and one submit per step.
 //! - [`session`]: the loaded engine and its lanes (KV caches, prefixes, steps).
-//! - [`codec`]: the streaming codec decoder (codes to PCM).
+//! - [`codec`], [`tower`]: the streaming codec decoder (codes to PCM) and the voice tower.
 //! - [`text`], [`sampling`], [`synth`]: tokenizing and splitting text, seeded sampling, synthesis.
 //! - [`guidance`], [`trace`], [`voice`]: guidance mixing, teacher-forced traces, voice files.
 //! - [`reference`]: the FP64 CPU reference of every op and of the whole backbone.
@@ -26,6 +26,7 @@ pub mod session;
 pub mod spec;
 pub mod synth;
 pub mod text;
+pub mod tower;
 pub mod trace;
 pub mod voice;
 pub mod weights;

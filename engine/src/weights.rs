@@ -264,6 +264,18 @@ fn check_width(module: &str, format: LinearFormat, in_: usize) -> Result<(), Eng
     Ok(())
 }
 
+/// Uploads one linear module (or 2-D BF16 matrix used as a linear) of a validated checkpoint.
+pub fn upload_linear(gpu: &Gpu, checkpoint: &Checkpoint, weight: &str) -> Result<GpuLinear, EngineError> {
+    let limit = usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX);
+    Uploader {
+        gpu,
+        checkpoint,
+        limit,
+        bytes: 0,
+    }
+    .linear(weight)
+}
+
 impl GpuWeights {
     /// Uploads every backbone weight of a validated checkpoint.
     pub fn upload(gpu: &Gpu, checkpoint: &Checkpoint) -> Result<GpuWeights, EngineError> {

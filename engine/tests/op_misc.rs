@@ -355,6 +355,45 @@ fn elementwise_kernels_match_reference() {
     for i in 0..count {
         assert_eq!(got[i].to_bits(), (a[i] + b[i]).to_bits(), "add element {i}");
     }
+    // gelu (erf form), rounded: the WGSL erf is an approximation to ~1.5e-7.
+    let p = gpu.uniform("p", &params(1));
+    let out = poisoned(gpu, "out", count);
+    run(gpu, &[dispatch(gpu, Kernel::Gelu, &[&p, &ab, &out], grid)]);
+    let exact: Vec<f64> = a
+        .iter()
+        .map(|&v| drama_engine::reference::tower::gelu(f64::from(v)))
+        .collect();
+    let want: Vec<f64> = exact.iter().map(|&v| f64::from(round_to_bf16(v as f32))).collect();
+    let scale: Vec<f64> = exact.iter().map(|&v| v.abs() + 1.0 + bf16_ulp(v) / 1e-6).collect();
+    check("gelu", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-6);
+    // mean over rows (tokens rows of width), not rounded.
+    let mean_params = ElementwiseParams {
+        count: width as u32,
+        width: width as u32,
+        k: tokens as u32,
+        flags: 0,
+        row_end: 0,
+        table: 0,
+        pad: [0; 2],
+    };
+    let p = gpu.uniform("p", &mean_params);
+    let out = poisoned(gpu, "out", width);
+    run(
+        gpu,
+        &[dispatch(
+            gpu,
+            Kernel::MeanRows,
+            &[&p, &ab, &out],
+            [width.div_ceil(64) as u32, 1, 1],
+        )],
+    );
+    let want: Vec<f64> = (0..width)
+        .map(|c| (0..tokens).map(|t| f64::from(a[t * width + c])).sum::<f64>() / tokens as f64)
+        .collect();
+    let scale: Vec<f64> = (0..width)
+        .map(|c| (0..tokens).map(|t| f64::from(a[t * width + c]).abs()).sum::<f64>() + 1e-6)
+        .collect();
+    check("mean_rows", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-6);
     // moe_combine with a shared expert.
     let experts = uniform(&mut rng, tokens * k * width, 1.0);
     let weights = uniform(&mut rng, tokens * k, 1.0);

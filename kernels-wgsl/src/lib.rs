@@ -130,6 +130,10 @@ pub enum Kernel {
     ShiftHistory,
     /// Plain copy.
     Copy,
+    /// GELU (erf form).
+    Gelu,
+    /// Mean over rows.
+    MeanRows,
 }
 
 impl Kernel {
@@ -155,6 +159,8 @@ impl Kernel {
             Kernel::TanhOut,
             Kernel::ShiftHistory,
             Kernel::Copy,
+            Kernel::Gelu,
+            Kernel::MeanRows,
         ]);
         all
     }
@@ -166,7 +172,9 @@ impl Kernel {
             Kernel::RmsNorm => Module::Norm,
             Kernel::RopeQ | Kernel::WriteKv | Kernel::Attend => Module::Attention,
             Kernel::Route => Module::Router,
-            Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 => Module::Elementwise,
+            Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 | Kernel::Gelu | Kernel::MeanRows => {
+                Module::Elementwise
+            }
             Kernel::MoeCombine => Module::Moe,
             Kernel::Conv1d
             | Kernel::ConvTranspose
@@ -198,6 +206,8 @@ impl Kernel {
             Kernel::TanhOut => "tanh_out",
             Kernel::ShiftHistory => "shift_history",
             Kernel::Copy => "copy",
+            Kernel::Gelu => "gelu",
+            Kernel::MeanRows => "mean_rows",
         }
     }
 
@@ -229,6 +239,8 @@ impl Kernel {
             Kernel::EmbedBf16 => &[0, 5, 6, 7, 8],
             // params, a, row_table, row_index, out
             Kernel::EmbedF32 => &[0, 1, 6, 7, 8],
+            // params, a, out
+            Kernel::Gelu | Kernel::MeanRows => &[0, 1, 8],
             // params, x, hist, w, bias, y
             Kernel::Conv1d | Kernel::ConvTranspose => &[0, 1, 2, 3, 4, 5],
             // params, x, alpha, y

@@ -102,7 +102,7 @@ pub struct ElementwiseParams {
     pub count: u32,
     /// Row width.
     pub width: u32,
-    /// embed: first table row of the segment.
+    /// embed: first table row of the segment; mean_rows: rows averaged.
     pub k: u32,
     /// Kernel-specific flags.
     pub flags: u32,

@@ -5,6 +5,7 @@
 pub mod codec;
 mod model;
 pub mod ops;
+pub mod tower;
 pub mod weights;
 
 pub use model::{ReferenceModel, ReferenceTrace, TokenRoute};

@@ -84,3 +84,37 @@ fn embed_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     }
     out[i] = a[row_index[r] * p.width + i % p.width];
 }
+
+// erf(x) to about 1.5e-7 absolute (Abramowitz & Stegun 7.1.26), since WGSL has no erf.
+fn erf_approx(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    let y = 1.0 - poly * exp(-x * x);
+    return select(-y, y, x >= 0.0);
+}
+
+// out = gelu(a) = 0.5 a (1 + erf(a / sqrt(2))); flag 1 rounds to BF16.
+@compute @workgroup_size(64)
+fn gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i >= p.count) {
+        return;
+    }
+    let v = a[i];
+    out[i] = maybe_round(0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752)));
+}
+
+// out[c] = mean over the `k` rows of a[row, c] (row width `width`), summed in row order;
+// flag 1 rounds to BF16.
+@compute @workgroup_size(64)
+fn mean_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let c = element(gid, nwg);
+    if (c >= p.count) {
+        return;
+    }
+    var sum = 0.0;
+    for (var r = 0u; r < p.k; r++) {
+        sum += a[r * p.width + c];
+    }
+    out[c] = maybe_round(sum / f32(p.k));
+}

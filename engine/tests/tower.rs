@@ -1,0 +1,39 @@
+//! The GPU voice tower against the FP64 reference on fresh random log-mel frames.
+
+mod common;
+
+use common::*;
+use drama_engine::checkpoint::{Checkpoint, Provenance};
+use drama_engine::reference::ops::Rounding;
+use drama_engine::reference::tower::encode;
+use drama_engine::tower::VoiceTower;
+use rand_core::Rng;
+
+#[test]
+fn tower_matches_reference() {
+    let mut rng = rng("tower");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", rng.next_u64(), &path).unwrap();
+    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
+    let n_mels = checkpoint.config.voice_tower.n_mels;
+    for frames in [1usize, 13] {
+        // Log-mel values: ln of powers, between ln(1e-5) and a few units.
+        let mel: Vec<f32> = uniform(&mut rng, frames * n_mels, 6.5)
+            .iter()
+            .map(|v| v - 4.5)
+            .collect();
+        let tower = VoiceTower::new(shared_gpu(), &checkpoint).unwrap();
+        let got = tower.encode(&mel, frames).unwrap();
+        let mel64: Vec<f64> = mel.iter().map(|&v| f64::from(v)).collect();
+        let want = encode(&checkpoint, &mel64, frames, Rounding::Contract);
+        assert_eq!(got.len(), want.len());
+        let num: f64 = got.iter().zip(&want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
+        let den: f64 = want.iter().map(|w| w * w).sum();
+        let err = (num / den).sqrt();
+        eprintln!("tower ({frames} frames): prefix rel-L2 {err:.2e}");
+        assert!(err <= 5e-3, "tower rel-L2 {err}");
+        let refusal = tower.encode(&mel[..n_mels - 1], 1).unwrap_err().to_string();
+        assert!(refusal.contains("mel values"), "{refusal}");
+    }
+}
