@@ -11,7 +11,9 @@
 
 mod params;
 
-pub use params::{AttentionParams, CodecParams, ElementwiseParams, LinearParams, MoeParams, NormParams, RouterParams};
+pub use params::{
+    AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, LinearParams, MoeParams, NormParams, RouterParams,
+};
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
 
@@ -43,11 +45,13 @@ pub enum Module {
     Moe,
     /// `codec.wgsl`: causal convolutions, snake, tanh, stream history.
     Codec,
+    /// `bandwidth.wgsl`: the read-bandwidth roofline.
+    Bandwidth,
 }
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 9] = [
+    pub const ALL: [Module; 10] = [
         Module::Linear(WeightFormat::Bf16),
         Module::Linear(WeightFormat::Nvfp4),
         Module::Linear(WeightFormat::Fp8Block),
@@ -57,6 +61,7 @@ impl Module {
         Module::Elementwise,
         Module::Moe,
         Module::Codec,
+        Module::Bandwidth,
     ];
 
     /// The assembled WGSL source.
@@ -78,6 +83,7 @@ impl Module {
             Module::Elementwise => include_str!("wgsl/elementwise.wgsl"),
             Module::Moe => include_str!("wgsl/moe.wgsl"),
             Module::Codec => include_str!("wgsl/codec.wgsl"),
+            Module::Bandwidth => include_str!("wgsl/bandwidth.wgsl"),
         };
         format!("{COMMON}\n{family}")
     }
@@ -134,6 +140,8 @@ pub enum Kernel {
     Gelu,
     /// Mean over rows.
     MeanRows,
+    /// Streams a buffer: the bandwidth roofline.
+    ReadBandwidth,
 }
 
 impl Kernel {
@@ -161,6 +169,7 @@ impl Kernel {
             Kernel::Copy,
             Kernel::Gelu,
             Kernel::MeanRows,
+            Kernel::ReadBandwidth,
         ]);
         all
     }
@@ -182,6 +191,7 @@ impl Kernel {
             | Kernel::TanhOut
             | Kernel::ShiftHistory
             | Kernel::Copy => Module::Codec,
+            Kernel::ReadBandwidth => Module::Bandwidth,
         }
     }
 
@@ -208,6 +218,7 @@ impl Kernel {
             Kernel::Copy => "copy",
             Kernel::Gelu => "gelu",
             Kernel::MeanRows => "mean_rows",
+            Kernel::ReadBandwidth => "read_bandwidth",
         }
     }
 
@@ -241,6 +252,8 @@ impl Kernel {
             Kernel::EmbedF32 => &[0, 1, 6, 7, 8],
             // params, a, out
             Kernel::Gelu | Kernel::MeanRows => &[0, 1, 8],
+            // params, data, sink
+            Kernel::ReadBandwidth => &[0, 1, 2],
             // params, x, hist, w, bias, y
             Kernel::Conv1d | Kernel::ConvTranspose => &[0, 1, 2, 3, 4, 5],
             // params, x, alpha, y
@@ -252,9 +265,12 @@ impl Kernel {
         }
     }
 
-    /// Invocations per workgroup (every kernel uses 64).
+    /// Invocations per workgroup.
     pub fn workgroup_size(self) -> u32 {
-        64
+        match self {
+            Kernel::ReadBandwidth => 256,
+            _ => 64,
+        }
     }
 }
 

@@ -149,3 +149,15 @@ pub struct CodecParams {
     /// Output elements.
     pub count: u32,
 }
+
+/// `bandwidth.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct BandwidthParams {
+    /// vec4<u32> elements to read.
+    pub words: u32,
+    /// Total invocations of the grid.
+    pub stride: u32,
+    /// Padding.
+    pub pad: [u32; 2],
+}

@@ -157,9 +157,11 @@ impl Gpu {
             limits.max_storage_buffer_binding_size = cap;
         }
         let info = adapter.get_info();
+        // Timestamps at pass boundaries (the only kind Apple GPUs have) time steps when offered.
+        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("drama"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -308,6 +310,59 @@ impl Gpu {
             }
         }
         self.queue.submit([encoder.finish()]);
+    }
+
+    /// Blocks until the queue is idle.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| GpuError::Readback(e.to_string()))
+    }
+
+    /// Runs `dispatches` in one pass and returns its GPU time: from timestamps written at the
+    /// pass boundaries where the adapter offers them, else the wall time of submit-and-wait.
+    pub fn timed_submit(&self, dispatches: &[Dispatch]) -> Result<std::time::Duration, GpuError> {
+        if !self.caps.timestamps {
+            let start = std::time::Instant::now();
+            self.submit(dispatches);
+            self.wait()?;
+            return Ok(start.elapsed());
+        }
+        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("pass timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("timed"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &queries,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            });
+            for dispatch in dispatches {
+                dispatch.record(&mut pass);
+            }
+        }
+        encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
+        self.queue.submit([encoder.finish()]);
+        let bytes = self.read_bytes(&resolved)?;
+        let ticks: &[u64] = bytemuck::cast_slice(&bytes);
+        let nanos = ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period());
+        Ok(std::time::Duration::from_nanos(nanos as u64))
     }
 
     /// Copies `buffer` back to the host as f32 values (blocking).
