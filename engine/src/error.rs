@@ -1,5 +1,6 @@
 //! The engine's error type at its library boundary.
 
+use crate::audio::AudioError;
 use crate::checkpoint::CheckpointError;
 use crate::gpu::GpuError;
 
@@ -18,6 +19,9 @@ pub enum EngineError {
     /// The checkpoint is valid but this engine cannot run it on this device.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// Reference audio was refused.
+    #[error(transparent)]
+    Audio(#[from] AudioError),
     /// A request does not fit the model or the session.
     #[error("invalid input: {0}")]
     Input(String),

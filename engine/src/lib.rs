@@ -3,6 +3,7 @@
 //! - [`checkpoint`]: reading, verifying and validating checkpoints (no GPU).
 //! - [`numerics`]: the contract's scalar formats (BF16, E2M1, E4M3).
 //! - [`gpu`]: the wgpu device, capabilities, buffers and pipelines.
+//! - [`audio`]: reference-voice audio: WAV in and out, resampling, the contract's log-mel.
 //! - [`spec`]: a checkpoint described to the graph builder.
 //! - [`weights`]: weights on the GPU, as stored, split to the binding limit.
 //! - [`exec`]: a graph lowered to kernel launches; one pass and one submit per step.
@@ -13,6 +14,7 @@
 //! - [`reference`]: the FP64 CPU reference of every op and of the whole backbone.
 //! - [`error`]: the engine's error type.
 
+pub mod audio;
 pub mod checkpoint;
 pub mod codec;
 pub mod error;
