@@ -5,8 +5,11 @@ mod fetch;
 mod fixture;
 mod gpu_arg;
 mod graph;
+mod synth;
 mod trace;
 mod verify;
+mod voice;
+mod voice_arg;
 
 use std::process::ExitCode;
 
@@ -22,6 +25,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Synthesize speech from text into a WAV file.
+    Synth(synth::SynthArgs),
+    /// Encode a reference recording into a reusable voice file.
+    Voice(voice::VoiceArgs),
     /// Validate a checkpoint without touching a GPU and print what it holds.
     Verify(verify::VerifyArgs),
     /// Download the pinned checkpoint into a new directory and verify it.
@@ -37,6 +44,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Synth(args) => synth::run(args),
+        Command::Voice(args) => voice::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Fetch(args) => fetch::run(args),
         Command::Fixture(args) => fixture::run(args),

@@ -78,3 +78,18 @@ pub fn voice_file_bytes(prefix: &[f32], checkpoint: &Checkpoint) -> Result<Vec<u
     safetensors::serialize([(PREFIX_TENSOR, view)], Some(metadata))
         .map_err(|e| EngineError::Input(format!("voice file: {e}")))
 }
+
+/// The voice prefix of a reference recording: WAV bytes downmixed, resampled to the tower's
+/// rate, turned into log-mel frames and encoded by the voice tower on the GPU.
+pub fn prefix_from_wav(
+    bytes: &[u8],
+    checkpoint: &Checkpoint,
+    gpu: std::sync::Arc<crate::gpu::Gpu>,
+) -> Result<Vec<f32>, EngineError> {
+    let pcm = crate::audio::read_wav(bytes)?;
+    let mono = crate::audio::downmix(&pcm);
+    let tower_config = &checkpoint.config.voice_tower;
+    let samples = crate::audio::resample(&mono, pcm.sample_rate, tower_config.sample_rate)?;
+    let mel = crate::audio::log_mel(&samples, tower_config)?;
+    crate::tower::VoiceTower::new(gpu, checkpoint)?.encode(&mel.values, mel.frames)
+}

@@ -1,0 +1,174 @@
+//! `drama synth`: text to a WAV file (or stdout).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use drama_engine::audio::wav::{write_wav_f32, write_wav_pcm16};
+use drama_engine::sampling::SamplingParams;
+use drama_engine::session::Engine;
+use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
+use drama_engine::text::TextFrontEnd;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::checkpoint_arg::CheckpointArg;
+use crate::gpu_arg::GpuArg;
+use crate::voice_arg::load_voice;
+
+/// Sample formats of the output WAV.
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    /// 16-bit integer PCM.
+    Pcm16,
+    /// 32-bit float.
+    F32,
+}
+
+/// Guidance lane modes.
+#[derive(Clone, Copy, ValueEnum)]
+enum Guidance {
+    Paired,
+    Separate,
+}
+
+/// Arguments of `drama synth`.
+#[derive(Args)]
+pub struct SynthArgs {
+    /// The text to speak.
+    #[arg(long, conflicts_with = "text_file", required_unless_present = "text_file")]
+    text: Option<String>,
+    /// A UTF-8 file holding the text to speak.
+    #[arg(long)]
+    text_file: Option<PathBuf>,
+    /// Reference voice: a WAV recording or a voice file from `drama voice` (.safetensors).
+    #[arg(long)]
+    voice: Option<PathBuf>,
+    #[command(flatten)]
+    checkpoint: CheckpointArg,
+    #[command(flatten)]
+    gpu: GpuArg,
+    /// Output WAV path, or `-` for standard output.
+    #[arg(short = 'o', long = "out")]
+    out: PathBuf,
+    /// Sample format of the WAV.
+    #[arg(long, value_enum, default_value = "pcm16")]
+    format: Format,
+    /// Guidance scale (1 disables guidance); the recipe's is 1.5.
+    #[arg(long, default_value_t = 1.5)]
+    gamma: f32,
+    /// Run the guidance lanes batched (paired) or as two forwards (separate): same output bits.
+    #[arg(long, value_enum, default_value = "paired")]
+    guidance: Guidance,
+    /// Sampling temperature (0: always the most likely token).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Sample among the k most likely tokens only (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling threshold (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the random stream (default: random, printed so the run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Audio tokens per text segment at most (default: the checkpoint's max_audio_tokens).
+    #[arg(long)]
+    max_audio_tokens: Option<usize>,
+}
+
+fn random_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+/// Runs `drama synth`.
+pub fn run(args: SynthArgs) -> Result<()> {
+    let text = match (&args.text, &args.text_file) {
+        (Some(text), _) => text.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+        (None, None) => bail!("give --text or --text-file"),
+    };
+    let checkpoint = args.checkpoint.open()?;
+    let config = checkpoint.config.clone();
+    let max_audio_tokens = args.max_audio_tokens.unwrap_or(config.speech.max_audio_tokens);
+    anyhow::ensure!(max_audio_tokens >= 1, "--max-audio-tokens must be at least 1");
+    let front = TextFrontEnd::load(&checkpoint)?;
+    let budget = config
+        .max_position_embeddings
+        .checked_sub(config.speech.voice_prefix_len + 1 + max_audio_tokens)
+        .filter(|&b| b > 0)
+        .with_context(|| format!("--max-audio-tokens {max_audio_tokens} leaves no room for text in the context"))?;
+    let segments = front.segments(&text, budget)?;
+    let seed = args.seed.unwrap_or_else(random_seed);
+    eprintln!(
+        "seed: {seed}  checkpoint: {}  segments: {}",
+        checkpoint.provenance,
+        segments.len()
+    );
+    let gpu = args.gpu.open()?;
+    let prefix = match &args.voice {
+        Some(path) => Some(load_voice(path, &checkpoint, &gpu)?),
+        None => None,
+    };
+    let engine = Engine::load(gpu, checkpoint)?;
+    let request = SynthesisRequest {
+        segments,
+        prefix,
+        gamma: args.gamma,
+        guidance: match args.guidance {
+            Guidance::Paired => GuidanceMode::Paired,
+            Guidance::Separate => GuidanceMode::Separate,
+        },
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed,
+        },
+        max_audio_tokens,
+    };
+    let progress = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let rate = config.codec.sample_rate;
+    let mut pcm: Vec<f32> = Vec::new();
+    let stats = synthesize(&engine, &request, &mut |chunk| {
+        pcm.extend_from_slice(chunk);
+        progress.set_message(format!("{:.2} s of audio", pcm.len() as f64 / f64::from(rate)));
+        progress.tick();
+        true
+    })?;
+    progress.finish_and_clear();
+    debug_assert_eq!(stats.stop, Stop::Finished);
+    let bytes = match args.format {
+        Format::Pcm16 => write_wav_pcm16(&pcm, rate)?,
+        Format::F32 => write_wav_f32(&pcm, rate)?,
+    };
+    if args.out.as_os_str() == "-" {
+        std::io::stdout()
+            .lock()
+            .write_all(&bytes)
+            .context("writing the WAV to stdout")?;
+    } else {
+        std::fs::write(&args.out, &bytes).with_context(|| format!("writing {}", args.out.display()))?;
+    }
+    let audio = stats.audio_seconds();
+    let wall = stats.wall.as_secs_f64();
+    eprintln!(
+        "audio {audio:.2} s, wall {wall:.2} s, real-time factor {:.2}, {:.1} tokens/s, first audio after {}",
+        if audio > 0.0 { wall / audio } else { f64::INFINITY },
+        stats.tokens as f64 / wall.max(1e-9),
+        stats
+            .first_audio
+            .map_or("-".to_string(), |d| format!("{:.2} s", d.as_secs_f64())),
+    );
+    Ok(())
+}

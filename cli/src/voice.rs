@@ -1,0 +1,37 @@
+//! `drama voice`: encode a reference recording once into a reusable voice file.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use drama_engine::voice::{prefix_from_wav, voice_file_bytes};
+
+use crate::checkpoint_arg::CheckpointArg;
+use crate::gpu_arg::GpuArg;
+
+/// Arguments of `drama voice`.
+#[derive(Args)]
+pub struct VoiceArgs {
+    #[command(flatten)]
+    checkpoint: CheckpointArg,
+    #[command(flatten)]
+    gpu: GpuArg,
+    /// Reference recording (WAV: 16/24/32-bit integer or 32-bit float, any rate and channels).
+    #[arg(long)]
+    wav: PathBuf,
+    /// Output voice file (.safetensors).
+    #[arg(short = 'o', long = "out")]
+    out: PathBuf,
+}
+
+/// Runs `drama voice`.
+pub fn run(args: VoiceArgs) -> Result<()> {
+    let checkpoint = args.checkpoint.open()?;
+    let bytes = std::fs::read(&args.wav).with_context(|| format!("reading {}", args.wav.display()))?;
+    let prefix = prefix_from_wav(&bytes, &checkpoint, args.gpu.open()?)
+        .with_context(|| format!("voice {}", args.wav.display()))?;
+    std::fs::write(&args.out, voice_file_bytes(&prefix, &checkpoint)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!("wrote voice for {} to {}", checkpoint.provenance, args.out.display());
+    Ok(())
+}

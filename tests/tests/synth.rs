@@ -1,0 +1,195 @@
+//! `drama synth` and `drama voice` through the real binary on a generated checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use drama_engine::audio::{read_wav, write_wav_pcm16};
+use drama_tests::{drama, drama_text};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    checkpoint: String,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let ckpt = root.join("tiny");
+    drama_fixtures::write_preset("tiny", 21, &ckpt).unwrap();
+    Setup {
+        checkpoint: ckpt.to_str().unwrap().to_string(),
+        root,
+        _dir: dir,
+    }
+}
+
+fn synth(s: &Setup, out: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec![
+        "synth",
+        "--checkpoint",
+        &s.checkpoint,
+        "--text",
+        "Hello there. Another sentence.",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (code, _, err) = drama_text(&args);
+    (code, err)
+}
+
+fn sine_wav(path: &Path, rate: u32, seconds: f32) {
+    let n = (rate as f32 * seconds) as usize;
+    let samples: Vec<f32> = (0..n)
+        .map(|i| 0.3 * (i as f32 * 0.07).sin() + 0.1 * (i as f32 * 0.31).sin())
+        .collect();
+    std::fs::write(path, write_wav_pcm16(&samples, rate).unwrap()).unwrap();
+}
+
+#[test]
+fn synth_writes_a_whole_number_of_hops_and_repeats_with_the_seed() {
+    let s = setup();
+    let a = s.root.join("a.wav");
+    let (code, err) = synth(&s, &a, &["--seed", "7"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("seed: 7") && err.contains("real-time factor"), "{err}");
+    let pcm = read_wav(&std::fs::read(&a).unwrap()).unwrap();
+    assert_eq!(pcm.sample_rate, 24000);
+    assert!(
+        pcm.frames > 0 && pcm.frames % 12 == 0,
+        "{} samples is not a whole number of 12-sample hops",
+        pcm.frames
+    );
+    assert!(pcm.samples.iter().all(|v| v.is_finite()));
+    let b = s.root.join("b.wav");
+    assert_eq!(synth(&s, &b, &["--seed", "7"]).0, Some(0));
+    assert_eq!(
+        std::fs::read(&a).unwrap(),
+        std::fs::read(&b).unwrap(),
+        "same seed, different bytes"
+    );
+    let c = s.root.join("c.wav");
+    assert_eq!(synth(&s, &c, &["--seed", "7", "--guidance", "separate"]).0, Some(0));
+    assert_eq!(
+        std::fs::read(&a).unwrap(),
+        std::fs::read(&c).unwrap(),
+        "paired and separate differ"
+    );
+    let d = s.root.join("d.wav");
+    assert_eq!(synth(&s, &d, &["--seed", "8"]).0, Some(0));
+    assert_ne!(
+        std::fs::read(&a).unwrap(),
+        std::fs::read(&d).unwrap(),
+        "the seed must matter"
+    );
+    // f32 output and standard output.
+    let f = s.root.join("f.wav");
+    assert_eq!(synth(&s, &f, &["--seed", "7", "--format", "f32"]).0, Some(0));
+    assert_eq!(read_wav(&std::fs::read(&f).unwrap()).unwrap().frames, pcm.frames);
+    let out = drama(&[
+        "synth",
+        "--checkpoint",
+        &s.checkpoint,
+        "--text",
+        "Hello there. Another sentence.",
+        "--seed",
+        "7",
+        "-o",
+        "-",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(
+        out.stdout,
+        std::fs::read(&a).unwrap(),
+        "-o - writes the same WAV to stdout"
+    );
+}
+
+#[test]
+fn a_voice_file_made_from_a_wav_sounds_like_the_wav() {
+    let s = setup();
+    let reference = s.root.join("ref.wav");
+    sine_wav(&reference, 22050, 0.4);
+    let voice = s.root.join("voice.safetensors");
+    let (code, _, err) = drama_text(&[
+        "voice",
+        "--checkpoint",
+        &s.checkpoint,
+        "--wav",
+        reference.to_str().unwrap(),
+        "-o",
+        voice.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let from_wav = s.root.join("w.wav");
+    let from_file = s.root.join("v.wav");
+    let default = s.root.join("d.wav");
+    assert_eq!(
+        synth(&s, &from_wav, &["--seed", "3", "--voice", reference.to_str().unwrap()]).0,
+        Some(0)
+    );
+    assert_eq!(
+        synth(&s, &from_file, &["--seed", "3", "--voice", voice.to_str().unwrap()]).0,
+        Some(0)
+    );
+    assert_eq!(synth(&s, &default, &["--seed", "3"]).0, Some(0));
+    assert_eq!(std::fs::read(&from_wav).unwrap(), std::fs::read(&from_file).unwrap());
+    assert_ne!(
+        std::fs::read(&from_wav).unwrap(),
+        std::fs::read(&default).unwrap(),
+        "the voice must matter"
+    );
+}
+
+#[test]
+fn synth_refusals_name_the_problem() {
+    let s = setup();
+    let out = s.root.join("x.wav");
+    let (code, err) = {
+        let (c, _, e) = drama_text(&[
+            "synth",
+            "--checkpoint",
+            &s.checkpoint,
+            "--text",
+            "   ",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        (c, e)
+    };
+    assert_eq!(code, Some(1));
+    assert!(err.contains("empty"), "{err}");
+    let garbage = s.root.join("garbage.wav");
+    std::fs::write(&garbage, b"RIFF1234WAVEnonsense").unwrap();
+    let (code, err) = synth(&s, &out, &["--voice", garbage.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("garbage.wav") && err.contains("WAV"), "{err}");
+    let short = s.root.join("short.wav");
+    sine_wav(&short, 16000, 0.002);
+    let (code, err) = synth(&s, &out, &["--voice", short.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("short.wav") && err.contains("n_fft"), "{err}");
+    // A voice made for another checkpoint.
+    let other = s.root.join("other");
+    drama_fixtures::write_preset("tiny", 22, &other).unwrap();
+    let reference = s.root.join("ref.wav");
+    sine_wav(&reference, 16000, 0.3);
+    let voice = s.root.join("other.safetensors");
+    let (code, _, err) = drama_text(&[
+        "voice",
+        "--checkpoint",
+        other.to_str().unwrap(),
+        "--wav",
+        reference.to_str().unwrap(),
+        "-o",
+        voice.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = synth(&s, &out, &["--voice", voice.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("made for checkpoint"), "{err}");
+    assert!(!out.exists(), "a refused request wrote output");
+    let (code, err) = synth(&s, &out, &["--top-p", "0"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("top_p"), "{err}");
+}
