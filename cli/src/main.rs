@@ -1,5 +1,6 @@
 //! `drama`: the command-line front end of the Drama 3 engine.
 
+mod bench;
 mod checkpoint_arg;
 mod fetch;
 mod fixture;
@@ -37,6 +38,8 @@ enum Command {
     Fixture(fixture::FixtureArgs),
     /// Print the compiled step graph: ops, shapes, dtypes, formats, kernels, buffers.
     Graph(graph::GraphArgs),
+    /// Measure kernels, decode steps, prefill and synthesis; write JSON.
+    Bench(bench::BenchArgs),
     /// Teacher-forced run: logits, hidden states and router choices as F32 tensors.
     Trace(trace::TraceArgs),
 }
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Fixture(args) => fixture::run(args),
         Command::Graph(args) => graph::run(args),
         Command::Trace(args) => trace::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -31,14 +31,19 @@ struct ChunkProgram {
     dispatches: Vec<Dispatch>,
 }
 
-/// Streams codes to PCM.
-pub struct CodecDecoder {
+/// The codec's weights on the GPU, shared by every stream.
+pub struct CodecWeights {
     gpu: Arc<Gpu>,
     tensors: HashMap<String, wgpu::Buffer>,
     codebook: Vec<f32>,
     codebook_dim: usize,
     codes: usize,
     config: crate::checkpoint::config::CodecConfig,
+}
+
+/// One stream of codes to PCM: its own histories over shared weights.
+pub struct CodecDecoder {
+    weights: Arc<CodecWeights>,
     histories: Vec<History>,
     programs: HashMap<usize, ChunkProgram>,
 }
@@ -213,9 +218,9 @@ fn history_shapes(c: &crate::checkpoint::config::CodecConfig) -> Vec<(usize, usi
     shapes
 }
 
-impl CodecDecoder {
+impl CodecWeights {
     /// Uploads the codec's weights (BF16, as stored).
-    pub fn new(gpu: Arc<Gpu>, checkpoint: &Checkpoint) -> Result<CodecDecoder, EngineError> {
+    pub fn upload(gpu: Arc<Gpu>, checkpoint: &Checkpoint) -> Result<Arc<CodecWeights>, EngineError> {
         let mut tensors = HashMap::new();
         for (name, entry) in checkpoint.weights.entries() {
             if name.starts_with("codec.") && name != names::CODEBOOK {
@@ -229,7 +234,25 @@ impl CodecDecoder {
             }
         }
         let config = checkpoint.config.codec.clone();
-        let histories = history_shapes(&config)
+        Ok(Arc::new(CodecWeights {
+            codebook: weights::values(checkpoint, names::CODEBOOK)
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
+            codebook_dim: config.codebook_dim,
+            codes: checkpoint.config.speech.audio_codes,
+            gpu,
+            tensors,
+            config,
+        }))
+    }
+}
+
+impl CodecDecoder {
+    /// A stream over shared weights, its histories at zero.
+    pub fn new(weights: Arc<CodecWeights>) -> CodecDecoder {
+        let gpu = &weights.gpu;
+        let histories = history_shapes(&weights.config)
             .into_iter()
             .map(|(frames, channels)| {
                 let bytes = (frames * channels * 4) as u64;
@@ -241,37 +264,31 @@ impl CodecDecoder {
                 }
             })
             .collect();
-        Ok(CodecDecoder {
-            codebook: weights::values(checkpoint, names::CODEBOOK)
-                .iter()
-                .map(|&v| v as f32)
-                .collect(),
-            codebook_dim: config.codebook_dim,
-            codes: checkpoint.config.speech.audio_codes,
-            gpu,
-            tensors,
-            config,
+        CodecDecoder {
+            weights,
             histories,
             programs: HashMap::new(),
-        })
+        }
     }
 
     /// Starts a new utterance: every history back to zeros.
     pub fn reset(&mut self) {
         for h in &self.histories {
-            self.gpu
+            self.weights
+                .gpu
                 .queue
                 .write_buffer(&h.current, 0, &vec![0u8; h.current.size() as usize]);
         }
     }
 
     fn compile(&self, frames: usize) -> Result<ChunkProgram, EngineError> {
-        let c = &self.config;
+        let w = &self.weights;
+        let c = &w.config;
         let k = c.kernel_size;
-        let input = self.gpu.buffer("codec input", (frames * c.codebook_dim * 4) as u64);
+        let input = w.gpu.buffer("codec input", (frames * c.codebook_dim * 4) as u64);
         let mut b = Builder {
-            gpu: &self.gpu,
-            tensors: &self.tensors,
+            gpu: &w.gpu,
+            tensors: &w.tensors,
             histories: &self.histories,
             next_history: 0,
             dispatches: Vec::new(),
@@ -296,7 +313,7 @@ impl CodecDecoder {
         let last = *c.channels.last().expect("validated");
         let s = b.snake(&x, t, names::OUT_SNAKE, last)?;
         let y = b.conv1d(&s, t, names::CODEC_OUT, last, 1, k, 1)?;
-        let output = self.gpu.buffer("pcm", (t * 4) as u64);
+        let output = w.gpu.buffer("pcm", (t * 4) as u64);
         let params = CodecParams {
             count: t as u32,
             ..Default::default()
@@ -315,10 +332,10 @@ impl CodecDecoder {
         if codes.is_empty() {
             return Ok(Vec::new());
         }
-        if let Some(&bad) = codes.iter().find(|&&code| code as usize >= self.codes) {
+        if let Some(&bad) = codes.iter().find(|&&code| code as usize >= self.weights.codes) {
             return Err(EngineError::Input(format!(
                 "code {bad} is not below audio_codes {}",
-                self.codes
+                self.weights.codes
             )));
         }
         if !self.programs.contains_key(&codes.len()) {
@@ -326,20 +343,21 @@ impl CodecDecoder {
             self.programs.insert(codes.len(), program);
         }
         let program = &self.programs[&codes.len()];
-        let dim = self.codebook_dim;
+        let dim = self.weights.codebook_dim;
         let rows: Vec<f32> = codes
             .iter()
             .flat_map(|&code| {
-                self.codebook[code as usize * dim..(code as usize + 1) * dim]
+                self.weights.codebook[code as usize * dim..(code as usize + 1) * dim]
                     .iter()
                     .copied()
             })
             .collect();
-        self.gpu
+        self.weights
+            .gpu
             .queue
             .write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
-        self.gpu.submit(&program.dispatches);
-        let mut pcm = self.gpu.read_f32(&program.output)?;
+        self.weights.gpu.submit(&program.dispatches);
+        let mut pcm = self.weights.gpu.read_f32(&program.output)?;
         pcm.truncate(program.samples);
         Ok(pcm)
     }

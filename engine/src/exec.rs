@@ -490,6 +490,11 @@ impl Executable {
         gpu.submit(&self.dispatches);
     }
 
+    /// Runs the step and returns its pass's GPU time.
+    pub fn timed_run(&self, gpu: &Gpu) -> Result<std::time::Duration, EngineError> {
+        Ok(gpu.timed_submit(&self.dispatches)?)
+    }
+
     /// Reads a value back as f32 (its first `elements`).
     pub fn read_f32(&self, gpu: &Gpu, id: ValueId) -> Result<Vec<f32>, EngineError> {
         let n: usize = self.graph.value(id).shape.iter().product();

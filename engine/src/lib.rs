@@ -9,12 +9,15 @@
 //! - [`exec`]: a graph lowered to kernel launches; one pass and one submit per step.
 //! - [`session`]: the loaded engine and its lanes (KV caches, prefixes, steps).
 //! - [`codec`], [`tower`]: the streaming codec decoder (codes to PCM) and the voice tower.
-//! - [`text`], [`sampling`], [`synth`]: tokenizing and splitting text, seeded sampling, synthesis.
+//! - [`text`], [`sampling`], [`synth`], [`batch`]: text front end, seeded sampling, synthesis, continuous batching.
 //! - [`guidance`], [`trace`], [`voice`]: guidance mixing, teacher-forced traces, voice files.
 //! - [`reference`]: the FP64 CPU reference of every op and of the whole backbone.
+//! - [`bench`]: the benchmark suite of `drama bench`.
 //! - [`error`]: the engine's error type.
 
 pub mod audio;
+pub mod batch;
+pub mod bench;
 pub mod checkpoint;
 pub mod codec;
 pub mod error;

@@ -223,6 +223,22 @@ impl<'e> Session<'e> {
     /// their positions, and returns the logits of every row (and, with `trace`, every
     /// layer's hidden states and router choices).
     pub fn step(&mut self, rows: &[Row], trace: bool) -> Result<StepOutput, EngineError> {
+        Ok(self.run_step(rows, trace, false)?.0)
+    }
+
+    /// Like [`Session::step`], and returns the GPU time of the step's pass (timestamps at
+    /// the pass boundaries where the adapter has them, wall time otherwise).
+    pub fn timed_step(&mut self, rows: &[Row]) -> Result<(StepOutput, std::time::Duration), EngineError> {
+        let (output, time) = self.run_step(rows, false, true)?;
+        Ok((output, time.unwrap_or_default()))
+    }
+
+    fn run_step(
+        &mut self,
+        rows: &[Row],
+        trace: bool,
+        timed: bool,
+    ) -> Result<(StepOutput, Option<std::time::Duration>), EngineError> {
         self.validate(rows)?;
         let c = self.engine.checkpoint.config.clone();
         let p = c.speech.voice_prefix_len;
@@ -257,7 +273,12 @@ impl<'e> Session<'e> {
         exe.write_input(&gpu, "row_lane", bytemuck::cast_slice(&lanes))?;
         exe.write_input(&gpu, "row_pos", bytemuck::cast_slice(&positions))?;
         exe.write_input(&gpu, "prefixes", bytemuck::cast_slice(&prefixes))?;
-        exe.run(&gpu);
+        let time = if timed {
+            Some(exe.timed_run(&gpu)?)
+        } else {
+            exe.run(&gpu);
+            None
+        };
         let find = |name: &str| {
             exe.graph
                 .find(name)
@@ -280,6 +301,6 @@ impl<'e> Session<'e> {
                 });
             }
         }
-        Ok(StepOutput { logits, hidden, routes })
+        Ok((StepOutput { logits, hidden, routes }, time))
     }
 }

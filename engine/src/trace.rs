@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use safetensors::Dtype;
 
 use crate::checkpoint::names;
-use crate::codec::CodecDecoder;
+use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::guidance::mix;
 use crate::reference::weights;
@@ -159,7 +159,7 @@ pub fn trace(engine: &Engine, request: &TraceRequest<'_>) -> Result<Trace, Engin
             ));
         }
     }
-    let mut decoder = CodecDecoder::new(engine.gpu.clone(), &engine.checkpoint)?;
+    let mut decoder = CodecDecoder::new(CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?);
     decoder.reset();
     let pcm = decoder.decode(request.codes)?;
     tensors.push(f32_tensor("pcm".into(), vec![pcm.len()], &pcm));

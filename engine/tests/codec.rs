@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use drama_engine::checkpoint::{Checkpoint, Provenance};
-use drama_engine::codec::CodecDecoder;
+use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::reference::codec::decode;
 use drama_engine::reference::ops::Rounding;
 use rand_core::Rng;
@@ -28,7 +28,7 @@ fn codec_matches_reference_and_streams_exactly() {
         .collect();
     let hop = checkpoint.config.codec.samples_per_code();
 
-    let mut decoder = CodecDecoder::new(shared_gpu(), &checkpoint).unwrap();
+    let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
     decoder.reset();
     let whole = decoder.decode(&codes).unwrap();
     assert_eq!(whole.len(), codes.len() * hop);

@@ -1,0 +1,22 @@
+//! Records the source commit and the wgpu version for `drama bench` reports.
+
+fn main() {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=DRAMA_COMMIT={commit}");
+    let lock = std::fs::read_to_string("../Cargo.lock").unwrap_or_default();
+    let wgpu = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"wgpu\"\n"))
+        .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = \"")))
+        .map(|v| v.trim_end_matches('"').to_string())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=DRAMA_WGPU_VERSION={wgpu}");
+    println!("cargo:rerun-if-changed=../Cargo.lock");
+    println!("cargo:rerun-if-changed=../.git/HEAD");
+}

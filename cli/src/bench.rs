@@ -1,0 +1,91 @@
+//! `drama bench`: the benchmark suite, written as JSON (and summarised on stderr).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use drama_engine::bench::{BenchOptions, run as run_bench};
+use drama_engine::session::Engine;
+
+use crate::checkpoint_arg::CheckpointArg;
+use crate::gpu_arg::GpuArg;
+
+/// Arguments of `drama bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    checkpoint: CheckpointArg,
+    #[command(flatten)]
+    gpu: GpuArg,
+    /// JSON output file.
+    #[arg(long)]
+    out: PathBuf,
+    /// Timed repeats per measurement.
+    #[arg(long, default_value_t = 20)]
+    repeats: usize,
+    /// KV context of the timed decode steps.
+    #[arg(long, default_value_t = 256)]
+    context: usize,
+    /// Prompt rows of the prefill measurement.
+    #[arg(long, default_value_t = 256)]
+    prefill_rows: usize,
+    /// Audio tokens of the synthesis measurement (50 per second of audio at the bench shape).
+    #[arg(long, default_value_t = 500)]
+    synthesis_tokens: usize,
+    /// Bytes of weight copies each linear measurement rotates over.
+    #[arg(long, default_value_t = 512 << 20)]
+    rotation_bytes: u64,
+}
+
+/// Runs `drama bench`.
+pub fn run(args: BenchArgs) -> Result<()> {
+    anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
+    let checkpoint = args.checkpoint.open()?;
+    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
+    let options = BenchOptions {
+        repeats: args.repeats,
+        context: args.context,
+        prefill_rows: args.prefill_rows,
+        synthesis_tokens: args.synthesis_tokens,
+        rotation_bytes: args.rotation_bytes,
+    };
+    let report = run_bench(
+        &engine,
+        &options,
+        env!("DRAMA_WGPU_VERSION"),
+        env!("DRAMA_COMMIT"),
+        &mut |stage| eprintln!("bench: {stage}"),
+    )?;
+    if let Some(parent) = args.out.parent() {
+        std::fs::create_dir_all(parent).ok();
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("roofline {:.0} GB/s", report.roofline.gb_per_s);
+    for k in &report.kernels {
+        eprintln!(
+            "linear {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline)",
+            k.format,
+            k.rows,
+            k.cols,
+            k.lanes,
+            k.us,
+            k.gb_per_s,
+            100.0 * k.fraction_of_roofline
+        );
+    }
+    for s in &report.decode {
+        eprintln!(
+            "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches",
+            s.label, s.lanes, s.gpu_ms, s.wall_ms, s.floor_ms, s.ratio_to_floor, s.dispatches
+        );
+    }
+    eprintln!("prefill {} rows: {:.2} ms", report.prefill.rows, report.prefill.gpu_ms);
+    let y = &report.synthesis;
+    eprintln!(
+        "synthesis: {} tokens, {:.2} s audio, {:.2} s wall, RTF {:.3}, first audio {:.3} s, {:.1} tokens/s",
+        y.tokens, y.audio_s, y.wall_s, y.real_time_factor, y.first_audio_s, y.tokens_per_s
+    );
+    println!("wrote {}", args.out.display());
+    Ok(())
+}

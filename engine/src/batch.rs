@@ -1,0 +1,323 @@
+//! Continuous batching: synthesis jobs share one session, each on its own lanes (one, or a
+//! guidance pair), joining and leaving between steps. Every step is one batched forward of
+//! the rows of every job (a new job's whole prompt, a running job's one token per lane);
+//! rows never influence each other, so each job gets exactly the bits it would get alone.
+//! With separate guidance, cond rows and uncond rows run as two forwards per step.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::names;
+use crate::codec::{CodecDecoder, CodecWeights};
+use crate::error::EngineError;
+use crate::guidance::mix;
+use crate::reference::weights;
+use crate::sampling::Sampler;
+use crate::session::{Engine, Row, RowSource, Session};
+use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats};
+
+/// Receives a job's PCM as it is produced; returns false to cancel the job.
+pub type Sink = Box<dyn FnMut(&[f32]) -> bool + Send>;
+
+/// Identifies an admitted job.
+pub type JobId = u64;
+
+struct Job {
+    id: JobId,
+    request: SynthesisRequest,
+    cond_lane: usize,
+    uncond_lane: Option<usize>,
+    segment: usize,
+    /// Position of the next row; 0 means the segment's prompt is still to run.
+    position: usize,
+    generated: usize,
+    last_token: Option<u32>,
+    sampler: Sampler,
+    codec: CodecDecoder,
+    pending: Vec<u32>,
+    sink: Sink,
+    stats: SynthesisStats,
+    started: Instant,
+}
+
+enum Next {
+    Continue,
+    NextSegment,
+    Finished(Stop),
+}
+
+/// Jobs sharing one session's lanes.
+pub struct Batcher<'e> {
+    engine: &'e Engine,
+    session: Session<'e>,
+    codec: Arc<CodecWeights>,
+    free: Vec<usize>,
+    jobs: Vec<Job>,
+    next_id: JobId,
+    capacity: usize,
+    null_prefix: Vec<f32>,
+    default_prefix: Vec<f32>,
+}
+
+impl<'e> Batcher<'e> {
+    /// A batcher over `lanes` lanes of `capacity` positions each.
+    pub fn new(engine: &'e Engine, lanes: usize, capacity: usize) -> Result<Self, EngineError> {
+        let to_f32 = |name: &str| {
+            weights::values(&engine.checkpoint, name)
+                .iter()
+                .map(|&v| v as f32)
+                .collect()
+        };
+        Ok(Batcher {
+            session: Session::new(engine, lanes, capacity)?,
+            codec: CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?,
+            free: (0..lanes).rev().collect(),
+            jobs: Vec::new(),
+            next_id: 0,
+            capacity,
+            null_prefix: to_f32(names::NULL_PREFIX),
+            default_prefix: to_f32(names::DEFAULT_PREFIX),
+            engine,
+        })
+    }
+
+    /// Lanes a request needs: two with guidance, one without.
+    pub fn lanes_needed(request: &SynthesisRequest) -> usize {
+        if request.gamma == 1.0 { 1 } else { 2 }
+    }
+
+    /// Lanes not held by a job.
+    pub fn free_lanes(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Jobs running.
+    pub fn active(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Checks a request against the model and this batcher, without admitting it.
+    pub fn check(&self, request: &SynthesisRequest) -> Result<(), EngineError> {
+        let c = &self.engine.checkpoint.config;
+        if request.segments.is_empty() || request.segments.iter().any(Vec::is_empty) {
+            return Err(EngineError::Input("nothing to say: the text has no tokens".into()));
+        }
+        if !request.gamma.is_finite() {
+            return Err(EngineError::Input(format!("gamma {} is not finite", request.gamma)));
+        }
+        if request.max_audio_tokens == 0 {
+            return Err(EngineError::Input("max_audio_tokens must be at least 1".into()));
+        }
+        request.sampling.validate()?;
+        let p = c.speech.voice_prefix_len;
+        for segment in &request.segments {
+            let needed = p + segment.len() + 1 + request.max_audio_tokens;
+            if needed > self.capacity {
+                return Err(EngineError::Input(format!(
+                    "a segment of {} tokens with up to {} audio tokens needs {needed} positions, more than the {} available",
+                    segment.len(),
+                    request.max_audio_tokens,
+                    self.capacity
+                )));
+            }
+        }
+        if let Some(prefix) = &request.prefix
+            && prefix.len() != p * c.hidden_size
+        {
+            return Err(EngineError::Input(format!(
+                "voice prefix of {} values, expected {}",
+                prefix.len(),
+                p * c.hidden_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Admits a job if its lanes are free; its PCM goes to `sink`.
+    pub fn admit(&mut self, request: SynthesisRequest, sink: Sink) -> Result<JobId, EngineError> {
+        self.check(&request)?;
+        let needed = Self::lanes_needed(&request);
+        if self.free.len() < needed {
+            return Err(EngineError::Input(format!(
+                "{needed} free lanes needed, {} free",
+                self.free.len()
+            )));
+        }
+        let cond_lane = self.free.pop().expect("checked");
+        let uncond_lane = (needed == 2).then(|| self.free.pop().expect("checked"));
+        let prefix = request.prefix.clone().unwrap_or_else(|| self.default_prefix.clone());
+        self.session.set_prefix(cond_lane, &prefix)?;
+        if let Some(lane) = uncond_lane {
+            self.session.set_prefix(lane, &self.null_prefix)?;
+        }
+        let mut codec = CodecDecoder::new(self.codec.clone());
+        codec.reset();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.jobs.push(Job {
+            id,
+            sampler: Sampler::new(request.sampling)?,
+            stats: SynthesisStats {
+                tokens: 0,
+                samples: 0,
+                sample_rate: self.engine.checkpoint.config.codec.sample_rate,
+                wall: Duration::ZERO,
+                first_audio: None,
+                stop: Stop::Finished,
+            },
+            request,
+            cond_lane,
+            uncond_lane,
+            segment: 0,
+            position: 0,
+            generated: 0,
+            last_token: None,
+            codec,
+            pending: Vec::new(),
+            sink,
+            started: Instant::now(),
+        });
+        Ok(id)
+    }
+
+    /// The rows a job feeds this step for one of its lanes.
+    fn rows(&self, job: &Job, lane: usize) -> Vec<Row> {
+        let c = &self.engine.checkpoint.config;
+        if job.position == 0 {
+            let segment = &job.request.segments[job.segment];
+            (0..c.speech.voice_prefix_len)
+                .map(RowSource::Prefix)
+                .chain(segment.iter().map(|&t| RowSource::Text(t)))
+                .chain(std::iter::once(RowSource::Audio(c.speech.audio_bos() as u32)))
+                .enumerate()
+                .map(|(pos, source)| Row { source, lane, pos })
+                .collect()
+        } else {
+            let token = job.last_token.expect("a running job has a token");
+            vec![Row {
+                source: RowSource::Audio(token),
+                lane,
+                pos: job.position,
+            }]
+        }
+    }
+
+    /// Runs one batched step for every job; returns the jobs that ended, with their stats.
+    pub fn step(&mut self) -> Result<Vec<(JobId, SynthesisStats)>, EngineError> {
+        if self.jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let vocab = self.engine.checkpoint.config.speech.audio_vocab_size;
+        let separate = self.jobs.iter().any(|j| j.request.guidance == GuidanceMode::Separate);
+        // (job index, cond row, uncond row) positions of each job's last row in the logits.
+        let mut cond_rows = Vec::new();
+        let mut uncond_rows = Vec::new();
+        let mut last = Vec::new();
+        for job in &self.jobs {
+            cond_rows.extend(self.rows(job, job.cond_lane));
+            let c = cond_rows.len() - 1;
+            let u = job.uncond_lane.map(|lane| {
+                uncond_rows.extend(self.rows(job, lane));
+                uncond_rows.len() - 1
+            });
+            last.push((c, u));
+        }
+        let (cond_logits, uncond_logits) = if separate {
+            let c = self.session.step(&cond_rows, false)?.logits;
+            let u = if uncond_rows.is_empty() {
+                Vec::new()
+            } else {
+                self.session.step(&uncond_rows, false)?.logits
+            };
+            (c, u)
+        } else {
+            let n = cond_rows.len();
+            let mut all = cond_rows;
+            all.extend(uncond_rows);
+            let logits = self.session.step(&all, false)?.logits;
+            (logits[..n * vocab].to_vec(), logits[n * vocab..].to_vec())
+        };
+        let mut finished = Vec::new();
+        let mut index = 0;
+        let mut outcomes = Vec::new();
+        for (job, (c, u)) in self.jobs.iter_mut().zip(&last) {
+            let cond = &cond_logits[c * vocab..(c + 1) * vocab];
+            let logits = match u {
+                Some(u) => mix(cond, &uncond_logits[u * vocab..(u + 1) * vocab], job.request.gamma),
+                None => cond.to_vec(),
+            };
+            outcomes.push(Self::advance(self.engine, job, &logits)?);
+        }
+        for outcome in outcomes {
+            let job = &mut self.jobs[index];
+            match outcome {
+                Next::Continue => index += 1,
+                Next::NextSegment => {
+                    job.segment += 1;
+                    job.position = 0;
+                    job.generated = 0;
+                    job.last_token = None;
+                    index += 1;
+                }
+                Next::Finished(stop) => {
+                    let mut job = self.jobs.remove(index);
+                    job.stats.stop = stop;
+                    job.stats.wall = job.started.elapsed();
+                    self.free.push(job.cond_lane);
+                    self.free.extend(job.uncond_lane);
+                    finished.push((job.id, job.stats));
+                }
+            }
+        }
+        Ok(finished)
+    }
+
+    /// Samples a job's next token from its mixed logits and moves it on.
+    fn advance(engine: &Engine, job: &mut Job, logits: &[f32]) -> Result<Next, EngineError> {
+        let c = &engine.checkpoint.config;
+        if job.position == 0 {
+            job.position = c.speech.voice_prefix_len + job.request.segments[job.segment].len() + 1;
+        } else {
+            job.position += 1;
+        }
+        let token = job.sampler.sample(logits, c.speech.audio_bos())?;
+        let ended = token as usize == c.speech.audio_eos();
+        if !ended {
+            job.stats.tokens += 1;
+            job.generated += 1;
+            job.pending.push(token);
+            job.last_token = Some(token);
+        }
+        let segment_done = ended || job.generated == job.request.max_audio_tokens;
+        if job.pending.len() == CODEC_CHUNK || (segment_done && !job.pending.is_empty()) {
+            let pcm = job.codec.decode(&job.pending)?;
+            job.pending.clear();
+            if !pcm.is_empty() {
+                job.stats.first_audio.get_or_insert_with(|| job.started.elapsed());
+                job.stats.samples += pcm.len();
+                if !(job.sink)(&pcm) {
+                    return Ok(Next::Finished(Stop::Cancelled));
+                }
+            }
+        }
+        if !segment_done {
+            return Ok(Next::Continue);
+        }
+        if job.segment + 1 < job.request.segments.len() {
+            Ok(Next::NextSegment)
+        } else {
+            Ok(Next::Finished(Stop::Finished))
+        }
+    }
+
+    /// Cancels a job (its lanes free at once).
+    pub fn cancel(&mut self, id: JobId) -> Option<SynthesisStats> {
+        let index = self.jobs.iter().position(|j| j.id == id)?;
+        let mut job = self.jobs.remove(index);
+        self.free.push(job.cond_lane);
+        self.free.extend(job.uncond_lane);
+        job.stats.stop = Stop::Cancelled;
+        job.stats.wall = job.started.elapsed();
+        Some(job.stats)
+    }
+}

@@ -1,0 +1,494 @@
+//! The benchmark suite behind `drama bench`: the read-bandwidth roofline, linear kernels at
+//! the model's matrix sizes, whole decode steps (1 lane, a guidance pair, 8 lanes), a
+//! prefill, and end-to-end synthesis, each set against its floor (bytes / roofline).
+//!
+//! GPU times come from timestamps at pass boundaries where the adapter has them (wall time
+//! otherwise); medians of repeats; linear kernels rotate over weight copies larger than any
+//! cache so no repeat is served from cache.
+
+use std::time::Duration;
+
+use drama_kernels::{BandwidthParams, Kernel, LinearParams, WeightFormat};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::error::EngineError;
+use crate::gpu::{Capabilities, Dispatch, Gpu};
+use crate::sampling::SamplingParams;
+use crate::session::{Engine, Row, RowSource, Session};
+use crate::synth::{GuidanceMode, SynthesisRequest, synthesize};
+
+/// What to run.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchOptions {
+    /// Timed repeats per measurement (the median is reported).
+    pub repeats: usize,
+    /// KV context length of the timed decode steps.
+    pub context: usize,
+    /// Prompt rows of the prefill measurement.
+    pub prefill_rows: usize,
+    /// Audio tokens of the synthesis measurement.
+    pub synthesis_tokens: usize,
+    /// Bytes of weight copies each linear measurement rotates over (at least).
+    pub rotation_bytes: u64,
+}
+
+/// Where the numbers were measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// The adapter's capability report.
+    pub adapter: Capabilities,
+    /// wgpu version the binary was built with.
+    pub wgpu: String,
+    /// Source commit.
+    pub commit: String,
+    /// Checkpoint provenance.
+    pub checkpoint: String,
+}
+
+/// The measured read-bandwidth ceiling.
+#[derive(Debug, Clone, Serialize)]
+pub struct Roofline {
+    /// Bytes read per run.
+    pub bytes: u64,
+    /// Median GPU milliseconds.
+    pub ms: f64,
+    /// GB/s (1e9 bytes per second).
+    pub gb_per_s: f64,
+}
+
+/// One linear-kernel measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelResult {
+    /// Weight format.
+    pub format: String,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Activation rows (lanes).
+    pub lanes: usize,
+    /// Weight bytes (codes and scales) read per launch.
+    pub bytes: u64,
+    /// Median microseconds per launch.
+    pub us: f64,
+    /// Achieved GB/s.
+    pub gb_per_s: f64,
+    /// Achieved / roofline.
+    pub fraction_of_roofline: f64,
+}
+
+/// One decode-step measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepResult {
+    /// `single`, `pair` or `lanes-8`.
+    pub label: String,
+    /// Lanes in the step.
+    pub lanes: usize,
+    /// KV context at the timed steps.
+    pub context: usize,
+    /// Kernel launches per step.
+    pub dispatches: usize,
+    /// Median GPU milliseconds of the step's pass.
+    pub gpu_ms: f64,
+    /// Median wall milliseconds (inputs, pass, logits read back).
+    pub wall_ms: f64,
+    /// Bytes the step must read: dense weights, the chosen experts, the KV caches.
+    pub bytes: u64,
+    /// bytes / roofline, in milliseconds.
+    pub floor_ms: f64,
+    /// gpu_ms / floor_ms.
+    pub ratio_to_floor: f64,
+}
+
+/// The prefill measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefillResult {
+    /// Prompt rows.
+    pub rows: usize,
+    /// GPU milliseconds.
+    pub gpu_ms: f64,
+    /// Rows per second.
+    pub rows_per_s: f64,
+}
+
+/// The end-to-end synthesis measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct SynthesisResult {
+    /// Audio tokens generated.
+    pub tokens: usize,
+    /// Seconds of audio.
+    pub audio_s: f64,
+    /// Wall seconds.
+    pub wall_s: f64,
+    /// wall / audio.
+    pub real_time_factor: f64,
+    /// Seconds to the first audio.
+    pub first_audio_s: f64,
+    /// Tokens per second.
+    pub tokens_per_s: f64,
+}
+
+/// Everything `drama bench` writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// Where it ran.
+    pub machine: Machine,
+    /// Settings.
+    pub options: BenchOptions,
+    /// The ceiling.
+    pub roofline: Roofline,
+    /// Linear kernels at the model's sizes.
+    pub kernels: Vec<KernelResult>,
+    /// Decode steps.
+    pub decode: Vec<StepResult>,
+    /// Prefill.
+    pub prefill: PrefillResult,
+    /// Synthesis.
+    pub synthesis: SynthesisResult,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Measures the read bandwidth over a buffer as large as one binding allows (up to 1 GiB).
+pub fn roofline(gpu: &Gpu, repeats: usize) -> Result<Roofline, EngineError> {
+    let bytes = gpu.caps.max_storage_binding.min(1 << 30) / 16 * 16;
+    let data = gpu.buffer("roofline data", bytes);
+    let groups = 4096u32;
+    let threads = groups * 256;
+    let sink = gpu.buffer("roofline sink", u64::from(threads) * 4);
+    let params = BandwidthParams {
+        words: (bytes / 16) as u32,
+        stride: threads,
+        pad: [0; 2],
+    };
+    let launch = gpu.dispatch(Kernel::ReadBandwidth, &params, &[&data, &sink], [groups, 1, 1])?;
+    gpu.timed_submit(std::slice::from_ref(&launch))?;
+    let times: Vec<f64> = (0..repeats)
+        .map(|_| gpu.timed_submit(std::slice::from_ref(&launch)).map(ms))
+        .collect::<Result<_, _>>()?;
+    let t = median(times);
+    Ok(Roofline {
+        bytes,
+        ms: t,
+        gb_per_s: bytes as f64 / (t * 1e-3) / 1e9,
+    })
+}
+
+/// Random stored weights of one format: (codes, scales) bytes.
+fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut bytes = |n: usize| (0..n).map(|_| rng.next_u32() as u8).collect::<Vec<u8>>();
+    match format {
+        WeightFormat::Bf16 => {
+            // Random finite BF16: clear the top exponent bit of every high byte.
+            let mut codes = bytes(rows * cols * 2);
+            for pair in codes.chunks_exact_mut(2) {
+                pair[1] &= 0xBF;
+            }
+            (codes, vec![0; 4])
+        }
+        WeightFormat::Nvfp4 => {
+            let codes = bytes(rows * cols / 2);
+            let scales = bytes(rows * cols / 16).into_iter().map(|b| 0x20 + b % 0x40).collect();
+            (codes, scales)
+        }
+        WeightFormat::Fp8Block => {
+            let codes = bytes(rows * cols).into_iter().map(|b| b & 0x77).collect();
+            let tiles = rows.div_ceil(128) * cols.div_ceil(128);
+            (codes, bytemuck::cast_slice(&vec![0.01f32; tiles]).to_vec())
+        }
+    }
+}
+
+/// One dense linear kernel over rotating weight copies.
+pub fn linear_kernel(
+    gpu: &Gpu,
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    lanes: usize,
+    options: &BenchOptions,
+    roofline: &Roofline,
+) -> Result<KernelResult, EngineError> {
+    let mut rng = ChaCha8Rng::seed_from_u64((rows * 31 + cols) as u64);
+    let (codes, scales) = random_weights(&mut rng, format, rows, cols);
+    let per_copy = (codes.len() + scales.len()) as u64;
+    let copies = (options.rotation_bytes.div_ceil(per_copy) as usize).clamp(2, 256);
+    let x: Vec<f32> = (0..lanes * cols).map(|i| ((i % 7) as f32 - 3.0) * 0.125).collect();
+    let xb = gpu.buffer_with("x", bytemuck::cast_slice(&x));
+    let y = gpu.buffer("y", (lanes * rows * 4) as u64);
+    let bias = gpu.buffer("bias", 4);
+    let params = LinearParams {
+        rows: lanes as u32,
+        in_features: cols as u32,
+        out_features: rows as u32,
+        y_stride: rows as u32,
+        x_row_div: 1,
+        flags: 2,
+        tensor_scale: 1.0,
+        ..Default::default()
+    };
+    let mut launches: Vec<Dispatch> = Vec::new();
+    for _ in 0..copies {
+        let (wc, ws) = (gpu.buffer_with("w", &codes), gpu.buffer_with("scales", &scales));
+        let mut resources = vec![&xb, &wc];
+        if format != WeightFormat::Bf16 {
+            resources.push(&ws);
+        }
+        resources.extend([&bias, &y]);
+        launches.push(gpu.dispatch(Kernel::Linear(format), &params, &resources, [rows as u32, 1, 1])?);
+    }
+    gpu.timed_submit(&launches)?;
+    let times: Vec<f64> = (0..options.repeats)
+        .map(|_| {
+            gpu.timed_submit(&launches)
+                .map(|d| d.as_secs_f64() * 1e6 / copies as f64)
+        })
+        .collect::<Result<_, _>>()?;
+    let us = median(times);
+    let gb_per_s = per_copy as f64 / (us * 1e-6) / 1e9;
+    Ok(KernelResult {
+        format: format!("{format:?}"),
+        rows,
+        cols,
+        lanes,
+        bytes: per_copy,
+        us,
+        gb_per_s,
+        fraction_of_roofline: gb_per_s / roofline.gb_per_s,
+    })
+}
+
+/// Bytes of every dense weight (read in full by every step).
+fn dense_bytes(engine: &Engine) -> u64 {
+    engine
+        .weights
+        .linears
+        .values()
+        .map(|l| {
+            l.segments.iter().map(|s| s.codes.size() + s.scales.size()).sum::<u64>()
+                + l.bias.as_ref().map_or(0, |b| b.size())
+        })
+        .sum()
+}
+
+/// Bytes of one expert of each projection of a layer.
+fn expert_bytes(engine: &Engine, layer: usize) -> u64 {
+    engine
+        .weights
+        .experts
+        .iter()
+        .filter(|((l, _), _)| *l == layer)
+        .map(|(_, linear)| {
+            let experts: usize = linear.segments.iter().map(|s| s.range.len()).sum();
+            let total: u64 = linear.segments.iter().map(|s| s.codes.size() + s.scales.size()).sum();
+            total / experts as u64
+        })
+        .sum()
+}
+
+fn decode_rows(lanes: usize, pos: usize, token: u32) -> Vec<Row> {
+    (0..lanes)
+        .map(|lane| Row {
+            source: RowSource::Audio(token),
+            lane,
+            pos,
+        })
+        .collect()
+}
+
+/// Decode steps of `lanes` lanes at `options.context` positions of history.
+pub fn decode_step(
+    engine: &Engine,
+    label: &str,
+    lanes: usize,
+    options: &BenchOptions,
+    roofline: &Roofline,
+) -> Result<StepResult, EngineError> {
+    let c = &engine.checkpoint.config;
+    let steps = options.repeats + 3;
+    let capacity = options.context + steps + 1;
+    let mut session = Session::new(engine, lanes, capacity)?;
+    if lanes == 2 {
+        let null: Vec<f32> =
+            crate::reference::weights::values(&engine.checkpoint, crate::checkpoint::names::NULL_PREFIX)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+        session.set_prefix(1, &null)?;
+    }
+    let codes = c.speech.audio_codes as u32;
+    let prompt: Vec<Row> = (0..lanes)
+        .flat_map(|lane| {
+            (0..options.context).map(move |pos| Row {
+                source: if pos < c.speech.voice_prefix_len {
+                    RowSource::Prefix(pos)
+                } else {
+                    RowSource::Audio((pos as u32 * 7919) % codes)
+                },
+                lane,
+                pos,
+            })
+        })
+        .collect();
+    session.step(&prompt, false)?;
+    let dispatches = session.dispatch_count(lanes)?;
+    let mut gpu_times = Vec::new();
+    let mut wall_times = Vec::new();
+    for i in 0..steps {
+        let rows = decode_rows(lanes, options.context + i, (i as u32 * 104_729) % codes);
+        let start = std::time::Instant::now();
+        let (_, gpu) = session.timed_step(&rows)?;
+        if i >= 3 {
+            gpu_times.push(ms(gpu));
+            wall_times.push(ms(start.elapsed()));
+        }
+    }
+    // Experts actually chosen: one traced step at the next position.
+    let traced = session.step(&decode_rows(lanes, options.context + steps, 17 % codes), true)?;
+    let mut bytes = dense_bytes(engine);
+    for (layer, route) in traced.routes.iter().enumerate() {
+        if let Some((ids, _)) = route {
+            let mut unique = ids.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            bytes += unique.len() as u64 * expert_bytes(engine, layer);
+        }
+    }
+    let kv_width = (c.num_key_value_heads * c.head_dim) as u64;
+    bytes += lanes as u64 * options.context as u64 * kv_width * 4 * 2 * c.num_hidden_layers as u64;
+    let gpu_ms = median(gpu_times);
+    let floor_ms = bytes as f64 / (roofline.gb_per_s * 1e9) * 1e3;
+    Ok(StepResult {
+        label: label.to_string(),
+        lanes,
+        context: options.context,
+        dispatches,
+        gpu_ms,
+        wall_ms: median(wall_times),
+        bytes,
+        floor_ms,
+        ratio_to_floor: gpu_ms / floor_ms,
+    })
+}
+
+/// A prefill of `options.prefill_rows` rows on one lane.
+pub fn prefill(engine: &Engine, options: &BenchOptions) -> Result<PrefillResult, EngineError> {
+    let mut session = Session::new(engine, 1, options.prefill_rows)?;
+    let codes = engine.checkpoint.config.speech.audio_codes as u32;
+    let rows: Vec<Row> = (0..options.prefill_rows)
+        .map(|pos| Row {
+            source: RowSource::Audio((pos as u32 * 31) % codes),
+            lane: 0,
+            pos,
+        })
+        .collect();
+    session.timed_step(&rows)?;
+    let times: Vec<f64> = (0..options.repeats.min(5))
+        .map(|_| session.timed_step(&rows).map(|r| ms(r.1)))
+        .collect::<Result<_, _>>()?;
+    let gpu_ms = median(times);
+    Ok(PrefillResult {
+        rows: options.prefill_rows,
+        gpu_ms,
+        rows_per_s: options.prefill_rows as f64 / (gpu_ms * 1e-3),
+    })
+}
+
+/// End-to-end synthesis with guidance (paired), a fixed seed and a token cap.
+pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisResult, EngineError> {
+    let text: Vec<u32> = (0..24).map(|i| (i * 37 + 11) % 256).collect();
+    let request = SynthesisRequest {
+        segments: vec![text],
+        prefix: None,
+        gamma: 1.5,
+        guidance: GuidanceMode::Paired,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 1,
+        },
+        max_audio_tokens: options.synthesis_tokens,
+    };
+    let stats = synthesize(engine, &request, &mut |_| true)?;
+    let wall_s = stats.wall.as_secs_f64();
+    Ok(SynthesisResult {
+        tokens: stats.tokens,
+        audio_s: stats.audio_seconds(),
+        wall_s,
+        real_time_factor: wall_s / stats.audio_seconds().max(1e-9),
+        first_audio_s: stats.first_audio.map_or(f64::NAN, |d| d.as_secs_f64()),
+        tokens_per_s: stats.tokens as f64 / wall_s,
+    })
+}
+
+/// The linear sizes measured: the model's own (per format) and one large NVFP4 matrix.
+pub fn kernel_shapes(engine: &Engine) -> Vec<(WeightFormat, usize, usize)> {
+    let c = &engine.checkpoint.config;
+    let h = c.hidden_size;
+    let q = c.num_attention_heads * c.head_dim;
+    let mut shapes = vec![
+        (WeightFormat::Nvfp4, c.moe_intermediate_size, h),
+        (WeightFormat::Nvfp4, h, c.moe_intermediate_size),
+        (WeightFormat::Nvfp4, 8 * c.moe_intermediate_size, h),
+        (WeightFormat::Bf16, q, h),
+        (WeightFormat::Bf16, c.intermediate_size, h),
+        (WeightFormat::Bf16, c.speech.audio_vocab_size, h),
+    ];
+    if h >= 1024 {
+        shapes.push((WeightFormat::Nvfp4, 65536, 8192));
+    }
+    shapes
+}
+
+/// Runs the whole suite.
+pub fn run(
+    engine: &Engine,
+    options: &BenchOptions,
+    wgpu: &str,
+    commit: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchReport, EngineError> {
+    let gpu = &engine.gpu;
+    progress("roofline");
+    let roof = roofline(gpu, options.repeats)?;
+    let mut kernels = Vec::new();
+    for (format, rows, cols) in kernel_shapes(engine) {
+        for lanes in [1, 2] {
+            progress(&format!("linear {format:?} {rows}x{cols} lanes {lanes}"));
+            kernels.push(linear_kernel(gpu, format, rows, cols, lanes, options, &roof)?);
+        }
+    }
+    let mut decode = Vec::new();
+    for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-8", 8)] {
+        progress(&format!("decode step {label}"));
+        decode.push(decode_step(engine, label, lanes, options, &roof)?);
+    }
+    progress("prefill");
+    let prefill = prefill(engine, options)?;
+    progress("synthesis");
+    let synthesis = synthesis(engine, options)?;
+    Ok(BenchReport {
+        machine: Machine {
+            adapter: gpu.caps.clone(),
+            wgpu: wgpu.to_string(),
+            commit: commit.to_string(),
+            checkpoint: engine.checkpoint.provenance.to_string(),
+        },
+        options: options.clone(),
+        roofline: roof,
+        kernels,
+        decode,
+        prefill,
+        synthesis,
+    })
+}
