@@ -162,7 +162,7 @@ fn ms(d: Duration) -> f64 {
 pub fn roofline(gpu: &Gpu, repeats: usize) -> Result<Roofline, EngineError> {
     let bytes = gpu.caps.max_storage_binding.min(1 << 30) / 16 * 16;
     let data = gpu.buffer("roofline data", bytes);
-    let groups = 4096u32;
+    let groups = 65535u32;
     let threads = groups * 256;
     let sink = gpu.buffer("roofline sink", u64::from(threads) * 4);
     let params = BandwidthParams {
@@ -445,7 +445,8 @@ pub fn kernel_shapes(engine: &Engine) -> Vec<(WeightFormat, usize, usize)> {
         (WeightFormat::Bf16, c.speech.audio_vocab_size, h),
     ];
     if h >= 1024 {
-        shapes.push((WeightFormat::Nvfp4, 65536, 8192));
+        // The largest row count one dispatch takes (65535 workgroups), rounded to 1024.
+        shapes.push((WeightFormat::Nvfp4, 64512, 8192));
     }
     shapes
 }

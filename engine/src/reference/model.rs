@@ -56,6 +56,8 @@ pub struct ReferenceTrace {
     pub hidden: Vec<Vec<f64>>,
     /// For MoE layers: per position, the chosen (original id, weight) pairs in ascending id order.
     pub routes: Vec<Option<Vec<TokenRoute>>>,
+    /// For MoE layers: per position, the decision margin (see [`ops::route_with_margin`]).
+    pub margins: Vec<Option<Vec<f64>>>,
     /// Logits at every position, [S, C + 2].
     pub logits: Vec<f64>,
 }
@@ -177,6 +179,7 @@ impl ReferenceModel {
         let mut x = inputs.to_vec();
         let mut hidden = Vec::new();
         let mut routes = Vec::new();
+        let mut margins = Vec::new();
         for layer in &self.layers {
             let normed = ops::rms_norm(&x, h, &layer.input_norm, c.rms_norm_eps);
             let q = ops::linear(&normed, s, &layer.q, rounding, true);
@@ -209,6 +212,11 @@ impl ReferenceModel {
             }
             let normed = ops::rms_norm(&x, h, &layer.post_norm, c.rms_norm_eps);
             let (mlp_out, layer_routes) = self.mlp(&layer.mlp, &normed, s, rounding);
+            let (layer_routes, layer_margins) = match layer_routes {
+                Some((r, m)) => (Some(r), Some(m)),
+                None => (None, None),
+            };
+            margins.push(layer_margins);
             for (xi, mi) in x.iter_mut().zip(&mlp_out) {
                 *xi += mi;
             }
@@ -221,6 +229,7 @@ impl ReferenceModel {
             positions: s,
             hidden,
             routes,
+            margins,
             logits,
         }
     }
@@ -232,7 +241,13 @@ impl ReferenceModel {
         ops::linear(&act, rows, &triple[2], rounding, true)
     }
 
-    fn mlp(&self, mlp: &Mlp, x: &[f64], rows: usize, rounding: Rounding) -> (Vec<f64>, Option<Vec<TokenRoute>>) {
+    fn mlp(
+        &self,
+        mlp: &Mlp,
+        x: &[f64],
+        rows: usize,
+        rounding: Rounding,
+    ) -> (Vec<f64>, Option<(Vec<TokenRoute>, Vec<f64>)>) {
         let c = &self.config;
         let h = c.hidden_size;
         match mlp {
@@ -250,12 +265,14 @@ impl ReferenceModel {
                 let logits = ops::linear(x, rows, &moe.router, rounding, false);
                 let mut out = vec![0.0; rows * h];
                 let mut token_routes = Vec::with_capacity(rows);
+                let mut token_margins = Vec::with_capacity(rows);
                 for r in 0..rows {
                     let mut by_id = vec![f64::NEG_INFINITY; c.num_experts];
                     for (row, &id) in moe.router_row_ids.iter().enumerate() {
                         by_id[id] = logits[r * moe.router.out + row];
                     }
-                    let chosen = ops::route(&spec, &moe.kept, &by_id, moe.score_bias.as_deref());
+                    let (chosen, margin) = ops::route_with_margin(&spec, &moe.kept, &by_id, moe.score_bias.as_deref());
+                    token_margins.push(margin);
                     let xr = &x[r * h..(r + 1) * h];
                     let acc = &mut out[r * h..(r + 1) * h];
                     for &(e, w) in &chosen {
@@ -273,7 +290,7 @@ impl ReferenceModel {
                     }
                     token_routes.push(chosen);
                 }
-                (out, Some(token_routes))
+                (out, Some((token_routes, token_margins)))
             }
         }
     }

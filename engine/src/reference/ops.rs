@@ -174,6 +174,18 @@ pub struct RouterSpec {
 /// pruned ids are ignored: they are masked out before any softmax), `bias_by_id` the optional
 /// selection bias. Returns (original id, weight) pairs in ascending id order.
 pub fn route(spec: &RouterSpec, kept: &[usize], logits_by_id: &[f64], bias_by_id: Option<&[f64]>) -> Vec<(usize, f64)> {
+    route_with_margin(spec, kept, logits_by_id, bias_by_id).0
+}
+
+/// [`route`], plus the decision margin: the gap between the last chosen and the first
+/// rejected ranking score (infinite when nothing was rejected). A GPU whose f32 arithmetic
+/// differs from this FP64 reference by less than the margin must make the same choice.
+pub fn route_with_margin(
+    spec: &RouterSpec,
+    kept: &[usize],
+    logits_by_id: &[f64],
+    bias_by_id: Option<&[f64]>,
+) -> (Vec<(usize, f64)>, f64) {
     let mut masked = vec![f64::NEG_INFINITY; spec.num_experts];
     for &e in kept {
         masked[e] = logits_by_id[e];
@@ -217,6 +229,10 @@ pub fn route(spec: &RouterSpec, kept: &[usize], logits_by_id: &[f64], bias_by_id
     }
     // Best choice first; ties toward the lower original id.
     candidates.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    let margin = match (candidates.get(spec.k - 1), candidates.get(spec.k)) {
+        (Some(&last), Some(&next)) => choice[last] - choice[next],
+        _ => f64::INFINITY,
+    };
     let mut picked: Vec<(usize, f64)> = candidates.iter().take(spec.k).map(|&e| (e, weight[e])).collect();
     if spec.norm_topk_prob {
         let sum: f64 = picked.iter().map(|p| p.1).sum();
@@ -228,5 +244,5 @@ pub fn route(spec: &RouterSpec, kept: &[usize], logits_by_id: &[f64], bias_by_id
         p.1 *= spec.routed_scaling_factor;
     }
     picked.sort_by_key(|p| p.0);
-    picked
+    (picked, margin)
 }

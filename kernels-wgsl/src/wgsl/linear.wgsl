@@ -1,8 +1,9 @@
 // Linear layers y = x W^T (+ bias), FP32 accumulation, for every weight format.
 //
-// The weight format is supplied by a format file prepended to this one (fmt_bf16.wgsl,
-// fmt_nvfp4.wgsl, fmt_fp8.wgsl); it defines UNIT (weights per decode unit), the `Unit`
-// struct and `load_unit(row, unit)`. Inputs are BF16-valued f32 (the graph guarantees it).
+// The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
+// fmt_nvfp4.wgsl, fmt_fp8.wgsl); it defines UNIT (weights per decode unit) and
+// `unit_dot(row, unit, x_base)`: the unit's weights, decoded and scaled, dotted with x.
+// Inputs are BF16-valued f32 (the graph guarantees it).
 //
 // Entry points:
 //   `linear`:   one workgroup per output feature; it reads the weight row once and applies
@@ -45,14 +46,6 @@ struct Params {
 var<workgroup> partial: array<f32, 512>; // WG * MAX_ROWS
 var<workgroup> slot_expert: u32;
 
-fn unit_dot(u: Unit, x_base: u32) -> f32 {
-    var s = 0.0;
-    for (var i = 0u; i < UNIT; i++) {
-        s += u.v[i] * x[x_base + i];
-    }
-    return s * u.scale;
-}
-
 // Sums partial[t * MAX_ROWS + r] over threads t for r < count; the result lands at t = 0.
 fn reduce_rows(t: u32, count: u32) {
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
@@ -86,9 +79,8 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         let count = min(MAX_ROWS, p.rows - row0);
         var acc = array<f32, 8>();
         for (var k = t; k < units; k += WG) {
-            let u = load_unit(n, k);
             for (var r = 0u; r < count; r++) {
-                acc[r] += unit_dot(u, (row0 + r) * p.in_features + k * UNIT);
+                acc[r] += unit_dot(n, k, (row0 + r) * p.in_features + k * UNIT);
             }
         }
         for (var r = 0u; r < MAX_ROWS; r++) {
@@ -118,7 +110,7 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let units = p.in_features / UNIT;
     var acc = 0.0;
     for (var k = t; k < units; k += WG) {
-        acc += unit_dot(load_unit(row, k), x_base + k * UNIT);
+        acc += unit_dot(row, k, x_base + k * UNIT);
     }
     partial[t * MAX_ROWS] = acc;
     reduce_rows(t, 1u);
