@@ -6,6 +6,7 @@ mod fetch;
 mod fixture;
 mod gpu_arg;
 mod graph;
+mod serve;
 mod synth;
 mod trace;
 mod verify;
@@ -28,6 +29,8 @@ struct Cli {
 enum Command {
     /// Synthesize speech from text into a WAV file.
     Synth(synth::SynthArgs),
+    /// Serve speech over HTTP (OpenAI-compatible /v1/audio/speech, voices, metrics).
+    Serve(serve::ServeArgs),
     /// Encode a reference recording into a reusable voice file.
     Voice(voice::VoiceArgs),
     /// Validate a checkpoint without touching a GPU and print what it holds.
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Synth(args) => synth::run(args),
         Command::Voice(args) => voice::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Fetch(args) => fetch::run(args),
         Command::Fixture(args) => fixture::run(args),

@@ -42,7 +42,7 @@ struct Job {
 
 enum Next {
     Continue,
-    NextSegment,
+    Segment,
     Finished(Stop),
 }
 
@@ -252,7 +252,7 @@ impl<'e> Batcher<'e> {
             let job = &mut self.jobs[index];
             match outcome {
                 Next::Continue => index += 1,
-                Next::NextSegment => {
+                Next::Segment => {
                     job.segment += 1;
                     job.position = 0;
                     job.generated = 0;
@@ -304,7 +304,7 @@ impl<'e> Batcher<'e> {
             return Ok(Next::Continue);
         }
         if job.segment + 1 < job.request.segments.len() {
-            Ok(Next::NextSegment)
+            Ok(Next::Segment)
         } else {
             Ok(Next::Finished(Stop::Finished))
         }

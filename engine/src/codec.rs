@@ -48,6 +48,15 @@ pub struct CodecDecoder {
     programs: HashMap<usize, ChunkProgram>,
 }
 
+/// A causal convolution's shape: channels in and out, kernel size and dilation.
+#[derive(Clone, Copy)]
+struct Conv {
+    cin: usize,
+    cout: usize,
+    kernel: usize,
+    dilation: usize,
+}
+
 /// Builds the launches of one chunk, walking the decoder in a fixed order.
 struct Builder<'a> {
     gpu: &'a Gpu,
@@ -108,11 +117,14 @@ impl Builder<'_> {
         x: &wgpu::Buffer,
         frames: usize,
         module: &str,
-        cin: usize,
-        cout: usize,
-        k: usize,
-        d: usize,
+        conv: Conv,
     ) -> Result<wgpu::Buffer, EngineError> {
+        let Conv {
+            cin,
+            cout,
+            kernel: k,
+            dilation: d,
+        } = conv;
         let y = self.gpu.buffer(module, (frames * cout * 4) as u64);
         let (w, b) = (
             self.tensor(&format!("{module}.weight")).clone(),
@@ -293,7 +305,17 @@ impl CodecDecoder {
             next_history: 0,
             dispatches: Vec::new(),
         };
-        let mut x = b.conv1d(&input, frames, names::CODEC_IN, c.codebook_dim, c.channels[0], k, 1)?;
+        let mut x = b.conv1d(
+            &input,
+            frames,
+            names::CODEC_IN,
+            Conv {
+                cin: c.codebook_dim,
+                cout: c.channels[0],
+                kernel: k,
+                dilation: 1,
+            },
+        )?;
         let mut t = frames;
         for (u, &rate) in c.upsample_rates.iter().enumerate() {
             let at = |tpl: &str| names::fill(tpl, &[("u", u)]);
@@ -304,15 +326,45 @@ impl CodecDecoder {
             for (r, &d) in c.residual_dilations.iter().enumerate() {
                 let at = |tpl: &str| names::fill(tpl, &[("u", u), ("r", r)]);
                 let y = b.snake(&x, t, &at(names::RES_SNAKE1), cout)?;
-                let y = b.conv1d(&y, t, &at(names::RES_CONV1), cout, cout, k, d)?;
+                let y = b.conv1d(
+                    &y,
+                    t,
+                    &at(names::RES_CONV1),
+                    Conv {
+                        cin: cout,
+                        cout,
+                        kernel: k,
+                        dilation: d,
+                    },
+                )?;
                 let y = b.snake(&y, t, &at(names::RES_SNAKE2), cout)?;
-                let y = b.conv1d(&y, t, &at(names::RES_CONV2), cout, cout, 1, 1)?;
+                let y = b.conv1d(
+                    &y,
+                    t,
+                    &at(names::RES_CONV2),
+                    Conv {
+                        cin: cout,
+                        cout,
+                        kernel: 1,
+                        dilation: 1,
+                    },
+                )?;
                 x = b.add(&x, &y, t * cout)?;
             }
         }
         let last = *c.channels.last().expect("validated");
         let s = b.snake(&x, t, names::OUT_SNAKE, last)?;
-        let y = b.conv1d(&s, t, names::CODEC_OUT, last, 1, k, 1)?;
+        let y = b.conv1d(
+            &s,
+            t,
+            names::CODEC_OUT,
+            Conv {
+                cin: last,
+                cout: 1,
+                kernel: k,
+                dilation: 1,
+            },
+        )?;
         let output = w.gpu.buffer("pcm", (t * 4) as u64);
         let params = CodecParams {
             count: t as u32,

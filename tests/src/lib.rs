@@ -33,3 +33,4 @@ pub fn drama_text(args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 pub mod fake_hub;
+pub mod server;

@@ -56,7 +56,7 @@ fn synth_writes_a_whole_number_of_hops_and_repeats_with_the_seed() {
     let pcm = read_wav(&std::fs::read(&a).unwrap()).unwrap();
     assert_eq!(pcm.sample_rate, 24000);
     assert!(
-        pcm.frames > 0 && pcm.frames % 12 == 0,
+        pcm.frames > 0 && pcm.frames.is_multiple_of(12),
         "{} samples is not a whole number of 12-sample hops",
         pcm.frames
     );

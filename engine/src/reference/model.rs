@@ -47,6 +47,9 @@ pub struct ReferenceModel {
 /// The (original id, weight) pairs chosen for one token, in ascending id order.
 pub type TokenRoute = Vec<(usize, f64)>;
 
+/// A MoE layer's routing over a sequence: chosen experts and decision margins per position.
+type LayerRoutes = (Vec<TokenRoute>, Vec<f64>);
+
 /// What a teacher-forced forward produces.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReferenceTrace {
@@ -241,13 +244,7 @@ impl ReferenceModel {
         ops::linear(&act, rows, &triple[2], rounding, true)
     }
 
-    fn mlp(
-        &self,
-        mlp: &Mlp,
-        x: &[f64],
-        rows: usize,
-        rounding: Rounding,
-    ) -> (Vec<f64>, Option<(Vec<TokenRoute>, Vec<f64>)>) {
+    fn mlp(&self, mlp: &Mlp, x: &[f64], rows: usize, rounding: Rounding) -> (Vec<f64>, Option<LayerRoutes>) {
         let c = &self.config;
         let h = c.hidden_size;
         match mlp {

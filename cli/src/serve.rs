@@ -1,0 +1,126 @@
+//! `drama serve`: the local HTTP speech service.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use drama_engine::session::Engine;
+use drama_engine::synth::GuidanceMode;
+use drama_server::{ServerConfig, serve};
+
+use crate::checkpoint_arg::CheckpointArg;
+use crate::gpu_arg::GpuArg;
+
+/// Guidance lane modes.
+#[derive(Clone, Copy, ValueEnum)]
+enum Guidance {
+    Paired,
+    Separate,
+}
+
+/// Arguments of `drama serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    checkpoint: CheckpointArg,
+    #[command(flatten)]
+    gpu: GpuArg,
+    /// Address to listen on (loopback by default).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Run guidance lanes batched (paired) or as two forwards (separate): same output bits.
+    #[arg(long, value_enum, default_value = "paired")]
+    guidance: Guidance,
+    /// Guidance scale of every request (1 disables guidance).
+    #[arg(long, default_value_t = 1.5)]
+    gamma: f32,
+    /// Let requests set `gamma` (in (0, 10]).
+    #[arg(long)]
+    allow_request_gamma: bool,
+    /// Lanes decoded together; a guided request takes two.
+    #[arg(long, default_value_t = 8)]
+    max_lanes: usize,
+    /// Requests that may wait for lanes; beyond that, 429 with Retry-After.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Where saved voices live (default: the user data directory, drama/).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Longest a request may generate, in seconds.
+    #[arg(long, default_value_t = 300)]
+    request_timeout: u64,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// Longest `input`, in characters.
+    #[arg(long, default_value_t = 20_000)]
+    max_input_chars: usize,
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => return interrupt.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+/// Runs `drama serve`.
+pub fn run(args: ServeArgs) -> Result<()> {
+    anyhow::ensure!(args.max_lanes >= 1, "--max-lanes must be at least 1");
+    anyhow::ensure!(
+        args.gamma.is_finite() && args.gamma > 0.0,
+        "--gamma must be a positive number"
+    );
+    anyhow::ensure!(
+        args.gamma == 1.0 || args.max_lanes >= 2,
+        "guidance needs --max-lanes of at least 2"
+    );
+    let data_dir = match args.data_dir {
+        Some(dir) => dir,
+        None => dirs::data_dir()
+            .context("no user data directory; pass --data-dir")?
+            .join("drama"),
+    };
+    let checkpoint = args.checkpoint.open()?;
+    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
+    let config = ServerConfig {
+        addr: args.addr,
+        guidance: match args.guidance {
+            Guidance::Paired => GuidanceMode::Paired,
+            Guidance::Separate => GuidanceMode::Separate,
+        },
+        gamma: args.gamma,
+        allow_request_gamma: args.allow_request_gamma,
+        max_lanes: args.max_lanes,
+        queue: args.queue,
+        data_dir,
+        max_body: args.max_body_bytes,
+        request_timeout: Duration::from_secs(args.request_timeout),
+        max_input_chars: args.max_input_chars,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(serve(
+        config,
+        engine,
+        |addr| {
+            eprintln!("drama serve: listening on http://{addr}");
+        },
+        shutdown_signal(),
+    ))?;
+    eprintln!("drama serve: stopped");
+    Ok(())
+}

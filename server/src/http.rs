@@ -1,0 +1,380 @@
+//! Routing, request handling and response encoding.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use drama_engine::audio::{SampleFormat, encode_samples, streaming_wav_header, write_wav_pcm16};
+use drama_engine::sampling::SamplingParams;
+use drama_engine::synth::{Stop, SynthesisRequest};
+use drama_engine::text::TextFrontEnd;
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::{ApiError, Policy, ResponseFormat, StreamFormat, parse_speech};
+use crate::metrics::Metrics;
+use crate::voices::VoiceStore;
+use crate::worker::{Command, SpeakJob};
+use crate::{ServerConfig, ServerError};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// What every handler shares.
+pub struct State {
+    pub text: TextFrontEnd,
+    pub provenance: String,
+    pub sample_rate: u32,
+    pub prefix_len: usize,
+    pub max_positions: usize,
+    pub default_max_audio_tokens: usize,
+    pub config: ServerConfig,
+    pub store: Arc<VoiceStore>,
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<AtomicBool>,
+    pub commands: Mutex<std::sync::mpsc::Sender<Command>>,
+    pub in_flight: AtomicUsize,
+}
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
+fn json(status: u16, value: serde_json::Value) -> Response<Body> {
+    let mut response = Response::new(full(value.to_string()));
+    *response.status_mut() = StatusCode::from_u16(status).expect("valid status");
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn error(e: &ApiError) -> Response<Body> {
+    let mut response = Response::new(full(e.body()));
+    *response.status_mut() = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if e.status == 429 {
+        response
+            .headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+    }
+    response
+}
+
+async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+    Limited::new(request.into_body(), limit)
+        .collect()
+        .await
+        .map(|collected| collected.to_bytes())
+        .map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                ApiError::status(413, format!("the body is larger than {limit} bytes"))
+            } else {
+                ApiError::status(400, format!("the body could not be read: {e}"))
+            }
+        })
+}
+
+fn content_type_is(request: &Request<Incoming>, accepted: &[&str]) -> bool {
+    let value = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    accepted.contains(&essence.as_str())
+}
+
+impl State {
+    fn send(&self, command: Command) -> Result<(), ApiError> {
+        self.commands
+            .lock()
+            .expect("command lock")
+            .send(command)
+            .map_err(|_| ApiError::status(503, "the engine is shutting down"))
+    }
+}
+
+async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+    let path = request.uri().path().to_string();
+    let response = match (request.method().clone(), path.as_str()) {
+        (Method::GET, "/health") => json(200, serde_json::json!({"status": "ok"})),
+        (Method::GET, "/ready") => {
+            if state.ready.load(Ordering::SeqCst) {
+                json(
+                    200,
+                    serde_json::json!({"status": "ready", "checkpoint": state.provenance}),
+                )
+            } else {
+                json(503, serde_json::json!({"status": "loading"}))
+            }
+        }
+        (Method::GET, "/metrics") => {
+            let mut response = Response::new(full(state.metrics.render()));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            response
+        }
+        (Method::POST, "/v1/audio/speech") => speech(state.clone(), request).await.unwrap_or_else(|e| error(&e)),
+        (Method::POST, "/v1/voices") => save_voice(state.clone(), request).await.unwrap_or_else(|e| error(&e)),
+        (Method::GET, "/v1/voices") => {
+            let data: Vec<serde_json::Value> = state
+                .store
+                .list()
+                .into_iter()
+                .map(|id| serde_json::json!({"id": id, "object": "voice"}))
+                .collect();
+            json(200, serde_json::json!({"object": "list", "data": data}))
+        }
+        (Method::DELETE, p) if p.starts_with("/v1/voices/") => {
+            let id = &p["/v1/voices/".len()..];
+            if state.store.delete(id) {
+                json(200, serde_json::json!({"id": id, "deleted": true}))
+            } else {
+                error(&ApiError::status(404, format!("unknown voice {id:?}")))
+            }
+        }
+        (_, "/health" | "/ready" | "/metrics" | "/v1/audio/speech" | "/v1/voices") => error(&ApiError::status(
+            405,
+            format!("{} is not allowed on {path}", request.method()),
+        )),
+        _ => error(&ApiError::status(404, format!("no route {path}"))),
+    };
+    state.metrics.response(response.status().as_u16());
+    response
+}
+
+async fn save_voice(state: Arc<State>, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    if !content_type_is(
+        &request,
+        &["audio/wav", "audio/x-wav", "audio/wave", "application/octet-stream"],
+    ) {
+        return Err(ApiError::status(415, "send the reference recording as audio/wav"));
+    }
+    let wav = read_body(request, 32 << 20).await?.to_vec();
+    let (reply, answer) = oneshot::channel();
+    state.send(Command::SaveVoice { wav, reply })?;
+    let id = answer
+        .await
+        .map_err(|_| ApiError::status(503, "the engine stopped"))??;
+    Ok(json(201, serde_json::json!({"id": id, "object": "voice"})))
+}
+
+fn random_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Releases a request's place in flight when dropped.
+struct InFlight(Arc<State>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    if !content_type_is(&request, &["application/json"]) {
+        return Err(ApiError::status(415, "the body must be application/json"));
+    }
+    let body = read_body(request, state.config.max_body).await?;
+    let policy = Policy {
+        allow_request_gamma: state.config.allow_request_gamma,
+        max_audio_tokens: state.default_max_audio_tokens,
+        max_input_chars: state.config.max_input_chars,
+    };
+    let speech = parse_speech(&body, &policy)?;
+    let gamma = speech.gamma.unwrap_or(state.config.gamma);
+    let max_audio_tokens = speech.max_audio_tokens.unwrap_or(state.default_max_audio_tokens);
+    let budget = state
+        .max_positions
+        .saturating_sub(state.prefix_len + 1 + max_audio_tokens);
+    if budget == 0 {
+        return Err(ApiError::invalid(
+            "max_audio_tokens",
+            "leaves no room for text in the context",
+        ));
+    }
+    let segments = state
+        .text
+        .segments(&speech.input, budget)
+        .map_err(|e| ApiError::invalid("input", e.to_string()))?;
+    let lanes_per_request = if gamma == 1.0 { 1 } else { 2 };
+    let limit = state.config.queue + (state.config.max_lanes / lanes_per_request).max(1);
+    if state.in_flight.fetch_add(1, Ordering::SeqCst) >= limit {
+        state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError::status(
+            429,
+            "every lane is busy and the queue is full; retry later",
+        ));
+    }
+    let guard = InFlight(state.clone());
+    let seed = speech.seed.unwrap_or_else(random_seed);
+    let request = SynthesisRequest {
+        segments,
+        prefix: None,
+        gamma,
+        guidance: state.config.guidance,
+        sampling: SamplingParams {
+            temperature: speech.temperature,
+            top_k: speech.top_k,
+            top_p: speech.top_p,
+            seed,
+        },
+        max_audio_tokens,
+    };
+    let (accepted, accepted_answer) = oneshot::channel();
+    let (chunks, mut chunk_receiver) = mpsc::unbounded_channel();
+    let (done, done_answer) = oneshot::channel();
+    state.send(Command::Speak(SpeakJob {
+        request,
+        voice: speech.voice.clone(),
+        accepted,
+        chunks,
+        done,
+        deadline: Instant::now() + state.config.request_timeout,
+    }))?;
+    accepted_answer
+        .await
+        .map_err(|_| ApiError::status(503, "the engine stopped"))??;
+    let content_type = match (speech.stream_format, speech.response_format) {
+        (StreamFormat::Sse, _) => "text/event-stream",
+        (_, ResponseFormat::Wav) => "audio/wav",
+        (_, ResponseFormat::Pcm) => "audio/pcm",
+    };
+    let rate = state.sample_rate;
+    let body: Body = match speech.stream_format {
+        StreamFormat::Whole => {
+            let mut pcm = Vec::new();
+            while let Some(chunk) = chunk_receiver.recv().await {
+                pcm.extend(chunk);
+            }
+            let stats = done_answer
+                .await
+                .map_err(|_| ApiError::status(500, "synthesis failed"))?;
+            if stats.stop == Stop::Cancelled {
+                return Err(ApiError::status(503, "the request ran past the server's time limit"));
+            }
+            let bytes = match speech.response_format {
+                ResponseFormat::Wav => write_wav_pcm16(&pcm, rate).map_err(|e| ApiError::status(500, e.to_string()))?,
+                ResponseFormat::Pcm => encode_samples(&pcm, SampleFormat::Pcm16),
+            };
+            drop(guard);
+            full(bytes)
+        }
+        StreamFormat::Audio | StreamFormat::Sse => {
+            let sse = speech.stream_format == StreamFormat::Sse;
+            let header = match speech.response_format {
+                ResponseFormat::Wav => {
+                    streaming_wav_header(rate, SampleFormat::Pcm16).map_err(|e| ApiError::status(500, e.to_string()))?
+                }
+                ResponseFormat::Pcm => Vec::new(),
+            };
+            let frame = move |bytes: Vec<u8>| -> Bytes {
+                if sse {
+                    let audio = base64::engine::general_purpose::STANDARD.encode(&bytes);
+                    Bytes::from(format!(
+                        "event: speech.audio.delta\ndata: {}\n\n",
+                        serde_json::json!({"type": "speech.audio.delta", "audio": audio})
+                    ))
+                } else {
+                    Bytes::from(bytes)
+                }
+            };
+            let first = (!header.is_empty()).then(|| frame(header));
+            let chunks =
+                futures_util::stream::unfold(chunk_receiver, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+                    .map(move |chunk| frame(encode_samples(&chunk, SampleFormat::Pcm16)));
+            let tail = futures_util::stream::once(async move {
+                let stats = done_answer.await.ok();
+                drop(guard);
+                if sse {
+                    let tokens = stats.as_ref().map_or(0, |s| s.tokens);
+                    Bytes::from(format!(
+                        "event: speech.audio.done\ndata: {}\n\n",
+                        serde_json::json!({"type": "speech.audio.done", "usage": {"audio_tokens": tokens}})
+                    ))
+                } else {
+                    Bytes::new()
+                }
+            });
+            let stream = futures_util::stream::iter(first)
+                .chain(chunks)
+                .chain(tail)
+                .map(|b| Ok::<_, Infallible>(Frame::data(b)));
+            BodyExt::boxed(StreamBody::new(stream))
+        }
+    };
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        "x-drama-seed",
+        HeaderValue::from_str(&seed.to_string()).expect("digits"),
+    );
+    headers.insert(
+        "x-drama-sample-rate",
+        HeaderValue::from_str(&rate.to_string()).expect("digits"),
+    );
+    if let Ok(value) = HeaderValue::from_str(&state.provenance) {
+        headers.insert("x-drama-checkpoint", value);
+    }
+    Ok(response)
+}
+
+/// Accepts connections until `shutdown`, then waits for the open ones to finish.
+pub async fn listen(
+    state: Arc<State>,
+    on_listening: impl FnOnce(SocketAddr),
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let addr = state.config.addr;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    on_listening(
+        listener
+            .local_addr()
+            .map_err(|source| ServerError::Bind { addr, source })?,
+    );
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let state = state.clone();
+                let service = hyper::service::service_fn(move |request| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(route(state, request).await) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                let watched = graceful.watch(connection);
+                tokio::spawn(async move {
+                    let _ = watched.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    let limit = state.config.request_timeout + std::time::Duration::from_secs(5);
+    drop(state);
+    let _ = tokio::time::timeout(limit, graceful.shutdown()).await;
+    Ok(())
+}

@@ -1,0 +1,123 @@
+//! The local HTTP speech service (`drama serve`), on hyper and tokio.
+//!
+//! - `POST /v1/audio/speech`: OpenAI-compatible speech; whole WAV/PCM, streamed audio, or
+//!   server-sent events.
+//! - `POST /v1/voices` (WAV body), `GET /v1/voices`, `DELETE /v1/voices/{id}`: saved voices.
+//! - `GET /health`, `GET /ready`, `GET /metrics`.
+//!
+//! The GPU work runs on one worker thread ([`worker`]) that batches every running request
+//! into shared steps; each response is bit-identical to the same request served alone.
+
+pub mod api;
+mod http;
+pub mod metrics;
+pub mod voices;
+mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use drama_engine::session::Engine;
+use drama_engine::synth::GuidanceMode;
+use drama_engine::text::TextFrontEnd;
+
+/// How the service runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Listening address (loopback by default).
+    pub addr: SocketAddr,
+    /// Paired or separate guidance lanes.
+    pub guidance: GuidanceMode,
+    /// Guidance scale of every request.
+    pub gamma: f32,
+    /// Whether requests may set `gamma`.
+    pub allow_request_gamma: bool,
+    /// Lanes decoded together (a guided request takes two).
+    pub max_lanes: usize,
+    /// Requests that may wait for lanes before new ones get 429.
+    pub queue: usize,
+    /// Where saved voices live.
+    pub data_dir: PathBuf,
+    /// Largest request body, in bytes.
+    pub max_body: usize,
+    /// Longest a request may generate.
+    pub request_timeout: Duration,
+    /// Longest `input`, in characters.
+    pub max_input_chars: usize,
+}
+
+/// Why the service stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The reason.
+        source: std::io::Error,
+    },
+    /// The data directory could not be used.
+    #[error("data directory {dir}: {source}")]
+    DataDir {
+        /// The directory.
+        dir: PathBuf,
+        /// The reason.
+        source: std::io::Error,
+    },
+    /// The engine could not start serving.
+    #[error("engine: {0}")]
+    Engine(String),
+}
+
+/// Serves until `shutdown` resolves, then stops accepting, lets requests in flight finish
+/// (up to their time limit) and returns. `on_listening` receives the bound address.
+pub async fn serve(
+    config: ServerConfig,
+    engine: Engine,
+    on_listening: impl FnOnce(SocketAddr),
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let store = Arc::new(
+        voices::VoiceStore::open(&config.data_dir).map_err(|source| ServerError::DataDir {
+            dir: config.data_dir.clone(),
+            source,
+        })?,
+    );
+    let text = TextFrontEnd::load(&engine.checkpoint).map_err(|e| ServerError::Engine(e.to_string()))?;
+    let c = engine.checkpoint.config.clone();
+    let metrics = Arc::new(metrics::Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let (commands, receiver) = std::sync::mpsc::channel();
+    let state = Arc::new(http::State {
+        text,
+        provenance: engine.checkpoint.provenance.to_string(),
+        sample_rate: c.codec.sample_rate,
+        prefix_len: c.speech.voice_prefix_len,
+        max_positions: c.max_position_embeddings,
+        default_max_audio_tokens: c.speech.max_audio_tokens,
+        config: config.clone(),
+        store: store.clone(),
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+        commands: std::sync::Mutex::new(commands),
+        in_flight: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let capacity = c.max_position_embeddings;
+    let lanes = config.max_lanes;
+    let worker = std::thread::Builder::new()
+        .name("drama-gpu".into())
+        .spawn(move || worker::run(engine, lanes, capacity, store, metrics, ready, receiver))
+        .map_err(|e| ServerError::Engine(e.to_string()))?;
+    let result = http::listen(state, on_listening, shutdown).await;
+    // The state (and with it the last command sender) is gone: the worker drains and ends.
+    let worker_result = tokio::task::spawn_blocking(move || worker.join())
+        .await
+        .map_err(|e| ServerError::Engine(e.to_string()))?
+        .map_err(|_| ServerError::Engine("the GPU worker panicked".into()))?;
+    result?;
+    worker_result.map_err(ServerError::Engine)
+}

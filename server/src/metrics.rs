@@ -1,0 +1,75 @@
+//! Service metrics, rendered as Prometheus text.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters and gauges of the service.
+#[derive(Default)]
+pub struct Metrics {
+    responses: Mutex<BTreeMap<u16, u64>>,
+    /// Jobs waiting for lanes.
+    pub queue_depth: AtomicU64,
+    /// Lanes held by running jobs.
+    pub active_lanes: AtomicU64,
+    /// Jobs cancelled (client gone or time limit).
+    pub cancellations: AtomicU64,
+    first_audio: Mutex<Summary>,
+    real_time_factor: Mutex<Summary>,
+}
+
+#[derive(Default)]
+struct Summary {
+    count: u64,
+    sum: f64,
+}
+
+impl Metrics {
+    /// Counts a response by status code.
+    pub fn response(&self, status: u16) {
+        *self.responses.lock().expect("metrics lock").entry(status).or_default() += 1;
+    }
+
+    /// Records a finished synthesis: seconds to first audio and real-time factor.
+    pub fn synthesis(&self, first_audio_s: f64, real_time_factor: f64) {
+        for (summary, value) in [
+            (&self.first_audio, first_audio_s),
+            (&self.real_time_factor, real_time_factor),
+        ] {
+            if value.is_finite() {
+                let mut s = summary.lock().expect("metrics lock");
+                s.count += 1;
+                s.sum += value;
+            }
+        }
+    }
+
+    /// Prometheus exposition text.
+    pub fn render(&self) -> String {
+        let mut out = String::from("# TYPE drama_responses_total counter\n");
+        for (status, count) in self.responses.lock().expect("metrics lock").iter() {
+            out.push_str(&format!("drama_responses_total{{status=\"{status}\"}} {count}\n"));
+        }
+        for (name, value) in [
+            ("drama_queue_depth", self.queue_depth.load(Ordering::SeqCst)),
+            ("drama_active_lanes", self.active_lanes.load(Ordering::SeqCst)),
+        ] {
+            out.push_str(&format!("# TYPE {name} gauge\n{name} {value}\n"));
+        }
+        out.push_str(&format!(
+            "# TYPE drama_cancellations_total counter\ndrama_cancellations_total {}\n",
+            self.cancellations.load(Ordering::SeqCst)
+        ));
+        for (name, summary) in [
+            ("drama_time_to_first_audio_seconds", &self.first_audio),
+            ("drama_real_time_factor", &self.real_time_factor),
+        ] {
+            let s = summary.lock().expect("metrics lock");
+            out.push_str(&format!(
+                "# TYPE {name} summary\n{name}_sum {}\n{name}_count {}\n",
+                s.sum, s.count
+            ));
+        }
+        out
+    }
+}

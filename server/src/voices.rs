@@ -1,0 +1,90 @@
+//! Saved voices: voice files under `<data dir>/voices/<id>.safetensors`, written atomically
+//! (temporary file, fsync, rename), so they survive restarts and a crash mid-write loses
+//! nothing.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use drama_engine::checkpoint::Checkpoint;
+use drama_engine::voice::{read_voice_file, voice_file_bytes};
+use sha2::{Digest, Sha256};
+
+/// The voice store.
+pub struct VoiceStore {
+    dir: PathBuf,
+}
+
+/// Whether `id` is a well-formed voice id (16 lowercase hex digits).
+pub fn valid_id(id: &str) -> bool {
+    id.len() == 16 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl VoiceStore {
+    /// Opens (creating) the store under `data_dir`.
+    pub fn open(data_dir: &Path) -> std::io::Result<VoiceStore> {
+        let dir = data_dir.join("voices");
+        std::fs::create_dir_all(&dir)?;
+        // Leftovers of interrupted writes are not voices.
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "tmp") {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        Ok(VoiceStore { dir })
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.safetensors"))
+    }
+
+    /// Saves a prefix; returns its id (derived from its content).
+    pub fn save(&self, prefix: &[f32], checkpoint: &Checkpoint) -> Result<String, String> {
+        let bytes = voice_file_bytes(prefix, checkpoint).map_err(|e| e.to_string())?;
+        let id = hex::encode(&Sha256::digest(&bytes)[..8]);
+        let tmp = self.dir.join(format!("{id}.{}.tmp", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut file = std::fs::File::create(&tmp)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, self.path(&id))
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("saving voice {id}: {e}")
+        })?;
+        Ok(id)
+    }
+
+    /// Loads a saved voice's prefix.
+    pub fn load(&self, id: &str, checkpoint: &Checkpoint) -> Option<Result<Vec<f32>, String>> {
+        if !valid_id(id) {
+            return None;
+        }
+        let bytes = std::fs::read(self.path(id)).ok()?;
+        Some(read_voice_file(&bytes, checkpoint).map_err(|e| e.to_string()))
+    }
+
+    /// Ids of every saved voice, sorted.
+    pub fn list(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_suffix(".safetensors")
+                    .map(str::to_string)
+            })
+            .filter(|id| valid_id(id))
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Deletes a voice; false if there was none.
+    pub fn delete(&self, id: &str) -> bool {
+        valid_id(id) && std::fs::remove_file(self.path(id)).is_ok()
+    }
+}

@@ -1,0 +1,232 @@
+//! The GPU worker: one thread owns the engine and a continuous batcher. Requests queue for
+//! lanes, join the batch between steps, stream PCM back through channels, and leave when
+//! they finish, when their client disconnects (checked before every step) or when their
+//! time limit passes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use drama_engine::batch::{Batcher, JobId};
+use drama_engine::session::Engine;
+use drama_engine::synth::{Stop, SynthesisRequest, SynthesisStats};
+use drama_engine::voice::prefix_from_wav;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::{ApiError, VoiceChoice};
+use crate::metrics::Metrics;
+use crate::voices::VoiceStore;
+
+/// A speech job handed to the worker.
+pub struct SpeakJob {
+    /// What to synthesize (without the voice prefix, which the worker resolves).
+    pub request: SynthesisRequest,
+    /// The voice asked for.
+    pub voice: VoiceChoice,
+    /// Answered once the job is queued (Ok) or refused (unknown voice...).
+    pub accepted: oneshot::Sender<Result<(), ApiError>>,
+    /// PCM chunks as they are produced.
+    pub chunks: mpsc::UnboundedSender<Vec<f32>>,
+    /// The final stats.
+    pub done: oneshot::Sender<SynthesisStats>,
+    /// When to give up.
+    pub deadline: Instant,
+}
+
+/// Work for the GPU thread.
+pub enum Command {
+    /// Synthesize.
+    Speak(SpeakJob),
+    /// Encode a WAV into a saved voice; answers its id.
+    SaveVoice {
+        /// The WAV bytes.
+        wav: Vec<u8>,
+        /// The id, or why not.
+        reply: oneshot::Sender<Result<String, ApiError>>,
+    },
+}
+
+/// A job waiting for lanes.
+struct Queued {
+    request: SynthesisRequest,
+    chunks: mpsc::UnboundedSender<Vec<f32>>,
+    done: oneshot::Sender<SynthesisStats>,
+    deadline: Instant,
+}
+
+struct Running {
+    chunks: mpsc::UnboundedSender<Vec<f32>>,
+    done: oneshot::Sender<SynthesisStats>,
+    deadline: Instant,
+    lanes: usize,
+}
+
+/// Runs the worker until every command sender is gone and the work is finished.
+pub fn run(
+    engine: Engine,
+    lanes: usize,
+    capacity: usize,
+    store: Arc<VoiceStore>,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    commands: std::sync::mpsc::Receiver<Command>,
+) -> Result<(), String> {
+    let mut batcher = Batcher::new(&engine, lanes, capacity).map_err(|e| e.to_string())?;
+    ready.store(true, Ordering::SeqCst);
+    let mut waiting: VecDeque<Queued> = VecDeque::new();
+    let mut running: HashMap<JobId, Running> = HashMap::new();
+    let mut open = true;
+    while open || !waiting.is_empty() || !running.is_empty() {
+        // Take every command; block only when there is nothing else to do.
+        loop {
+            let command = if running.is_empty() && waiting.is_empty() && open {
+                match commands.recv() {
+                    Ok(c) => c,
+                    Err(_) => {
+                        open = false;
+                        break;
+                    }
+                }
+            } else {
+                match commands.try_recv() {
+                    Ok(c) => c,
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            };
+            match command {
+                Command::Speak(job) => {
+                    let SpeakJob {
+                        mut request,
+                        voice,
+                        accepted,
+                        chunks,
+                        done,
+                        deadline,
+                    } = job;
+                    let checked = resolve_voice(&voice, &store, &engine).and_then(|prefix| {
+                        request.prefix = prefix;
+                        batcher
+                            .check(&request)
+                            .map_err(|e| ApiError::invalid("input", e.to_string()))
+                    });
+                    let ok = checked.is_ok();
+                    let _ = accepted.send(checked);
+                    if ok {
+                        waiting.push_back(Queued {
+                            request,
+                            chunks,
+                            done,
+                            deadline,
+                        });
+                    }
+                }
+                Command::SaveVoice { wav, reply } => {
+                    let saved = prefix_from_wav(&wav, &engine.checkpoint, engine.gpu.clone())
+                        .map_err(|e| ApiError::status(400, e.to_string()))
+                        .and_then(|prefix| {
+                            store
+                                .save(&prefix, &engine.checkpoint)
+                                .map_err(|e| ApiError::status(500, e))
+                        });
+                    let _ = reply.send(saved);
+                }
+            }
+        }
+        // Admit waiting jobs, in order, while their lanes are free.
+        while let Some(job) = waiting.front() {
+            let needed = Batcher::lanes_needed(&job.request);
+            if batcher.free_lanes() < needed {
+                break;
+            }
+            let job = waiting.pop_front().expect("front exists");
+            if job.chunks.is_closed() {
+                metrics.cancellations.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            let sender = job.chunks.clone();
+            let sink = Box::new(move |pcm: &[f32]| sender.send(pcm.to_vec()).is_ok());
+            match batcher.admit(job.request, sink) {
+                Ok(id) => {
+                    running.insert(
+                        id,
+                        Running {
+                            chunks: job.chunks,
+                            done: job.done,
+                            deadline: job.deadline,
+                            lanes: needed,
+                        },
+                    );
+                }
+                // Checked at queueing time; a refusal here drops the job's channels, which
+                // its handler reports as a server error.
+                Err(e) => eprintln!("drama serve: admitting a checked job failed: {e}"),
+            }
+        }
+        // Drop jobs whose client left or whose time is up: within one step.
+        let gone: Vec<JobId> = running
+            .iter()
+            .filter(|(_, r)| r.chunks.is_closed() || Instant::now() > r.deadline)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let (Some(stats), Some(job)) = (batcher.cancel(id), running.remove(&id)) {
+                metrics.cancellations.fetch_add(1, Ordering::SeqCst);
+                let _ = job.done.send(stats);
+            }
+        }
+        metrics.queue_depth.store(waiting.len() as u64, Ordering::SeqCst);
+        metrics
+            .active_lanes
+            .store(running.values().map(|r| r.lanes as u64).sum(), Ordering::SeqCst);
+        if running.is_empty() {
+            continue;
+        }
+        let finished = match batcher.step() {
+            Ok(finished) => finished,
+            Err(e) => {
+                // A failed step fails every running job; their lanes are freed.
+                eprintln!("drama serve: step failed: {e}");
+                for (id, job) in running.drain() {
+                    if let Some(stats) = batcher.cancel(id) {
+                        let _ = job.done.send(stats);
+                    }
+                }
+                continue;
+            }
+        };
+        for (id, stats) in finished {
+            if let Some(job) = running.remove(&id) {
+                if stats.stop == Stop::Cancelled {
+                    metrics.cancellations.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    let audio = stats.audio_seconds();
+                    let first = stats.first_audio.map_or(f64::NAN, |d| d.as_secs_f64());
+                    metrics.synthesis(first, stats.wall.as_secs_f64() / audio.max(1e-9));
+                }
+                let _ = job.done.send(stats);
+            }
+        }
+        metrics
+            .active_lanes
+            .store(running.values().map(|r| r.lanes as u64).sum(), Ordering::SeqCst);
+    }
+    metrics.queue_depth.store(0, Ordering::SeqCst);
+    metrics.active_lanes.store(0, Ordering::SeqCst);
+    Ok(())
+}
+
+fn resolve_voice(voice: &VoiceChoice, store: &VoiceStore, engine: &Engine) -> Result<Option<Vec<f32>>, ApiError> {
+    match voice {
+        VoiceChoice::Default => Ok(None),
+        VoiceChoice::Saved(id) => match store.load(id, &engine.checkpoint) {
+            Some(Ok(prefix)) => Ok(Some(prefix)),
+            Some(Err(e)) => Err(ApiError::invalid("voice", format!("voice {id} cannot be used: {e}"))),
+            None => Err(ApiError::invalid("voice", format!("unknown voice {id:?}"))),
+        },
+    }
+}

@@ -1,0 +1,352 @@
+//! `drama serve` as a real process on 127.0.0.1 with a real HTTP client: streamed == whole,
+//! repeats, A-B-A voices, cancellation, concurrency, refusals, voices that survive a
+//! restart, a bounded soak, graceful shutdown.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use drama_engine::audio::{read_wav, write_wav_pcm16};
+use drama_tests::server::Server;
+use serde_json::{Value, json};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    checkpoint: PathBuf,
+    data: PathBuf,
+}
+
+fn setup(seed: u64) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", seed, &checkpoint).unwrap();
+    let data = dir.path().join("data");
+    Setup {
+        checkpoint,
+        data,
+        _dir: dir,
+    }
+}
+
+fn request(input: &str, seed: u64) -> Value {
+    json!({"model": "drama-3", "input": input, "seed": seed})
+}
+
+fn data_chunk(wav: &[u8]) -> &[u8] {
+    let at = wav.windows(4).position(|w| w == b"data").expect("a data chunk");
+    &wav[at + 8..]
+}
+
+fn sine_wav(path: &Path, rate: u32, seconds: f32, pitch: f32) -> Vec<u8> {
+    let n = (rate as f32 * seconds) as usize;
+    let samples: Vec<f32> = (0..n).map(|i| 0.4 * (i as f32 * pitch).sin()).collect();
+    let bytes = write_wav_pcm16(&samples, rate).unwrap();
+    std::fs::write(path, &bytes).unwrap();
+    bytes
+}
+
+#[test]
+fn streamed_whole_repeated_and_voices_agree() {
+    let s = setup(41);
+    let server = Server::start(&s.checkpoint, &s.data, &[]);
+    let whole = server.speech(&request("Hello there. Second sentence.", 11));
+    assert_eq!(whole.status, 200, "{}", String::from_utf8_lossy(&whole.body));
+    assert_eq!(whole.header("x-drama-seed"), Some("11"));
+    assert!(whole.header("x-drama-checkpoint").unwrap().starts_with("local "));
+    let pcm = read_wav(&whole.body).unwrap();
+    assert!(pcm.frames > 0 && pcm.frames.is_multiple_of(12));
+    // Streamed audio: the same samples, under a header of unknown sizes.
+    let mut streamed = Vec::new();
+    let mut body =
+        json!({"model": "drama-3", "input": "Hello there. Second sentence.", "seed": 11, "stream_format": "audio"});
+    server.open_stream(&body).read_to_end(&mut streamed).unwrap();
+    assert_eq!(&streamed[4..8], &[0xFF; 4], "a streamed WAV has an unknown RIFF size");
+    assert_eq!(data_chunk(&streamed), data_chunk(&whole.body));
+    // Raw PCM, whole and as SSE deltas.
+    body["response_format"] = json!("pcm");
+    body["stream_format"] = Value::Null;
+    let raw = server.speech(&body);
+    assert_eq!(raw.body, data_chunk(&whole.body));
+    body["stream_format"] = json!("sse");
+    let events = String::from_utf8(server.speech(&body).body).unwrap();
+    let mut decoded = Vec::new();
+    for line in events.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let event: Value = serde_json::from_str(line).unwrap();
+        if event["type"] == "speech.audio.delta" {
+            use base64::Engine as _;
+            decoded.extend(
+                base64::engine::general_purpose::STANDARD
+                    .decode(event["audio"].as_str().unwrap())
+                    .unwrap(),
+            );
+        }
+    }
+    assert!(events.contains("event: speech.audio.done"));
+    assert_eq!(decoded, raw.body, "SSE deltas carry the same PCM");
+    // Repeats are identical; the seed matters.
+    assert_eq!(
+        server.speech(&request("Hello there. Second sentence.", 11)).body,
+        whole.body
+    );
+    assert_ne!(
+        server.speech(&request("Hello there. Second sentence.", 12)).body,
+        whole.body
+    );
+    // Voices: A, then B, then A again give what fresh runs give.
+    let dir = s.data.parent().unwrap();
+    let a = server.post(
+        "/v1/voices",
+        "audio/wav",
+        &sine_wav(&dir.join("a.wav"), 16000, 0.3, 0.05),
+    );
+    let b = server.post(
+        "/v1/voices",
+        "audio/wav",
+        &sine_wav(&dir.join("b.wav"), 22050, 0.3, 0.21),
+    );
+    assert_eq!((a.status, b.status), (201, 201), "{}", String::from_utf8_lossy(&a.body));
+    let (a, b) = (
+        a.json()["id"].as_str().unwrap().to_string(),
+        b.json()["id"].as_str().unwrap().to_string(),
+    );
+    assert_ne!(a, b);
+    let with = |voice: &str| {
+        let mut r = request("Voices differ.", 5);
+        r["voice"] = json!({"id": voice});
+        server.speech(&r).body
+    };
+    let (first_a, then_b, again_a) = (with(&a), with(&b), with(&a));
+    assert_eq!(first_a, again_a, "A-B-A: the second A differs from the first");
+    assert_ne!(first_a, then_b);
+    let listed = server.get("/v1/voices").json();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&a.as_str()) && ids.contains(&b.as_str()));
+    // Voices survive a restart; deleting one removes it.
+    assert_eq!(server.terminate(), Some(0), "SIGTERM ends the server cleanly");
+    let server = Server::start(&s.checkpoint, &s.data, &[]);
+    let mut r = request("Voices differ.", 5);
+    r["voice"] = json!(a);
+    assert_eq!(server.speech(&r).body, first_a, "a saved voice after a restart");
+    assert_eq!(server.delete(&format!("/v1/voices/{b}")).status, 200);
+    assert_eq!(server.delete(&format!("/v1/voices/{b}")).status, 404);
+    r["voice"] = json!(b);
+    let gone = server.speech(&r);
+    assert_eq!(
+        (gone.status, gone.json()["error"]["param"].as_str()),
+        (400, Some("voice"))
+    );
+}
+
+#[test]
+fn cancelled_and_concurrent_requests_do_not_disturb_others() {
+    let s = setup(43);
+    let server = Server::start(&s.checkpoint, &s.data, &["--max-lanes", "6", "--queue", "16"]);
+    let inputs = [
+        "First voice speaks.",
+        "Another line here.",
+        "Third request!",
+        "Short.",
+        "Yet one more.",
+    ];
+    let solo: Vec<Vec<u8>> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| server.speech(&request(t, i as u64)).body)
+        .collect();
+    // Concurrent requests: each equals its solo run.
+    let base = server.base.clone();
+    let handles: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let base = base.clone();
+            let body = request(t, i as u64).to_string();
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+                let mut response = agent
+                    .post(format!("{base}/v1/audio/speech"))
+                    .header("content-type", "application/json")
+                    .send(body)
+                    .unwrap();
+                let mut bytes = Vec::new();
+                response.body_mut().as_reader().read_to_end(&mut bytes).unwrap();
+                bytes
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(
+            h.join().unwrap(),
+            solo[i],
+            "concurrent request {i} differs from its solo run"
+        );
+    }
+    // An early disconnect: read the first bytes of a stream, then drop it.
+    let long = json!({"model": "drama-3", "input": "This one gets cut off.", "seed": 99, "stream_format": "audio", "temperature": 0.2});
+    let mut reader = server.open_stream(&long);
+    let mut first = [0u8; 64];
+    reader.read_exact(&mut first).unwrap();
+    drop(reader);
+    let mut settled = false;
+    for _ in 0..200 {
+        if server.metric("drama_active_lanes") == 0.0 {
+            settled = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(settled, "the cancelled request's lanes were not freed");
+    // The next request is unaffected: it matches its fresh run.
+    assert_eq!(server.speech(&request(inputs[0], 0)).body, solo[0]);
+    // A bounded soak: 4 clients x 4 requests, no failure, gauges back to zero.
+    let handles: Vec<_> = (0..4)
+        .map(|c| {
+            let base = base.clone();
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+                (0..4)
+                    .map(|r| {
+                        let body = request("Soak test line.", (c * 10 + r) as u64).to_string();
+                        agent
+                            .post(format!("{base}/v1/audio/speech"))
+                            .header("content-type", "application/json")
+                            .send(body)
+                            .unwrap()
+                            .status()
+                            .as_u16()
+                    })
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(h.join().unwrap().iter().all(|&s| s == 200), "a soak request failed");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(server.metric("drama_active_lanes"), 0.0);
+    assert_eq!(server.metric("drama_queue_depth"), 0.0);
+    assert_eq!(server.terminate(), Some(0));
+}
+
+#[test]
+fn refusals_have_the_right_status_and_name_the_field() {
+    let s = setup(47);
+    let server = Server::start(
+        &s.checkpoint,
+        &s.data,
+        &["--max-body-bytes", "4096", "--max-input-chars", "300"],
+    );
+    let mut checks = 0;
+    let mut expect = |answer: drama_tests::server::Answer, status: u16, param: Option<&str>| {
+        assert_eq!(answer.status, status, "{}", String::from_utf8_lossy(&answer.body));
+        let body = answer.json();
+        assert!(body["error"]["message"].is_string());
+        if let Some(param) = param {
+            assert_eq!(body["error"]["param"], param, "{body}");
+        }
+        checks += 1;
+    };
+    expect(
+        server.post("/v1/audio/speech", "application/json", b"{not json"),
+        400,
+        None,
+    );
+    expect(
+        server.post(
+            "/v1/audio/speech",
+            "text/plain",
+            request("hi", 1).to_string().as_bytes(),
+        ),
+        415,
+        None,
+    );
+    expect(
+        server.speech(&json!({"model": "drama-3", "input": "  "})),
+        400,
+        Some("input"),
+    );
+    expect(
+        server.speech(&json!({"model": "drama-3", "input": "a".repeat(301)})),
+        400,
+        Some("input"),
+    );
+    expect(
+        server.speech(&json!({"model": "drama-3", "input": "hi", "voice": "nobody"})),
+        400,
+        Some("voice"),
+    );
+    expect(
+        server.speech(&json!({"model": "tts-1", "input": "hi"})),
+        400,
+        Some("model"),
+    );
+    expect(
+        server.speech(&json!({"model": "drama-3", "input": "hi", "response_format": "mp3"})),
+        400,
+        Some("response_format"),
+    );
+    expect(
+        server.speech(&json!({"model": "drama-3", "input": "hi", "speed": 1.5})),
+        400,
+        Some("speed"),
+    );
+    expect(
+        server.speech(&json!({"model": "drama-3", "input": "hi", "gamma": 2.0})),
+        400,
+        Some("gamma"),
+    );
+    expect(
+        server.post("/v1/audio/speech", "application/json", &vec![b' '; 8192]),
+        413,
+        None,
+    );
+    expect(server.post("/v1/voices", "audio/wav", b"RIFF....WAVEjunk"), 400, None);
+    expect(server.get("/v1/nothing"), 404, None);
+    expect(server.get("/v1/audio/speech"), 405, None);
+    assert_eq!(checks, 13);
+    assert_eq!(server.terminate(), Some(0));
+
+    // Gamma allowed: out of range is still refused, in range works.
+    let server = Server::start(
+        &s.checkpoint,
+        &s.data,
+        &["--allow-request-gamma", "--max-lanes", "2", "--queue", "0"],
+    );
+    let answer = server.speech(&json!({"model": "drama-3", "input": "hi", "gamma": 50}));
+    assert_eq!(
+        (answer.status, answer.json()["error"]["param"].as_str()),
+        (400, Some("gamma"))
+    );
+    assert_eq!(
+        server
+            .speech(&json!({"model": "drama-3", "input": "hi", "gamma": 2.0, "seed": 1}))
+            .status,
+        200
+    );
+    // Queue full: with one guided request allowed in flight, concurrent ones get 429.
+    let base = server.base.clone();
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let base = base.clone();
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+                let body = request("Queue pressure test sentence.", i).to_string();
+                let r = agent
+                    .post(format!("{base}/v1/audio/speech"))
+                    .header("content-type", "application/json")
+                    .send(body)
+                    .unwrap();
+                (r.status().as_u16(), r.headers().get("retry-after").is_some())
+            })
+        })
+        .collect();
+    let answers: Vec<(u16, bool)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(answers.iter().any(|a| a.0 == 200), "{answers:?}");
+    assert!(answers.contains(&(429, true)), "no 429 with Retry-After: {answers:?}");
+    assert!(answers.iter().all(|a| a.0 == 200 || a.0 == 429), "{answers:?}");
+    assert_eq!(server.terminate(), Some(0));
+}
