@@ -40,6 +40,7 @@ impl SamplingParams {
 }
 
 /// A sampler: the settings and the random stream they started.
+#[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
