@@ -155,6 +155,14 @@ impl CodecConfig {
     }
 }
 
+/// A refusal of `key` (returned as an `Err`).
+fn bad(key: &str, problem: String) -> Result<(), CheckpointError> {
+    Err(CheckpointError::Config {
+        key: key.to_string(),
+        problem,
+    })
+}
+
 impl ModelConfig {
     /// Parses `config.json` text and checks every consistency rule of the contract.
     pub fn from_json(text: &str) -> Result<Self, CheckpointError> {
@@ -185,12 +193,6 @@ impl ModelConfig {
 
     /// Checks the cross-key rules; the error names the offending key.
     pub fn validate(&self) -> Result<(), CheckpointError> {
-        let bad = |key: &str, problem: String| {
-            Err(CheckpointError::Config {
-                key: key.to_string(),
-                problem,
-            })
-        };
         if self.model_type != "drama3" {
             return bad(
                 "model_type",
@@ -279,12 +281,6 @@ impl ModelConfig {
     }
 
     fn validate_moe(&self) -> Result<(), CheckpointError> {
-        let bad = |key: &str, problem: String| {
-            Err(CheckpointError::Config {
-                key: key.to_string(),
-                problem,
-            })
-        };
         let r = &self.router;
         if self.num_experts == 0 {
             return bad("num_experts", "must be positive".into());
@@ -342,12 +338,6 @@ impl ModelConfig {
 
     fn validate_voice_tower(&self) -> Result<(), CheckpointError> {
         let v = &self.voice_tower;
-        let bad = |key: &str, problem: String| {
-            Err(CheckpointError::Config {
-                key: key.to_string(),
-                problem,
-            })
-        };
         if v.sample_rate == 0 {
             return bad("voice_tower.sample_rate", "must be positive".into());
         }
@@ -368,12 +358,6 @@ impl ModelConfig {
 
     fn validate_codec(&self) -> Result<(), CheckpointError> {
         let c = &self.codec;
-        let bad = |key: &str, problem: String| {
-            Err(CheckpointError::Config {
-                key: key.to_string(),
-                problem,
-            })
-        };
         if c.sample_rate == 0 {
             return bad("codec.sample_rate", "must be positive".into());
         }

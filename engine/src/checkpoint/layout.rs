@@ -266,6 +266,14 @@ fn moe_rules(config: &ModelConfig, i: usize, kept: &[usize]) -> Vec<Rule> {
     rules
 }
 
+/// Every rule of a checkpoint: backbone, voice tower and codec.
+pub fn all_rules(config: &ModelConfig, kept: &[Option<Vec<usize>>]) -> Vec<Rule> {
+    let mut rules = backbone_rules(config, kept);
+    rules.extend(voice_tower_rules(config));
+    rules.extend(codec_rules(config));
+    rules
+}
+
 /// The rules of the voice tower (all BF16).
 pub fn voice_tower_rules(config: &ModelConfig) -> Vec<Rule> {
     use names::*;

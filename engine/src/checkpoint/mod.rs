@@ -178,9 +178,7 @@ impl Checkpoint {
 
     fn check_tensors(&mut self, kept: &[Option<Vec<usize>>]) -> Result<(), CheckpointError> {
         let config = &self.config;
-        let mut rules = layout::backbone_rules(config, kept);
-        rules.extend(layout::voice_tower_rules(config));
-        rules.extend(layout::codec_rules(config));
+        let rules = layout::all_rules(config, kept);
         let mut used: BTreeSet<String> = BTreeSet::new();
         for rule in &rules {
             match rule {
