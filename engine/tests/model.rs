@@ -276,3 +276,25 @@ fn split_weights_equal_unsplit() {
         .logits;
     assert_eq!(bits(&a), bits(&b));
 }
+
+/// A step whose routed-expert launch would need more than 65535 workgroups along one
+/// dimension is refused with an error naming the limit, never a panic.
+#[test]
+fn an_oversized_step_is_refused_not_a_panic() {
+    let f = fixture("tiny", 2);
+    let engine = Engine::load(shared_gpu(), open(&f)).unwrap();
+    // 4100 lanes x 4 prefix rows = 16400 rows; x top-4 = 65600 expert slots per layer.
+    let lanes = 4100;
+    let rows: Vec<Row> = (0..lanes)
+        .flat_map(|lane| {
+            (0..4).map(move |pos| Row {
+                source: RowSource::Prefix(pos),
+                lane,
+                pos,
+            })
+        })
+        .collect();
+    let mut session = Session::new(&engine, lanes, 4).unwrap();
+    let err = session.step(&rows, false).unwrap_err().to_string();
+    assert!(err.contains("max_compute_workgroups_per_dimension"), "{err}");
+}

@@ -281,6 +281,14 @@ impl Gpu {
         resources: &[&wgpu::Buffer],
         workgroups: [u32; 3],
     ) -> Result<Dispatch, GpuError> {
+        let most = self.caps.max_workgroups_per_dimension;
+        if let Some(&count) = workgroups.iter().find(|&&count| count > most) {
+            return Err(GpuError::Limit {
+                limit: "max_compute_workgroups_per_dimension (a step too large for one launch)",
+                found: u64::from(most),
+                needed: u64::from(count),
+            });
+        }
         let uniform = self.uniform(kernel.entry_point(), params);
         let mut all = vec![&uniform];
         all.extend_from_slice(resources);
