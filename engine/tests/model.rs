@@ -11,7 +11,7 @@ use common::*;
 use drama_engine::checkpoint::{Checkpoint, Provenance, names};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::reference::ops::Rounding;
-use drama_engine::reference::{ReferenceModel, weights};
+use drama_engine::reference::{ForcedRoutes, ReferenceModel, weights};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use rand_core::Rng;
 
@@ -80,12 +80,50 @@ fn trace_against_reference(preset: &str) {
     let reference = ReferenceModel::load(&checkpoint);
     let prefix = weights::values(&checkpoint, names::DEFAULT_PREFIX);
     let inputs = reference.embed(&prefix, &text, &audio);
-    let contract = reference.forward(&inputs, Rounding::Contract);
     let exact = reference.forward(&inputs, Rounding::Exact);
 
     let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
     let mut session = Session::new(&engine, 1, s).unwrap();
     let out = session.step(&rows_for(0, p, &text, &audio), true).unwrap();
+    // Router choices must be identical wherever the reference's decision margin exceeds what
+    // f32 arithmetic can move. At a near-tie the GPU may go the other way: the reference then
+    // follows the GPU's choice there (its weights still computed by the reference), so the
+    // rest of the trace stays comparable. Anything else fails.
+    let k_top = c.num_experts_per_tok;
+    let mut forced = ForcedRoutes::new();
+    let mut contract = reference.forward(&inputs, Rounding::Contract);
+    for _ in 0..4 {
+        let mut changed = false;
+        for (i, route) in out.routes.iter().enumerate() {
+            let (Some((ids, _)), Some(want), Some(margins)) = (route, &contract.routes[i], &contract.margins[i]) else {
+                continue;
+            };
+            for (pos, chosen) in want.iter().enumerate() {
+                let got: Vec<usize> = ids[pos * k_top..(pos + 1) * k_top]
+                    .iter()
+                    .map(|&e| e as usize)
+                    .collect();
+                let want_ids: Vec<usize> = chosen.iter().map(|c| c.0).collect();
+                if got != want_ids && !forced.contains_key(&(i, pos)) {
+                    assert!(
+                        margins[pos] < 1e-3,
+                        "{preset}: layer {i} position {pos} chose differently with margin {}",
+                        margins[pos]
+                    );
+                    forced.insert((i, pos), got);
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+        contract = reference.forward_routed(&inputs, Rounding::Contract, &forced);
+    }
+    eprintln!(
+        "{preset}: router choices identical except {} near-tie(s), followed",
+        forced.len()
+    );
 
     let logits_err = rel_l2(&out.logits, &contract.logits);
     let logits_exact_err = rel_l2(&out.logits, &exact.logits);
@@ -97,28 +135,24 @@ fn trace_against_reference(preset: &str) {
         "{preset}: logits rel-L2 vs contract-rounding reference {logits_err:.2e}, vs pure FP64 {logits_exact_err:.2e} (reference vs itself: {reference_gap:.2e})"
     );
     assert!(logits_err <= 5e-3, "{preset}: logits rel-L2 {logits_err}");
-    // Against pure FP64 the gap is what BF16 rounding explains: clearly larger than against
-    // the contract-rounding reference, and of the order of 1e-2.
+    // Against pure FP64 the gap is what BF16 rounding explains: the contract-rounding
+    // reference itself sits that far from FP64 (about 1e-2), and so does the GPU.
     assert!(
-        logits_exact_err > 2.0 * logits_err,
-        "{preset}: BF16 rounding should dominate the gap to FP64"
+        reference_gap > 1e-3,
+        "{preset}: BF16 rounding should move the logits measurably ({reference_gap})"
     );
     assert!(
-        logits_exact_err < 0.5,
-        "{preset}: logits rel-L2 to FP64 {logits_exact_err}"
+        logits_exact_err > 1e-3,
+        "{preset}: the GPU sits as close to FP64 as if it did not round ({logits_exact_err})"
     );
     for (i, hidden) in out.hidden.iter().enumerate() {
         let err = rel_l2(hidden, &contract.hidden[i]);
         eprintln!("{preset}: layer {i} hidden rel-L2 {err:.2e}");
         assert!(err <= 5e-3, "{preset}: layer {i} hidden rel-L2 {err}");
     }
-    // Router choices: identical wherever the reference's decision margin exceeds what f32
-    // arithmetic (and BF16 rounding flips it causes) can move; near-ties may go either way.
     let k = c.num_experts_per_tok;
-    let mut near_ties = 0;
     for (i, route) in out.routes.iter().enumerate() {
-        let (Some((ids, gpu_weights)), Some(want), Some(margins)) = (route, &contract.routes[i], &contract.margins[i])
-        else {
+        let (Some((ids, gpu_weights)), Some(want)) = (route, &contract.routes[i]) else {
             assert!(
                 route.is_none() && contract.routes[i].is_none(),
                 "layer {i}: MoE mismatch"
@@ -127,15 +161,11 @@ fn trace_against_reference(preset: &str) {
         };
         for (pos, chosen) in want.iter().enumerate() {
             let want_ids: Vec<u32> = chosen.iter().map(|c| c.0 as u32).collect();
-            if ids[pos * k..(pos + 1) * k] != want_ids[..] {
-                assert!(
-                    margins[pos] < 1e-3,
-                    "{preset}: layer {i} position {pos} chose differently with margin {}",
-                    margins[pos]
-                );
-                near_ties += 1;
-                continue;
-            }
+            assert_eq!(
+                &ids[pos * k..(pos + 1) * k],
+                &want_ids[..],
+                "{preset}: layer {i} position {pos} router choice"
+            );
             for (j, (_, w)) in chosen.iter().enumerate() {
                 let g = f64::from(gpu_weights[pos * k + j]);
                 assert!(
@@ -145,7 +175,6 @@ fn trace_against_reference(preset: &str) {
             }
         }
     }
-    eprintln!("{preset}: router choices identical except {near_ties} near-tie(s)");
 }
 
 #[test]

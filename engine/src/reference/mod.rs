@@ -8,4 +8,4 @@ pub mod ops;
 pub mod tower;
 pub mod weights;
 
-pub use model::{ReferenceModel, ReferenceTrace, TokenRoute};
+pub use model::{ForcedRoutes, ReferenceModel, ReferenceTrace, TokenRoute};

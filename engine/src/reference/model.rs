@@ -47,6 +47,9 @@ pub struct ReferenceModel {
 /// The (original id, weight) pairs chosen for one token, in ascending id order.
 pub type TokenRoute = Vec<(usize, f64)>;
 
+/// Experts imposed at (layer, position), original ids.
+pub type ForcedRoutes = std::collections::HashMap<(usize, usize), Vec<usize>>;
+
 /// A MoE layer's routing over a sequence: chosen experts and decision margins per position.
 type LayerRoutes = (Vec<TokenRoute>, Vec<f64>);
 
@@ -175,6 +178,12 @@ impl ReferenceModel {
 
     /// Runs the backbone over `inputs` ([S, H] rows at positions 0..S).
     pub fn forward(&self, inputs: &[f64], rounding: Rounding) -> ReferenceTrace {
+        self.forward_routed(inputs, rounding, &ForcedRoutes::new())
+    }
+
+    /// [`ReferenceModel::forward`], with the experts of some (layer, position) imposed (see
+    /// [`ops::route_choosing`]).
+    pub fn forward_routed(&self, inputs: &[f64], rounding: Rounding, forced: &ForcedRoutes) -> ReferenceTrace {
         let c = &self.config;
         let h = c.hidden_size;
         let s = inputs.len() / h;
@@ -183,7 +192,7 @@ impl ReferenceModel {
         let mut hidden = Vec::new();
         let mut routes = Vec::new();
         let mut margins = Vec::new();
-        for layer in &self.layers {
+        for (index, layer) in self.layers.iter().enumerate() {
             let normed = ops::rms_norm(&x, h, &layer.input_norm, c.rms_norm_eps);
             let q = ops::linear(&normed, s, &layer.q, rounding, true);
             let k = ops::linear(&normed, s, &layer.k, rounding, true);
@@ -214,7 +223,7 @@ impl ReferenceModel {
                 *xi += oi;
             }
             let normed = ops::rms_norm(&x, h, &layer.post_norm, c.rms_norm_eps);
-            let (mlp_out, layer_routes) = self.mlp(&layer.mlp, &normed, s, rounding);
+            let (mlp_out, layer_routes) = self.mlp(&layer.mlp, &normed, s, rounding, |pos| forced.get(&(index, pos)));
             let (layer_routes, layer_margins) = match layer_routes {
                 Some((r, m)) => (Some(r), Some(m)),
                 None => (None, None),
@@ -244,7 +253,14 @@ impl ReferenceModel {
         ops::linear(&act, rows, &triple[2], rounding, true)
     }
 
-    fn mlp(&self, mlp: &Mlp, x: &[f64], rows: usize, rounding: Rounding) -> (Vec<f64>, Option<LayerRoutes>) {
+    fn mlp<'f>(
+        &self,
+        mlp: &Mlp,
+        x: &[f64],
+        rows: usize,
+        rounding: Rounding,
+        forced: impl Fn(usize) -> Option<&'f Vec<usize>>,
+    ) -> (Vec<f64>, Option<LayerRoutes>) {
         let c = &self.config;
         let h = c.hidden_size;
         match mlp {
@@ -268,7 +284,9 @@ impl ReferenceModel {
                     for (row, &id) in moe.router_row_ids.iter().enumerate() {
                         by_id[id] = logits[r * moe.router.out + row];
                     }
-                    let (chosen, margin) = ops::route_with_margin(&spec, &moe.kept, &by_id, moe.score_bias.as_deref());
+                    let imposed = forced(r).map(Vec::as_slice);
+                    let (chosen, margin) =
+                        ops::route_choosing(&spec, &moe.kept, &by_id, moe.score_bias.as_deref(), imposed);
                     token_margins.push(margin);
                     let xr = &x[r * h..(r + 1) * h];
                     let acc = &mut out[r * h..(r + 1) * h];

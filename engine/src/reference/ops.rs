@@ -186,6 +186,19 @@ pub fn route_with_margin(
     logits_by_id: &[f64],
     bias_by_id: Option<&[f64]>,
 ) -> (Vec<(usize, f64)>, f64) {
+    route_choosing(spec, kept, logits_by_id, bias_by_id, None)
+}
+
+/// [`route_with_margin`], with the chosen experts imposed (`forced`, original ids) instead of
+/// ranked: their weights are computed exactly as for a ranked choice. Tests use it to follow
+/// a GPU through a reference near-tie, so the rest of a trace stays comparable.
+pub fn route_choosing(
+    spec: &RouterSpec,
+    kept: &[usize],
+    logits_by_id: &[f64],
+    bias_by_id: Option<&[f64]>,
+    forced: Option<&[usize]>,
+) -> (Vec<(usize, f64)>, f64) {
     let mut masked = vec![f64::NEG_INFINITY; spec.num_experts];
     for &e in kept {
         masked[e] = logits_by_id[e];
@@ -233,7 +246,11 @@ pub fn route_with_margin(
         (Some(&last), Some(&next)) => choice[last] - choice[next],
         _ => f64::INFINITY,
     };
-    let mut picked: Vec<(usize, f64)> = candidates.iter().take(spec.k).map(|&e| (e, weight[e])).collect();
+    let chosen: Vec<usize> = match forced {
+        Some(ids) => ids.to_vec(),
+        None => candidates.iter().take(spec.k).copied().collect(),
+    };
+    let mut picked: Vec<(usize, f64)> = chosen.iter().map(|&e| (e, weight[e])).collect();
     if spec.norm_topk_prob {
         let sum: f64 = picked.iter().map(|p| p.1).sum();
         for p in &mut picked {
