@@ -34,13 +34,40 @@ fn codec_matches_reference_and_streams_exactly() {
     assert_eq!(whole.len(), codes.len() * hop);
     assert!(whole.iter().all(|s| s.is_finite() && s.abs() <= 1.0));
 
-    let contract = decode(&checkpoint, &codes, Rounding::Contract);
-    let exact = decode(&checkpoint, &codes, Rounding::Exact);
-    let err = rel_l2(&whole, &contract);
-    let err_exact = rel_l2(&whole, &exact);
-    eprintln!("codec: PCM rel-L2 vs contract-rounding reference {err:.2e}, vs pure FP64 {err_exact:.2e}");
-    assert!(err <= 5e-3, "codec rel-L2 {err}");
-
+    // Against the contract-rounding reference. Two correct implementations may round a
+    // value to the other BF16 neighbour when f32 arithmetic (a sum, sin, tanh) lands within
+    // an f32 ulp of a rounding boundary; such a flip (2^-8 of one value) then spreads through
+    // the causal stack. So: most utterances must match to f32 precision (no flip at all), and
+    // every utterance, flipped or not, within a flip's reach.
+    let mut errors = Vec::new();
+    for n in 0..6 {
+        let utterance: Vec<u32> = if n == 0 {
+            codes.clone()
+        } else {
+            (0..17)
+                .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
+                .collect()
+        };
+        decoder.reset();
+        let pcm = decoder.decode(&utterance).unwrap();
+        let contract = decode(&checkpoint, &utterance, Rounding::Contract);
+        let exact = decode(&checkpoint, &utterance, Rounding::Exact);
+        let err = rel_l2(&pcm, &contract);
+        eprintln!(
+            "codec utterance {n}: PCM rel-L2 vs contract-rounding reference {err:.2e}, vs pure FP64 {:.2e}",
+            rel_l2(&pcm, &exact)
+        );
+        errors.push(err);
+    }
+    let clean = errors.iter().filter(|&&e| e <= 1e-6).count();
+    assert!(
+        clean >= 4,
+        "only {clean} of 6 utterances match the reference to f32 precision: {errors:?}"
+    );
+    assert!(
+        errors.iter().all(|&e| e <= 5e-2),
+        "an utterance is beyond a rounding flip's reach: {errors:?}"
+    );
     for chunks in [vec![1usize; 17], vec![3, 1, 5, 8], vec![16, 1]] {
         decoder.reset();
         let mut streamed = Vec::new();

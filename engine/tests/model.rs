@@ -69,21 +69,51 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// Five fresh utterances on one fresh checkpoint of `preset`. Two correct implementations
+/// may round a value to the other BF16 neighbour when f32 arithmetic (a sum, exp) lands within
+/// an f32 ulp of a rounding boundary; the flip (2^-8 of one value) then spreads through the
+/// random weights. So: every utterance within 1e-2 relative L2 (a flip's reach), the median
+/// within 5e-3, and at least one matching the contract-rounding reference to f32 precision.
 fn trace_against_reference(preset: &str) {
     let mut rng = rng(&format!("model {preset}"));
     let f = fixture(preset, rng.next_u64());
     let checkpoint = open(&f);
+    let reference = ReferenceModel::load(&checkpoint);
+    let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
+    let mut errors: Vec<f64> = (0..5)
+        .map(|_| check_utterance(preset, &engine, &reference, &mut rng))
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    eprintln!("{preset}: logits rel-L2 of 5 utterances {errors:?}");
+    assert!(
+        errors[0] <= 1e-6,
+        "{preset}: no utterance matches to f32 precision: {errors:?}"
+    );
+    assert!(
+        errors[2] <= 5e-3,
+        "{preset}: median logits rel-L2 above 5e-3: {errors:?}"
+    );
+}
+
+/// One teacher-forced utterance against the reference; returns the logits' relative L2 error.
+fn check_utterance(
+    preset: &str,
+    engine: &Engine,
+    reference: &ReferenceModel,
+    rng: &mut rand_chacha::ChaCha8Rng,
+) -> f64 {
+    let checkpoint = &engine.checkpoint;
     let c = checkpoint.config.clone();
-    let (text, audio) = utterance(&checkpoint, &mut rng, 9, 6);
+    let (text, audio) = utterance(checkpoint, rng, 9, 6);
     let p = c.speech.voice_prefix_len;
     let s = p + text.len() + audio.len();
-    let reference = ReferenceModel::load(&checkpoint);
-    let prefix = weights::values(&checkpoint, names::DEFAULT_PREFIX);
-    let inputs = reference.embed(&prefix, &text, &audio);
+    // A fresh voice prefix too, so no position is shared between utterances.
+    let prefix: Vec<f32> = uniform(rng, p * c.hidden_size, 1.5);
+    let prefix64: Vec<f64> = prefix.iter().map(|&v| f64::from(v)).collect();
+    let inputs = reference.embed(&prefix64, &text, &audio);
     let exact = reference.forward(&inputs, Rounding::Exact);
-
-    let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
-    let mut session = Session::new(&engine, 1, s).unwrap();
+    let mut session = Session::new(engine, 1, s).unwrap();
+    session.set_prefix(0, &prefix).unwrap();
     let out = session.step(&rows_for(0, p, &text, &audio), true).unwrap();
     // Router choices must be identical wherever the reference's decision margin exceeds what
     // f32 arithmetic can move. At a near-tie the GPU may go the other way: the reference then
@@ -134,7 +164,7 @@ fn trace_against_reference(preset: &str) {
     eprintln!(
         "{preset}: logits rel-L2 vs contract-rounding reference {logits_err:.2e}, vs pure FP64 {logits_exact_err:.2e} (reference vs itself: {reference_gap:.2e})"
     );
-    assert!(logits_err <= 5e-3, "{preset}: logits rel-L2 {logits_err}");
+    assert!(logits_err <= 1e-2, "{preset}: logits rel-L2 {logits_err}");
     // Against pure FP64 the gap is what BF16 rounding explains: the contract-rounding
     // reference itself sits that far from FP64 (about 1e-2), and so does the GPU.
     assert!(
@@ -148,7 +178,7 @@ fn trace_against_reference(preset: &str) {
     for (i, hidden) in out.hidden.iter().enumerate() {
         let err = rel_l2(hidden, &contract.hidden[i]);
         eprintln!("{preset}: layer {i} hidden rel-L2 {err:.2e}");
-        assert!(err <= 5e-3, "{preset}: layer {i} hidden rel-L2 {err}");
+        assert!(err <= 1e-2, "{preset}: layer {i} hidden rel-L2 {err}");
     }
     let k = c.num_experts_per_tok;
     for (i, route) in out.routes.iter().enumerate() {
@@ -169,12 +199,13 @@ fn trace_against_reference(preset: &str) {
             for (j, (_, w)) in chosen.iter().enumerate() {
                 let g = f64::from(gpu_weights[pos * k + j]);
                 assert!(
-                    (g - w).abs() <= 5e-3 * w.abs().max(1e-2),
+                    (g - w).abs() <= 2e-2 * w.abs().max(1e-2),
                     "{preset}: layer {i} pos {pos} weight {j}: {g} vs {w}"
                 );
             }
         }
     }
+    logits_err
 }
 
 #[test]

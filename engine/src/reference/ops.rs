@@ -178,7 +178,8 @@ pub fn route(spec: &RouterSpec, kept: &[usize], logits_by_id: &[f64], bias_by_id
 }
 
 /// [`route`], plus the decision margin: the gap between the last chosen and the first
-/// rejected ranking score (infinite when nothing was rejected). A GPU whose f32 arithmetic
+/// rejected ranking score, of experts and (with groups) of groups (infinite when nothing was
+/// rejected). A GPU whose f32 arithmetic
 /// differs from this FP64 reference by less than the margin must make the same choice.
 pub fn route_with_margin(
     spec: &RouterSpec,
@@ -223,6 +224,7 @@ pub fn route_choosing(
         (p.clone(), p)
     };
     let mut candidates: Vec<usize> = kept.to_vec();
+    let mut group_margin = f64::INFINITY;
     if spec.sigmoid && spec.n_group > 1 {
         let size = spec.num_experts / spec.n_group;
         let mut groups: Vec<(usize, f64)> = (0..spec.n_group)
@@ -237,6 +239,9 @@ pub fn route_choosing(
             .collect();
         // Best score first; ties toward the lower group index.
         groups.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if let (Some(last), Some(next)) = (groups.get(spec.topk_group - 1), groups.get(spec.topk_group)) {
+            group_margin = last.1 - next.1;
+        }
         let chosen: Vec<usize> = groups.iter().take(spec.topk_group).map(|g| g.0).collect();
         candidates.retain(|e| chosen.contains(&(e / size)));
     }
@@ -245,7 +250,8 @@ pub fn route_choosing(
     let margin = match (candidates.get(spec.k - 1), candidates.get(spec.k)) {
         (Some(&last), Some(&next)) => choice[last] - choice[next],
         _ => f64::INFINITY,
-    };
+    }
+    .min(group_margin);
     let chosen: Vec<usize> = match forced {
         Some(ids) => ids.to_vec(),
         None => candidates.iter().take(spec.k).copied().collect(),

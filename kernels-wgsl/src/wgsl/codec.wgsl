@@ -48,6 +48,20 @@ fn finish(acc: f32, o: u32) -> f32 {
     return v;
 }
 
+// Compensated (Kahan) accumulation: the convolutions sum hundreds of products, and a plain
+// f32 sum drifts far enough to flip the BF16 rounding of their outputs now and then; the
+// compensation keeps the sum within about one f32 ulp of exact, in a fixed order.
+struct Sum {
+    value: f32,
+    carry: f32,
+}
+
+fn add(s: Sum, term: f32) -> Sum {
+    let y = term - s.carry;
+    let t = s.value + y;
+    return Sum(t, (t - s.value) - y);
+}
+
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
 }
@@ -62,14 +76,14 @@ fn conv1d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     }
     let t = n / p.out_ch;
     let o = n % p.out_ch;
-    var acc = 0.0;
+    var acc = Sum(0.0, 0.0);
     for (var j = 0u; j < p.kernel; j++) {
         let e = t + j * p.dilation;
         for (var i = 0u; i < p.in_ch; i++) {
-            acc += weight((o * p.in_ch + i) * p.kernel + j) * extended(e, i);
+            acc = add(acc, weight((o * p.in_ch + i) * p.kernel + j) * extended(e, i));
         }
     }
-    y[n] = finish(acc, o);
+    y[n] = finish(acc.value, o);
 }
 
 // ConvTranspose1d, kernel 2r, stride r, weight [in, out, 2r], keeping the first T*r outputs:
@@ -86,13 +100,13 @@ fn conv_transpose(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let o = n % p.out_ch;
     let frame = s / r + 1u; // in [hist | x] coordinates
     let phase = s % r;
-    var acc = 0.0;
+    var acc = Sum(0.0, 0.0);
     for (var i = 0u; i < p.in_ch; i++) {
         let base = (i * p.out_ch + o) * 2u * r;
-        acc += weight(base + phase) * extended(frame, i);
-        acc += weight(base + phase + r) * extended(frame - 1u, i);
+        acc = add(acc, weight(base + phase) * extended(frame, i));
+        acc = add(acc, weight(base + phase + r) * extended(frame - 1u, i));
     }
-    y[n] = finish(acc, o);
+    y[n] = finish(acc.value, o);
 }
 
 // snake(x) = x + sin(alpha x)^2 / (alpha + 1e-9), alpha per channel (`w`, BF16); flag 2
