@@ -54,7 +54,11 @@ fn batched_jobs_equal_solo_runs() {
             pcm
         })
         .collect();
-    assert!(solo.iter().all(|p| !p.is_empty()));
+    // A job may sample audio_eos first and say nothing; most must say something.
+    assert!(
+        solo.iter().filter(|p| !p.is_empty()).count() >= 2,
+        "the comparison needs audio"
+    );
 
     let mut batcher = Batcher::new(&engine, 5, 64).unwrap();
     let outputs: Vec<Arc<Mutex<Vec<f32>>>> = (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
