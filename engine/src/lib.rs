@@ -30,6 +30,8 @@ pub mod sampling;
 pub mod session;
 pub mod spec;
 pub mod synth;
+#[doc(hidden)]
+pub mod test_support;
 pub mod text;
 pub mod tower;
 pub mod trace;

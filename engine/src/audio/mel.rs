@@ -118,7 +118,7 @@ fn check_config(config: &VoiceTowerConfig) -> Result<(), AudioError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audio::testing::{rng, uniform};
+    use crate::test_support::{rng, uniform};
     use std::f64::consts::PI;
 
     fn config(sample_rate: u32, n_fft: usize, hop: usize, n_mels: usize, f_max: f64) -> VoiceTowerConfig {

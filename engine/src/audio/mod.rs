@@ -9,9 +9,6 @@ pub mod mel;
 pub mod resample;
 pub mod wav;
 
-#[cfg(test)]
-mod testing;
-
 pub use mel::{Mel, log_mel, mel_filters};
 pub use resample::resample;
 pub use wav::{

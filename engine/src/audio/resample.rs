@@ -111,7 +111,7 @@ fn gcd(mut a: u32, mut b: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audio::testing::{rng, uniform};
+    use crate::test_support::{rng, uniform};
     use std::f64::consts::PI;
 
     fn sine(freq: f64, rate: u32, len: usize) -> Vec<f32> {

@@ -245,7 +245,7 @@ fn declared_encoding(bytes: &[u8]) -> Option<(u16, u16)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audio::testing::{rng, uniform};
+    use crate::test_support::{rng, uniform};
     use rand_core::Rng;
 
     /// A canonical 44-byte-header WAV written by hand, for headers hound refuses to write.

@@ -8,7 +8,6 @@ use std::sync::{Arc, OnceLock};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::numerics::round_to_bf16;
 use rand_chacha::ChaCha8Rng;
-use rand_core::{Rng, SeedableRng};
 
 /// The test device (lavapipe in CI), opened once per test binary.
 pub fn shared_gpu() -> Arc<Gpu> {
@@ -30,28 +29,7 @@ pub fn gpu() -> &'static Gpu {
     GPU.get_or_init(shared_gpu).as_ref()
 }
 
-/// A fresh random stream. The seed comes from DRAMA_TEST_SEED or the clock and is printed,
-/// so a failure can be replayed.
-pub fn rng(test: &str) -> ChaCha8Rng {
-    let seed = std::env::var("DRAMA_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("{test}: DRAMA_TEST_SEED={seed}");
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-/// Uniform in [-scale, scale).
-pub fn uniform(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| ((rng.next_u32() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale)
-        .collect()
-}
+pub use drama_engine::test_support::{rng, uniform};
 
 /// Uniform values rounded to BF16 (what every linear input is).
 pub fn bf16_values(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {

@@ -1,4 +1,5 @@
-//! Test inputs: a clock-seeded random stream (seed printed, replayable with DRAMA_TEST_SEED).
+//! Fresh random test inputs, shared by the unit and integration tests: a clock-seeded
+//! stream whose seed is printed and can be replayed with DRAMA_TEST_SEED.
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
