@@ -115,3 +115,34 @@ fn trace_paired_equals_separate_and_refuses_bad_codes() {
     assert_eq!(code, Some(1));
     assert!(err.contains("code 64"), "{err}");
 }
+
+/// Asking for a backend this machine lacks fails naming it; nothing falls back.
+#[cfg(not(target_vendor = "apple"))]
+#[test]
+fn a_missing_backend_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", 5, &ckpt).unwrap();
+    let out = dir.path().join("t.safetensors");
+    let (code, _, err) = drama_text(&[
+        "trace",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--text-ids",
+        "1",
+        "--codes",
+        "2",
+        "--backend",
+        "metal",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("no Metal adapter") && err.contains("no other backend is tried"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let (code, _, err) = drama_text(&["graph", "--checkpoint", ckpt.to_str().unwrap(), "--backend", "vulkan"]);
+    assert_eq!(code, Some(2), "graph takes no --backend: {err}");
+}
