@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use drama_kernels::{BandwidthParams, Kernel, LinearParams, WeightFormat};
+use drama_kernels::{BandwidthParams, Kernel, LINEAR_ROWS_PER_WORKGROUP, LinearParams, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
@@ -244,7 +244,12 @@ pub fn linear_kernel(
             resources.push(&ws);
         }
         resources.extend([&bias, &y]);
-        launches.push(gpu.dispatch(Kernel::Linear(format), &params, &resources, [rows as u32, 1, 1])?);
+        launches.push(gpu.dispatch(
+            Kernel::Linear(format),
+            &params,
+            &resources,
+            [(rows as u32).div_ceil(LINEAR_ROWS_PER_WORKGROUP), 1, 1],
+        )?);
     }
     gpu.timed_submit(&launches)?;
     let times: Vec<f64> = (0..options.repeats)

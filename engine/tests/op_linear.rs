@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
-use drama_kernels::{Kernel, LinearParams, WeightFormat};
+use drama_kernels::{Kernel, LINEAR_ROWS_PER_WORKGROUP, LinearParams, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
@@ -167,7 +167,12 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
         } else {
             vec![&p, &xb, &wb, &sb, &bb, &y]
         };
-        dispatches.push(dispatch(gpu, kernel, &buffers, [(end - start) as u32, 1, 1]));
+        dispatches.push(dispatch(
+            gpu,
+            kernel,
+            &buffers,
+            [((end - start) as u32).div_ceil(LINEAR_ROWS_PER_WORKGROUP), 1, 1],
+        ));
     }
     run(gpu, &dispatches);
     let got = gpu.read_f32(&y).unwrap();
@@ -301,7 +306,12 @@ fn gathered_case(
         } else {
             vec![&p, &xb, &wb, &sb, &bias, &idb, &y, &tb]
         };
-        dispatches.push(dispatch(gpu, kernel, &buffers, [out as u32, slots as u32, 1]));
+        dispatches.push(dispatch(
+            gpu,
+            kernel,
+            &buffers,
+            [(out as u32).div_ceil(LINEAR_ROWS_PER_WORKGROUP), slots as u32, 1],
+        ));
         keep.push((p, wb, sb, tb));
     }
     run(gpu, &dispatches);

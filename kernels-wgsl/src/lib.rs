@@ -17,6 +17,10 @@ pub use params::{
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
 
+/// Output features one workgroup of the linear kernels computes: a dense launch covering N
+/// features needs `N.div_ceil(LINEAR_ROWS_PER_WORKGROUP)` workgroups along x.
+pub const LINEAR_ROWS_PER_WORKGROUP: u32 = 8;
+
 /// How a linear's weights are stored on the GPU (exactly as in the checkpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum WeightFormat {

@@ -6,9 +6,10 @@
 // Inputs are BF16-valued f32 (the graph guarantees it).
 //
 // Entry points:
-//   `linear`:   one workgroup per output feature; it reads the weight row once and applies
-//               it to up to MAX_ROWS activation rows per pass.
-//   `gathered`: routed experts; one workgroup per (output feature, slot), the slot's expert
+//   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
+//               feature reading its weight row side by side (coalesced); each weight unit is
+//               applied to up to MAX_ROWS activation rows per pass.
+//   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP features, slot), the slot's expert
 //               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
 //               live in another weight segment and are skipped. Each expert has its own
 //               tensor scale (`expert_scales`, one per expert of the segment).
@@ -17,7 +18,9 @@
 // number of rows, so a row's result never depends on the other rows in the batch.
 
 const WG: u32 = 64u;
-const MAX_ROWS: u32 = 8u;
+const LANES: u32 = 8u;           // threads sharing one weight row
+const ROWS_PER_GROUP: u32 = 8u;  // weight rows per workgroup: WG / LANES
+const MAX_ROWS: u32 = 8u;        // activation rows per pass
 
 struct Params {
     rows: u32,          // activation rows (linear) or slots (gathered)
@@ -46,11 +49,12 @@ struct Params {
 var<workgroup> partial: array<f32, 512>; // WG * MAX_ROWS
 var<workgroup> slot_expert: u32;
 
-// Sums partial[t * MAX_ROWS + r] over threads t for r < count; the result lands at t = 0.
-fn reduce_rows(t: u32, count: u32) {
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+// Sums partial[t * MAX_ROWS + r] over the LANES threads of each weight row, for r < count;
+// the sums land at each row's lane 0. A fixed tree: the order never depends on the batch.
+fn reduce_lanes(t: u32, count: u32) {
+    for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
         workgroupBarrier();
-        if (t < stride) {
+        if (t % LANES < stride) {
             for (var r = 0u; r < count; r++) {
                 partial[t * MAX_ROWS + r] += partial[(t + stride) * MAX_ROWS + r];
             }
@@ -73,22 +77,28 @@ fn finish(acc: f32, n: u32, tensor_scale: f32) -> f32 {
 
 @compute @workgroup_size(64)
 fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let n = wg.x;
+    let local_row = t / LANES;
+    let lane = t % LANES;
+    let n = wg.x * ROWS_PER_GROUP + local_row;
+    let valid = n < p.out_features;
     let units = p.in_features / UNIT;
     for (var row0 = 0u; row0 < p.rows; row0 += MAX_ROWS) {
         let count = min(MAX_ROWS, p.rows - row0);
         var acc = array<f32, 8>();
-        for (var k = t; k < units; k += WG) {
-            for (var r = 0u; r < count; r++) {
-                acc[r] += unit_dot(n, k, (row0 + r) * p.in_features + k * UNIT);
+        if (valid) {
+            for (var k = lane; k < units; k += LANES) {
+                for (var r = 0u; r < count; r++) {
+                    acc[r] += unit_dot(n, k, (row0 + r) * p.in_features + k * UNIT);
+                }
             }
         }
         for (var r = 0u; r < MAX_ROWS; r++) {
             partial[t * MAX_ROWS + r] = acc[r];
         }
-        reduce_rows(t, count);
-        if (t < count) {
-            y[(row0 + t) * p.y_stride + p.out_offset + n] = finish(partial[t], n, p.tensor_scale);
+        reduce_lanes(t, count);
+        if (valid && lane < count) {
+            let sum = partial[local_row * LANES * MAX_ROWS + lane];
+            y[(row0 + lane) * p.y_stride + p.out_offset + n] = finish(sum, n, p.tensor_scale);
         }
         workgroupBarrier();
     }
@@ -96,7 +106,10 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 
 @compute @workgroup_size(64)
 fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let n = wg.x;
+    let local_row = t / LANES;
+    let lane = t % LANES;
+    let n = wg.x * ROWS_PER_GROUP + local_row;
+    let valid = n < p.out_features;
     let slot = wg.y;
     if (t == 0u) {
         slot_expert = expert_ids[slot];
@@ -109,12 +122,14 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let x_base = (slot / p.x_row_div) * p.in_features;
     let units = p.in_features / UNIT;
     var acc = 0.0;
-    for (var k = t; k < units; k += WG) {
-        acc += unit_dot(row, k, x_base + k * UNIT);
+    if (valid) {
+        for (var k = lane; k < units; k += LANES) {
+            acc += unit_dot(row, k, x_base + k * UNIT);
+        }
     }
     partial[t * MAX_ROWS] = acc;
-    reduce_rows(t, 1u);
-    if (t == 0u) {
-        y[slot * p.y_stride + p.out_offset + n] = finish(partial[0], n, expert_scales[expert - p.expert_begin]);
+    reduce_lanes(t, 1u);
+    if (valid && lane == 0u) {
+        y[slot * p.y_stride + p.out_offset + n] = finish(partial[t * MAX_ROWS], n, expert_scales[expert - p.expert_begin]);
     }
 }
