@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use drama_kernels::{BandwidthParams, Kernel, LINEAR_ROWS_PER_WORKGROUP, LinearParams, WeightFormat};
+use drama_kernels::{BandwidthParams, Kernel, LinearParams, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
@@ -248,7 +248,7 @@ pub fn linear_kernel(
             Kernel::Linear(format),
             &params,
             &resources,
-            [(rows as u32).div_ceil(LINEAR_ROWS_PER_WORKGROUP), 1, 1],
+            [(rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1],
         )?);
     }
     gpu.timed_submit(&launches)?;

@@ -9,8 +9,7 @@ use drama_graph::ir::{Op, Projection, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    AttentionParams, ElementwiseParams, Kernel, LINEAR_ROWS_PER_WORKGROUP, LinearParams, MoeParams, NormParams,
-    RouterParams, WeightFormat,
+    AttentionParams, ElementwiseParams, Kernel, LinearParams, MoeParams, NormParams, RouterParams, WeightFormat,
 };
 
 use crate::error::EngineError;
@@ -282,7 +281,11 @@ impl<'a> Lowering<'a> {
                         Kernel::Gathered(linear.format),
                         &params,
                         &resources,
-                        [(*width as u32).div_ceil(LINEAR_ROWS_PER_WORKGROUP), slots as u32, 1],
+                        [
+                            (*width as u32).div_ceil(linear.format.rows_per_workgroup()),
+                            slots as u32,
+                            1,
+                        ],
                     )?;
                 }
             }
@@ -401,7 +404,11 @@ pub fn linear_launches(
             resources.push(&segment.scales);
         }
         resources.extend([bias, io.y]);
-        let grid = [(segment.range.len() as u32).div_ceil(LINEAR_ROWS_PER_WORKGROUP), 1, 1];
+        let grid = [
+            (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup()),
+            1,
+            1,
+        ];
         launches.push(gpu.dispatch(Kernel::Linear(linear.format), &params, &resources, grid)?);
     }
     Ok(launches)

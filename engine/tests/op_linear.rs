@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
-use drama_kernels::{Kernel, LINEAR_ROWS_PER_WORKGROUP, LinearParams, WeightFormat};
+use drama_kernels::{Kernel, LinearParams, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
@@ -171,7 +171,7 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
             gpu,
             kernel,
             &buffers,
-            [((end - start) as u32).div_ceil(LINEAR_ROWS_PER_WORKGROUP), 1, 1],
+            [((end - start) as u32).div_ceil(w.format.rows_per_workgroup()), 1, 1],
         ));
     }
     run(gpu, &dispatches);
@@ -310,7 +310,7 @@ fn gathered_case(
             gpu,
             kernel,
             &buffers,
-            [(out as u32).div_ceil(LINEAR_ROWS_PER_WORKGROUP), slots as u32, 1],
+            [(out as u32).div_ceil(format.rows_per_workgroup()), slots as u32, 1],
         ));
         keep.push((p, wb, sb, tb));
     }

@@ -17,10 +17,6 @@ pub use params::{
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
 
-/// Output features one workgroup of the linear kernels computes: a dense launch covering N
-/// features needs `N.div_ceil(LINEAR_ROWS_PER_WORKGROUP)` workgroups along x.
-pub const LINEAR_ROWS_PER_WORKGROUP: u32 = 8;
-
 /// How a linear's weights are stored on the GPU (exactly as in the checkpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum WeightFormat {
@@ -51,6 +47,18 @@ pub enum Module {
     Codec,
     /// `bandwidth.wgsl`: the read-bandwidth roofline.
     Bandwidth,
+}
+
+impl WeightFormat {
+    /// Output features one workgroup of the linear kernels computes for this format (64 /
+    /// the format file's LANES): a launch covering N features needs
+    /// `N.div_ceil(rows_per_workgroup())` workgroups along x.
+    pub fn rows_per_workgroup(self) -> u32 {
+        match self {
+            WeightFormat::Bf16 | WeightFormat::Fp8Block => 1,
+            WeightFormat::Nvfp4 => 4,
+        }
+    }
 }
 
 impl Module {

@@ -1,6 +1,8 @@
 // FP8 E4M3 weights with one F32 scale per 128x128 tile (`scales` holds the f32 bits,
 // [ceil(N/128), ceil(K/128)] per expert); a unit is 16 weights (four words).
 const UNIT: u32 = 16u;
+// Threads per weight row: one weight row per workgroup.
+const LANES: u32 = 64u;
 
 fn unit_dot(row: u32, k: u32, x_base: u32) -> f32 {
     let base = (row * p.in_features + k * 16u) / 4u;

@@ -2,6 +2,8 @@
 // nibble i of word w) and one E4M3 block scale (byte row * K/16 + block of `scales`).
 // Decoded straight into the dot product: no per-block array, so nothing spills.
 const UNIT: u32 = 16u;
+// Threads per weight row: four weight rows per workgroup, 16 threads each: 16-weight units give each thread several blocks.
+const LANES: u32 = 16u;
 
 fn nibbles_dot(word: u32, x_base: u32) -> f32 {
     var s = 0.0;

@@ -7,7 +7,7 @@
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
-//               feature reading its weight row side by side (coalesced); each weight unit is
+//               feature (set by the format file) reading its weight row side by side; each weight unit is
 //               applied to up to MAX_ROWS activation rows per pass.
 //   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP features, slot), the slot's expert
 //               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
@@ -18,9 +18,8 @@
 // number of rows, so a row's result never depends on the other rows in the batch.
 
 const WG: u32 = 64u;
-const LANES: u32 = 8u;           // threads sharing one weight row
-const ROWS_PER_GROUP: u32 = 8u;  // weight rows per workgroup: WG / LANES
-const MAX_ROWS: u32 = 8u;        // activation rows per pass
+const ROWS_PER_GROUP: u32 = WG / LANES;  // weight rows per workgroup; LANES comes with the format
+const MAX_ROWS: u32 = 8u;                // activation rows per pass
 
 struct Params {
     rows: u32,          // activation rows (linear) or slots (gathered)
