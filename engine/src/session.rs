@@ -86,6 +86,8 @@ pub struct Session<'e> {
     rope_table: wgpu::Buffer,
     prefixes: Vec<f32>,
     steps: HashMap<(usize, bool), Executable>,
+    /// Kept original expert ids per layer (None for dense layers), to name traced routes.
+    moe_kept: Vec<Option<Vec<usize>>>,
 }
 
 impl<'e> Session<'e> {
@@ -129,6 +131,15 @@ impl<'e> Session<'e> {
             .flat_map(|_| default_prefix.iter().map(|&v| v as f32))
             .collect::<Vec<_>>();
         debug_assert_eq!(prefixes.len(), lanes * p * h);
+        let moe_kept = engine
+            .checkpoint
+            .layers
+            .iter()
+            .map(|layer| match layer {
+                LayerMlp::Moe(moe) => Some(moe.kept_expert_ids.clone()),
+                LayerMlp::Dense => None,
+            })
+            .collect();
         Ok(Session {
             engine,
             lanes,
@@ -137,6 +148,7 @@ impl<'e> Session<'e> {
             rope_table,
             prefixes,
             steps: HashMap::new(),
+            moe_kept,
         })
     }
 
@@ -257,16 +269,7 @@ impl<'e> Session<'e> {
         let positions: Vec<u32> = rows.iter().map(|r| r.pos as u32).collect();
         let prefixes = self.prefixes.clone();
         let gpu = self.engine.gpu.clone();
-        let moe_kept: Vec<Option<Vec<usize>>> = self
-            .engine
-            .checkpoint
-            .layers
-            .iter()
-            .map(|l| match l {
-                LayerMlp::Moe(m) => Some(m.kept_expert_ids.clone()),
-                LayerMlp::Dense => None,
-            })
-            .collect();
+        let moe_kept = if trace { self.moe_kept.clone() } else { Vec::new() };
         let exe = self.executable(rows.len(), trace)?;
         exe.write_input(&gpu, "row_table", bytemuck::cast_slice(&table))?;
         exe.write_input(&gpu, "row_index", bytemuck::cast_slice(&index))?;

@@ -20,7 +20,7 @@ use crate::session::Engine;
 pub enum GuidanceMode {
     /// Both lanes in one batched step.
     Paired,
-    /// Two single-lane sessions.
+    /// Two forwards per step: all cond rows, then all uncond rows.
     Separate,
 }
 
