@@ -80,6 +80,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
             s.label, s.lanes, s.gpu_ms, s.wall_ms, s.floor_ms, s.ratio_to_floor, s.dispatches
         );
     }
+    for s in &report.decode {
+        let total: f64 = s.profile.iter().map(|k| k.total_us).sum();
+        for k in s.profile.iter().take(8) {
+            eprintln!(
+                "  {:<8} {:<22} {:>4} launches {:>9.1} us ({:.0}% of the profiled step)",
+                s.label,
+                k.kernel,
+                k.launches,
+                k.total_us,
+                100.0 * k.total_us / total.max(1e-9)
+            );
+        }
+    }
     eprintln!("prefill {} rows: {:.2} ms", report.prefill.rows, report.prefill.gpu_ms);
     let y = &report.synthesis;
     eprintln!(

@@ -100,6 +100,20 @@ pub struct StepResult {
     pub floor_ms: f64,
     /// gpu_ms / floor_ms.
     pub ratio_to_floor: f64,
+    /// Where the time goes: each kernel kind's launches and GPU time, one dispatch per pass
+    /// (empty without timestamp queries); most time first.
+    pub profile: Vec<KernelShare>,
+}
+
+/// One kernel kind's share of a profiled step.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelShare {
+    /// Kernel (entry point and format).
+    pub kernel: String,
+    /// Launches in the step.
+    pub launches: usize,
+    /// Their summed GPU microseconds.
+    pub total_us: f64,
 }
 
 /// The prefill measurement.
@@ -320,7 +334,7 @@ pub fn decode_step(
 ) -> Result<StepResult, EngineError> {
     let c = &engine.checkpoint.config;
     let steps = options.repeats + 3;
-    let capacity = options.context + steps + 1;
+    let capacity = options.context + steps + 2;
     let mut session = Session::new(engine, lanes, capacity)?;
     if lanes == 2 {
         let null: Vec<f32> =
@@ -359,6 +373,27 @@ pub fn decode_step(
     }
     // Experts actually chosen: one traced step at the next position.
     let traced = session.step(&decode_rows(lanes, options.context + steps, 17 % codes), true)?;
+    let profile = if engine.gpu.caps.timestamps {
+        let mut shares: Vec<KernelShare> = Vec::new();
+        for (kernel, time) in session.profiled_step(&decode_rows(lanes, options.context + steps + 1, 29 % codes))? {
+            let name = format!("{kernel:?}");
+            match shares.iter_mut().find(|s| s.kernel == name) {
+                Some(share) => {
+                    share.launches += 1;
+                    share.total_us += time.as_secs_f64() * 1e6;
+                }
+                None => shares.push(KernelShare {
+                    kernel: name,
+                    launches: 1,
+                    total_us: time.as_secs_f64() * 1e6,
+                }),
+            }
+        }
+        shares.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+        shares
+    } else {
+        Vec::new()
+    };
     let mut bytes = dense_bytes(engine);
     for (layer, route) in traced.routes.iter().enumerate() {
         if let Some((ids, _)) = route {
@@ -382,6 +417,7 @@ pub fn decode_step(
         bytes,
         floor_ms,
         ratio_to_floor: gpu_ms / floor_ms,
+        profile,
     })
 }
 

@@ -498,6 +498,12 @@ impl Executable {
         gpu.submit(&self.dispatches);
     }
 
+    /// Runs the step one dispatch per pass and returns each kernel's GPU time, in order.
+    pub fn profile_run(&self, gpu: &Gpu) -> Result<Vec<(Kernel, std::time::Duration)>, EngineError> {
+        let times = gpu.profile_submit(&self.dispatches)?;
+        Ok(self.dispatches.iter().map(|d| d.kernel).zip(times).collect())
+    }
+
     /// Runs the step and returns its pass's GPU time.
     pub fn timed_run(&self, gpu: &Gpu) -> Result<std::time::Duration, EngineError> {
         Ok(gpu.timed_submit(&self.dispatches)?)

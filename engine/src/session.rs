@@ -77,6 +77,21 @@ pub struct StepOutput {
     pub routes: Vec<Option<(Vec<u32>, Vec<f32>)>>,
 }
 
+/// How a step is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timing {
+    None,
+    Pass,
+    PerDispatch,
+}
+
+/// The timing a step returns.
+enum StepTiming {
+    None,
+    Pass(std::time::Duration),
+    Kernels(Vec<(drama_kernels::Kernel, std::time::Duration)>),
+}
+
 /// Lanes sharing one engine: caches, prefixes and compiled steps.
 pub struct Session<'e> {
     engine: &'e Engine,
@@ -235,22 +250,31 @@ impl<'e> Session<'e> {
     /// their positions, and returns the logits of every row (and, with `trace`, every
     /// layer's hidden states and router choices).
     pub fn step(&mut self, rows: &[Row], trace: bool) -> Result<StepOutput, EngineError> {
-        Ok(self.run_step(rows, trace, false)?.0)
+        Ok(self.run_step(rows, trace, Timing::None)?.0)
     }
 
     /// Like [`Session::step`], and returns the GPU time of the step's pass (timestamps at
     /// the pass boundaries where the adapter has them, wall time otherwise).
     pub fn timed_step(&mut self, rows: &[Row]) -> Result<(StepOutput, std::time::Duration), EngineError> {
-        let (output, time) = self.run_step(rows, false, true)?;
-        Ok((output, time.unwrap_or_default()))
+        let (output, timing) = self.run_step(rows, false, Timing::Pass)?;
+        match timing {
+            StepTiming::Pass(time) => Ok((output, time)),
+            _ => Ok((output, std::time::Duration::ZERO)),
+        }
     }
 
-    fn run_step(
+    /// Like [`Session::step`], one dispatch per pass, returning each kernel's GPU time.
+    pub fn profiled_step(
         &mut self,
         rows: &[Row],
-        trace: bool,
-        timed: bool,
-    ) -> Result<(StepOutput, Option<std::time::Duration>), EngineError> {
+    ) -> Result<Vec<(drama_kernels::Kernel, std::time::Duration)>, EngineError> {
+        match self.run_step(rows, false, Timing::PerDispatch)?.1 {
+            StepTiming::Kernels(kernels) => Ok(kernels),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn run_step(&mut self, rows: &[Row], trace: bool, timing: Timing) -> Result<(StepOutput, StepTiming), EngineError> {
         self.validate(rows)?;
         let c = self.engine.checkpoint.config.clone();
         let p = c.speech.voice_prefix_len;
@@ -276,11 +300,13 @@ impl<'e> Session<'e> {
         exe.write_input(&gpu, "row_lane", bytemuck::cast_slice(&lanes))?;
         exe.write_input(&gpu, "row_pos", bytemuck::cast_slice(&positions))?;
         exe.write_input(&gpu, "prefixes", bytemuck::cast_slice(&prefixes))?;
-        let time = if timed {
-            Some(exe.timed_run(&gpu)?)
-        } else {
-            exe.run(&gpu);
-            None
+        let time = match timing {
+            Timing::None => {
+                exe.run(&gpu);
+                StepTiming::None
+            }
+            Timing::Pass => StepTiming::Pass(exe.timed_run(&gpu)?),
+            Timing::PerDispatch => StepTiming::Kernels(exe.profile_run(&gpu)?),
         };
         let find = |name: &str| {
             exe.graph

@@ -331,6 +331,58 @@ impl Gpu {
             .map_err(|e| GpuError::Readback(e.to_string()))
     }
 
+    /// Runs every dispatch in a pass of its own, timestamps at each pass's boundaries (what
+    /// Apple GPUs allow too), and returns each dispatch's GPU time. A profiling mode: the
+    /// passes add boundaries a normal step does not have. Needs timestamp queries.
+    pub fn profile_submit(&self, dispatches: &[Dispatch]) -> Result<Vec<std::time::Duration>, GpuError> {
+        if !self.caps.timestamps {
+            return Err(GpuError::Limit {
+                limit: "timestamp queries (profiling needs them)",
+                found: 0,
+                needed: 1,
+            });
+        }
+        let mut times = Vec::with_capacity(dispatches.len());
+        // wgpu caps a query set at 4096 queries: profile in chunks of 2048 dispatches.
+        for chunk in dispatches.chunks(2048) {
+            let count = 2 * chunk.len() as u32;
+            let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count,
+            });
+            let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("profile timestamps"),
+                size: u64::from(count) * 8,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            for (i, dispatch) in chunk.iter().enumerate() {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(dispatch.kernel.entry_point()),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &queries,
+                        beginning_of_pass_write_index: Some(2 * i as u32),
+                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                    }),
+                });
+                dispatch.record(&mut pass);
+            }
+            encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
+            self.queue.submit([encoder.finish()]);
+            let bytes = self.read_bytes(&resolved)?;
+            let ticks: &[u64] = bytemuck::cast_slice(&bytes);
+            let period = f64::from(self.queue.get_timestamp_period());
+            times.extend(
+                ticks
+                    .chunks_exact(2)
+                    .map(|t| std::time::Duration::from_nanos((t[1].saturating_sub(t[0]) as f64 * period) as u64)),
+            );
+        }
+        Ok(times)
+    }
+
     /// Runs `dispatches` in one pass and returns its GPU time: from timestamps written at the
     /// pass boundaries where the adapter offers them, else the wall time of submit-and-wait.
     pub fn timed_submit(&self, dispatches: &[Dispatch]) -> Result<std::time::Duration, GpuError> {
