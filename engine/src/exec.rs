@@ -242,7 +242,7 @@ impl<'a> Lowering<'a> {
                     out,
                     self.buffer(node.outputs[1])?,
                 ];
-                self.launch(Kernel::Route, &params, &resources, [rows.div_ceil(64) as u32, 1, 1])?;
+                self.launch(Kernel::Route, &params, &resources, [rows as u32, 1, 1])?;
             }
             Op::Experts {
                 layer,

@@ -226,7 +226,7 @@ fn gpu_route(
             gpu,
             Kernel::Route,
             &[&p, &lb, &kb, &bb, &ids, &weights],
-            [rows.div_ceil(64) as u32, 1, 1],
+            [rows as u32, 1, 1],
         )],
     );
     (gpu.read_u32(&ids).unwrap(), gpu.read_f32(&weights).unwrap())

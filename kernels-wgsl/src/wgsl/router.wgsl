@@ -1,4 +1,4 @@
-// Top-k routing over the kept (pruned) experts, one thread per token, FP32.
+// Top-k routing over the kept (pruned) experts, one workgroup per token, FP32.
 //
 // `logits` rows hold one entry per router row: per kept expert (compact) or per original id
 // (full width; pruned ids are never read, the same as masking them to -inf before softmax).
@@ -8,8 +8,9 @@
 // best `topk_group` groups are kept, and the top K by c among their experts are chosen;
 // weights s. Then optional renormalisation and the routed scaling factor. Every ranking
 // breaks ties toward the lower original id. Output: the K chosen local (kept-list) indices
-// in ascending original-id order, and their weights. Values are recomputed rather than
-// stored, so any number of kept experts up to MAX_KEPT fits in registers.
+// in ascending original-id order, and their weights. The workgroup loads the logits and
+// computes every expert's ranking score and weight in parallel into workgroup memory; one
+// thread then ranks them, so no step of the selection waits on global memory.
 
 const MAX_KEPT: u32 = 512u;
 const MAX_K: u32 = 16u;
@@ -46,35 +47,52 @@ fn sigmoid(v: f32) -> f32 {
     return 1.0 / (1.0 + exp(-v));
 }
 
-// The score used for ranking expert i: the softmax probability, or the sigmoid choice score.
-fn rank_score(row: u32, i: u32, max_logit: f32, total: f32) -> f32 {
-    if ((p.flags & 1u) == 0u) {
-        return exp(logit(row, i) - max_logit) / total;
-    }
-    var c = sigmoid(logit(row, i));
-    if ((p.flags & 4u) != 0u) {
-        c += score_bias[select(i, kept_ids[i], (p.flags & 2u) != 0u)];
-    }
-    return c;
-}
-
-fn group_of(i: u32) -> u32 {
-    return kept_ids[i] / p.group_size;
-}
+var<workgroup> raw: array<f32, MAX_KEPT>;      // logits of the kept experts
+var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probability, or sigmoid + bias
+var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, or sigmoid
+var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
+var<workgroup> stats: vec2<f32>;          // max logit, softmax denominator
 
 @compute @workgroup_size(64)
-fn route(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let row = gid.x;
-    if (row >= p.rows) {
+fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let row = wg.x;
+    for (var i = t; i < p.kept; i += 64u) {
+        raw[i] = logit(row, i);
+        group[i] = kept_ids[i] / p.group_size;
+    }
+    workgroupBarrier();
+    if (t == 0u) {
+        var max_logit = -3.0e38;
+        for (var i = 0u; i < p.kept; i++) {
+            max_logit = max(max_logit, raw[i]);
+        }
+        var sum = 0.0;
+        for (var i = 0u; i < p.kept; i++) {
+            sum += exp(raw[i] - max_logit);
+        }
+        stats = vec2<f32>(max_logit, sum);
+    }
+    workgroupBarrier();
+    let max_logit = stats.x;
+    let total = stats.y;
+    for (var i = t; i < p.kept; i += 64u) {
+        if ((p.flags & 1u) == 0u) {
+            let probability = exp(raw[i] - max_logit) / total;
+            rank[i] = probability;
+            value[i] = probability;
+        } else {
+            let s = sigmoid(raw[i]);
+            value[i] = s;
+            var c = s;
+            if ((p.flags & 4u) != 0u) {
+                c += score_bias[select(i, kept_ids[i], (p.flags & 2u) != 0u)];
+            }
+            rank[i] = c;
+        }
+    }
+    workgroupBarrier();
+    if (t != 0u) {
         return;
-    }
-    var max_logit = -3.0e38;
-    for (var i = 0u; i < p.kept; i++) {
-        max_logit = max(max_logit, logit(row, i));
-    }
-    var total = 0.0;
-    for (var i = 0u; i < p.kept; i++) {
-        total += exp(logit(row, i) - max_logit);
     }
     // Groups allowed for selection (bit g set); all of them without grouping.
     var allowed = array<u32, 2>(0xffffffffu, 0xffffffffu);
@@ -86,10 +104,10 @@ fn route(@builtin(global_invocation_id) gid: vec3<u32>) {
             var second = -3.0e38;
             var count = 0u;
             for (var i = 0u; i < p.kept; i++) {
-                if (group_of(i) != g) {
+                if (group[i] != g) {
                     continue;
                 }
-                let c = rank_score(row, i, max_logit, total);
+                let c = rank[i];
                 count += 1u;
                 if (c > first) {
                     second = first;
@@ -118,8 +136,8 @@ fn route(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
         }
     }
-    var taken = array<u32, 16>();
-    var picks = array<u32, 16>();
+    var taken = array<u32, MAX_KEPT / 32u>();
+    var picks = array<u32, MAX_K>();
     for (var j = 0u; j < p.k; j++) {
         var winner = 0xffffffffu;
         var winner_score = 0.0;
@@ -128,12 +146,12 @@ fn route(@builtin(global_invocation_id) gid: vec3<u32>) {
                 continue;
             }
             if (p.n_group > 1u) {
-                let g = group_of(i);
+                let g = group[i];
                 if (((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u) {
                     continue;
                 }
             }
-            let c = rank_score(row, i, max_logit, total);
+            let c = rank[i];
             if (winner == 0xffffffffu || c > winner_score) {
                 winner = i;
                 winner_score = c;
@@ -152,21 +170,12 @@ fn route(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
         picks[b] = v;
     }
-    // Weights: softmax probabilities, or unbiased sigmoids.
-    var weights = array<f32, 16>();
     var chosen_sum = 0.0;
     for (var j = 0u; j < p.k; j++) {
-        var v = 0.0;
-        if ((p.flags & 1u) == 0u) {
-            v = exp(logit(row, picks[j]) - max_logit) / total;
-        } else {
-            v = sigmoid(logit(row, picks[j]));
-        }
-        weights[j] = v;
-        chosen_sum += v;
+        chosen_sum += value[picks[j]];
     }
     for (var j = 0u; j < p.k; j++) {
-        var v = weights[j];
+        var v = value[picks[j]];
         if ((p.flags & 8u) != 0u) {
             v = v / chosen_sum;
         }
