@@ -74,11 +74,16 @@ fn write_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     v_cache[slot] = src[row_base + width + c];
 }
 
-var<workgroup> partial: array<f32, 64>;
+// Attention runs 256 invocations per (row, head): scores split over positions, then the
+// weighted sum of values split over (dimension, part of the positions) and the parts added
+// in a fixed order, so a row's result never depends on anything but its own cache.
+const ATTEND_WG: u32 = 256u;
+
+var<workgroup> partial: array<f32, 256>;
 
 fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
     partial[t] = value;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+    for (var stride = ATTEND_WG / 2u; stride > 0u; stride /= 2u) {
         workgroupBarrier();
         if (t < stride) {
             let other = partial[t + stride];
@@ -91,8 +96,16 @@ fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
     return result;
 }
 
+fn finish_output(index: u32, acc: f32, total: f32) {
+    var out = acc / total;
+    if ((p.flags & 1u) != 0u) {
+        out = round_bf16(out);
+    }
+    dst[index] = out;
+}
+
 // q rotated: src [rows, heads * head_dim]; out: dst [rows, heads * head_dim].
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
     let h = wg.y;
@@ -103,7 +116,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let q_base = (r * p.heads + h) * p.head_dim;
     let s_base = (r * p.heads + h) * p.capacity;
     var local_max = -3.0e38;
-    for (var s = t; s < length; s += WG) {
+    for (var s = t; s < length; s += ATTEND_WG) {
         var dot = 0.0;
         let k_base = cache_base + s * kv_width;
         for (var d = 0u; d < p.head_dim; d++) {
@@ -115,7 +128,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     let m = reduce(t, local_max, true);
     var local_sum = 0.0;
-    for (var s = t; s < length; s += WG) {
+    for (var s = t; s < length; s += ATTEND_WG) {
         let e = exp(scratch[s_base + s] - m);
         scratch[s_base + s] = e;
         local_sum += e;
@@ -123,15 +136,34 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let total = reduce(t, local_sum, false);
     storageBarrier();
     workgroupBarrier();
-    for (var d = t; d < p.head_dim; d += WG) {
-        var acc = 0.0;
-        for (var s = 0u; s < length; s++) {
+    if (p.head_dim > ATTEND_WG) {
+        // Wide heads: each invocation owns whole dimensions.
+        for (var d = t; d < p.head_dim; d += ATTEND_WG) {
+            var acc = 0.0;
+            for (var s = 0u; s < length; s++) {
+                acc += scratch[s_base + s] * v_cache[cache_base + s * kv_width + d];
+            }
+            finish_output(q_base + d, acc, total);
+        }
+        return;
+    }
+    // Invocation t owns dimension t % head_dim over positions part, part + parts, ...
+    let parts = ATTEND_WG / p.head_dim;
+    let d = t % p.head_dim;
+    let part = t / p.head_dim;
+    var acc = 0.0;
+    if (part < parts) {
+        for (var s = part; s < length; s += parts) {
             acc += scratch[s_base + s] * v_cache[cache_base + s * kv_width + d];
         }
-        var out = acc / total;
-        if ((p.flags & 1u) != 0u) {
-            out = round_bf16(out);
+    }
+    partial[t] = acc;
+    workgroupBarrier();
+    if (part == 0u) {
+        var sum = 0.0;
+        for (var q = 0u; q < parts; q++) {
+            sum += partial[q * p.head_dim + d];
         }
-        dst[q_base + d] = out;
+        finish_output(q_base + d, sum, total);
     }
 }
