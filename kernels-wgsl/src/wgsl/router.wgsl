@@ -9,8 +9,8 @@
 // weights s. Then optional renormalisation and the routed scaling factor. Every ranking
 // breaks ties toward the lower original id. Output: the K chosen local (kept-list) indices
 // in ascending original-id order, and their weights. The workgroup loads the logits and
-// computes every expert's ranking score and weight in parallel into workgroup memory; one
-// thread then ranks them, so no step of the selection waits on global memory.
+// computes every expert's ranking score and weight in parallel into workgroup memory, then
+// picks the K best by K parallel argmax rounds over workgroup memory.
 
 const MAX_KEPT: u32 = 512u;
 const MAX_K: u32 = 16u;
@@ -52,6 +52,62 @@ var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probabi
 var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, or sigmoid
 var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
 var<workgroup> stats: vec2<f32>;          // max logit, softmax denominator
+var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
+var<workgroup> best_value: array<f32, 64>;      // argmax reduction
+var<workgroup> best_index: array<u32, 64>;
+var<workgroup> picked: array<u32, MAX_K>;
+
+const NONE: u32 = 0xffffffffu;
+
+// Sigmoid routers with groups: a group's score is the sum of its best min(2, n) ranking
+// scores; groups without kept experts are never picked; the best `topk_group` groups stay
+// eligible (ties toward the lower group index). Runs on one invocation.
+fn keep_best_groups() {
+    var allowed = array<u32, 2>(0u, 0u);
+    var best = array<f32, 64>();
+    var non_empty = array<u32, 2>();
+    for (var g = 0u; g < p.n_group; g++) {
+        var first = -3.0e38;
+        var second = -3.0e38;
+        var count = 0u;
+        for (var i = 0u; i < p.kept; i++) {
+            if (group[i] != g) {
+                continue;
+            }
+            let c = rank[i];
+            count += 1u;
+            if (c > first) {
+                second = first;
+                first = c;
+            } else if (c > second) {
+                second = c;
+            }
+        }
+        if (count > 0u) {
+            non_empty[g / 32u] |= 1u << (g % 32u);
+            best[g] = select(first + second, first, count == 1u);
+        }
+    }
+    for (var pick = 0u; pick < p.topk_group; pick++) {
+        var winner = 0xffffffffu;
+        for (var g = 0u; g < p.n_group; g++) {
+            let free = ((non_empty[g / 32u] >> (g % 32u)) & 1u) != 0u
+                && ((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u;
+            if (free && (winner == 0xffffffffu || best[g] > best[winner])) {
+                winner = g;
+            }
+        }
+        if (winner != 0xffffffffu) {
+            allowed[winner / 32u] |= 1u << (winner % 32u);
+        }
+    }
+    for (var i = 0u; i < p.kept; i++) {
+        let g = group[i];
+        if (((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u) {
+            eligible[i] = 0u;
+        }
+    }
+}
 
 @compute @workgroup_size(64)
 fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -91,74 +147,56 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     workgroupBarrier();
+    for (var i = t; i < p.kept; i += 64u) {
+        eligible[i] = 1u;
+    }
+    workgroupBarrier();
+    if (p.n_group > 1u) {
+        if (t == 0u) {
+            keep_best_groups();
+        }
+        workgroupBarrier();
+    }
+    // K rounds of a parallel argmax; ties go to the lower index (the lower original id).
+    for (var j = 0u; j < p.k; j++) {
+        var v = 0.0;
+        var index = NONE;
+        for (var i = t; i < p.kept; i += 64u) {
+            if (eligible[i] != 0u && (index == NONE || rank[i] > v)) {
+                v = rank[i];
+                index = i;
+            }
+        }
+        best_value[t] = v;
+        best_index[t] = index;
+        for (var stride = 32u; stride > 0u; stride /= 2u) {
+            workgroupBarrier();
+            if (t < stride) {
+                let other = best_index[t + stride];
+                let other_value = best_value[t + stride];
+                let mine = best_index[t];
+                let better = other != NONE
+                    && (mine == NONE || other_value > best_value[t] || (other_value == best_value[t] && other < mine));
+                if (better) {
+                    best_value[t] = other_value;
+                    best_index[t] = other;
+                }
+            }
+        }
+        workgroupBarrier();
+        if (t == 0u) {
+            let winner = best_index[0];
+            picked[j] = winner;
+            eligible[winner] = 0u;
+        }
+        workgroupBarrier();
+    }
     if (t != 0u) {
         return;
     }
-    // Groups allowed for selection (bit g set); all of them without grouping.
-    var allowed = array<u32, 2>(0xffffffffu, 0xffffffffu);
-    if (p.n_group > 1u) {
-        var best = array<f32, 64>();
-        var non_empty = array<u32, 2>();
-        for (var g = 0u; g < p.n_group; g++) {
-            var first = -3.0e38;
-            var second = -3.0e38;
-            var count = 0u;
-            for (var i = 0u; i < p.kept; i++) {
-                if (group[i] != g) {
-                    continue;
-                }
-                let c = rank[i];
-                count += 1u;
-                if (c > first) {
-                    second = first;
-                    first = c;
-                } else if (c > second) {
-                    second = c;
-                }
-            }
-            if (count > 0u) {
-                non_empty[g / 32u] |= 1u << (g % 32u);
-                best[g] = select(first + second, first, count == 1u);
-            }
-        }
-        allowed = array<u32, 2>(0u, 0u);
-        for (var pick = 0u; pick < p.topk_group; pick++) {
-            var winner = 0xffffffffu;
-            for (var g = 0u; g < p.n_group; g++) {
-                let free = ((non_empty[g / 32u] >> (g % 32u)) & 1u) != 0u
-                    && ((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u;
-                if (free && (winner == 0xffffffffu || best[g] > best[winner])) {
-                    winner = g;
-                }
-            }
-            if (winner != 0xffffffffu) {
-                allowed[winner / 32u] |= 1u << (winner % 32u);
-            }
-        }
-    }
-    var taken = array<u32, MAX_KEPT / 32u>();
     var picks = array<u32, MAX_K>();
     for (var j = 0u; j < p.k; j++) {
-        var winner = 0xffffffffu;
-        var winner_score = 0.0;
-        for (var i = 0u; i < p.kept; i++) {
-            if (((taken[i / 32u] >> (i % 32u)) & 1u) != 0u) {
-                continue;
-            }
-            if (p.n_group > 1u) {
-                let g = group[i];
-                if (((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u) {
-                    continue;
-                }
-            }
-            let c = rank[i];
-            if (winner == 0xffffffffu || c > winner_score) {
-                winner = i;
-                winner_score = c;
-            }
-        }
-        taken[winner / 32u] |= 1u << (winner % 32u);
-        picks[j] = winner;
+        picks[j] = picked[j];
     }
     // Ascending original id = ascending kept index (kept ids are sorted).
     for (var a = 1u; a < p.k; a++) {
