@@ -84,6 +84,14 @@ impl Builder<'_> {
         &self.tensors[name]
     }
 
+    /// A convolution module's `weight` and `bias` buffers.
+    fn weight_and_bias(&self, module: &str) -> (wgpu::Buffer, wgpu::Buffer) {
+        (
+            self.tensor(&format!("{module}.weight")).clone(),
+            self.tensor(&format!("{module}.bias")).clone(),
+        )
+    }
+
     /// Reads and advances the next history: the convolution runs against it, then it
     /// becomes the last frames of [history | x].
     fn with_history(
@@ -126,10 +134,7 @@ impl Builder<'_> {
             dilation: d,
         } = conv;
         let y = self.gpu.buffer(module, (frames * cout * 4) as u64);
-        let (w, b) = (
-            self.tensor(&format!("{module}.weight")).clone(),
-            self.tensor(&format!("{module}.bias")).clone(),
-        );
+        let (w, b) = self.weight_and_bias(module);
         let params = CodecParams {
             frames: frames as u32,
             in_ch: cin as u32,
@@ -161,10 +166,7 @@ impl Builder<'_> {
         r: usize,
     ) -> Result<wgpu::Buffer, EngineError> {
         let y = self.gpu.buffer(module, (frames * r * cout * 4) as u64);
-        let (w, b) = (
-            self.tensor(&format!("{module}.weight")).clone(),
-            self.tensor(&format!("{module}.bias")).clone(),
-        );
+        let (w, b) = self.weight_and_bias(module);
         let params = CodecParams {
             frames: frames as u32,
             in_ch: cin as u32,
