@@ -254,7 +254,7 @@ fn code_bytes_per_row(format: LinearFormat, in_: usize) -> usize {
 
 /// The linear kernels decode whole units: 2 BF16 weights, 16 NVFP4 or FP8 weights.
 fn check_width(module: &str, format: LinearFormat, in_: usize) -> Result<(), EngineError> {
-    let unit = if format == LinearFormat::Bf16 { 2 } else { 16 };
+    let unit = if format == LinearFormat::Bf16 { 8 } else { 16 };
     if !in_.is_multiple_of(unit) {
         return Err(EngineError::Unsupported(format!(
             "{module}: input width {in_} is not a multiple of {unit}, which the {} kernel needs",

@@ -229,8 +229,8 @@ fn linear_case(format: WeightFormat, rows: usize, out: usize, in_: usize, with_b
 #[test]
 fn linear_bf16_matches_reference() {
     linear_case(WeightFormat::Bf16, 1, 37, 64, true, true);
-    linear_case(WeightFormat::Bf16, 11, 23, 250, false, false);
-    linear_case(WeightFormat::Bf16, 8, 5, 2, true, false);
+    linear_case(WeightFormat::Bf16, 11, 23, 248, false, false);
+    linear_case(WeightFormat::Bf16, 8, 5, 8, true, false);
 }
 
 #[test]
@@ -338,5 +338,5 @@ fn gathered_experts_match_reference_across_segments() {
     gathered_case(WeightFormat::Nvfp4, 5, 24, 64, 3, 4, true);
     gathered_case(WeightFormat::Nvfp4, 4, 40, 32, 2, 3, false);
     gathered_case(WeightFormat::Fp8Block, 3, 17, 48, 2, 2, true);
-    gathered_case(WeightFormat::Bf16, 3, 9, 30, 3, 2, false);
+    gathered_case(WeightFormat::Bf16, 3, 9, 24, 3, 2, false);
 }

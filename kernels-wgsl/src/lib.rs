@@ -55,7 +55,7 @@ impl WeightFormat {
     /// `N.div_ceil(rows_per_workgroup())` workgroups along x.
     pub fn rows_per_workgroup(self) -> u32 {
         match self {
-            WeightFormat::Bf16 | WeightFormat::Fp8Block => 1,
+            WeightFormat::Bf16 | WeightFormat::Fp8Block => 2,
             WeightFormat::Nvfp4 => 4,
         }
     }
@@ -315,19 +315,24 @@ pub enum KernelError {
     },
 }
 
-/// Parses and validates a module with naga; returns the IR and its analysis.
+/// Parses and validates a module with naga (with the one capability beyond core WGSL the
+/// kernels use: f16 packing in f32 shaders, which Metal and Vulkan have); returns the IR and
+/// its analysis.
 pub fn validate(module: Module) -> Result<(naga::Module, naga::valid::ModuleInfo), KernelError> {
     let source = module.source();
     let ir = naga::front::wgsl::parse_str(&source).map_err(|e| KernelError::Parse {
         module: module.name(),
         message: e.emit_to_string(&source),
     })?;
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
-        .validate(&ir)
-        .map_err(|e| KernelError::Validate {
-            module: module.name(),
-            message: e.emit_to_string(&source),
-        })?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+    )
+    .validate(&ir)
+    .map_err(|e| KernelError::Validate {
+        module: module.name(),
+        message: e.emit_to_string(&source),
+    })?;
     Ok((ir, info))
 }
 

@@ -98,6 +98,9 @@ pub enum GpuError {
         /// Required value.
         needed: u64,
     },
+    /// The adapter lacks a shader capability the kernels use.
+    #[error("the adapter lacks {0}, which the weight-decoding kernels use")]
+    Capability(&'static str),
     /// A shader or pipeline failed to build (a bug: tests validate every kernel).
     #[error("kernel {kernel}: {reason}")]
     Pipeline {
@@ -151,6 +154,14 @@ impl Gpu {
                 found: limits.max_storage_buffers_per_shader_stage.into(),
                 needed: NEEDED_STORAGE_BUFFERS.into(),
             });
+        }
+        // The NVFP4 and FP8 decoders convert packed f16 bit patterns (`unpack2x16float`).
+        if !adapter
+            .get_downlevel_capabilities()
+            .flags
+            .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
+        {
+            return Err(GpuError::Capability("f16 packing in f32 shaders (SHADER_F16_IN_F32)"));
         }
         if let Some(cap) = options.max_storage_binding {
             let cap = cap.min(limits.max_storage_buffer_binding_size);

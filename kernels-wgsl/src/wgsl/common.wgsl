@@ -26,11 +26,3 @@ fn e4m3(v: u32) -> f32 {
     }
     return select(magnitude, -magnitude, (v & 0x80u) != 0u);
 }
-
-// Twice the E2M1 value of a 4-bit code: the doubled magnitudes {0,1,2,3,4,6,8,12} live in
-// one word, so a decode is a shift, a mask and a conversion; the 1/2 is folded into the
-// block scale by the caller.
-fn e2m1_x2(code: u32) -> f32 {
-    let magnitude = f32((0xC8643210u >> ((code & 7u) * 4u)) & 0xfu);
-    return select(magnitude, -magnitude, (code & 8u) != 0u);
-}

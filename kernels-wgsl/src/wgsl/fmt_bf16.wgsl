@@ -1,9 +1,23 @@
-// BF16 weights, two per word; a unit is one word (2 weights). Needs an even input width.
-const UNIT: u32 = 2u;
-// Threads per weight row: one weight row per workgroup: a unit is small, so every thread of the workgroup shares the row.
-const LANES: u32 = 64u;
+// BF16 weights, two per word; a unit is four words (8 weights, one 16-byte load). Needs an
+// input width that is a multiple of 8.
+alias Unit = vec4<u32>;
+const UNIT: u32 = 8u;
+// Threads per weight row: two weight rows per workgroup.
+const LANES: u32 = 32u;
 
-fn unit_dot(row: u32, k: u32, x_base: u32) -> f32 {
-    let word = w[row * (p.in_features / 2u) + k];
-    return bf16_half(word, 0u) * x[x_base] + bf16_half(word, 1u) * x[x_base + 1u];
+// Word `u`'s two weights (low half first).
+fn bf16_pair(u: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(u << 16u), bitcast<f32>(u & 0xffff0000u));
+}
+
+fn unit_weights(row: u32, k: u32) -> array<vec4<f32>, 2> {
+    let u = w[row * (p.in_features / 8u) + k];
+    return array<vec4<f32>, 2>(
+        vec4<f32>(bf16_pair(u.x), bf16_pair(u.y)),
+        vec4<f32>(bf16_pair(u.z), bf16_pair(u.w)),
+    );
+}
+
+fn unit_scale(row: u32, k: u32) -> f32 {
+    return 1.0;
 }

@@ -1,22 +1,38 @@
 // FP8 E4M3 weights with one F32 scale per 128x128 tile (`scales` holds the f32 bits,
-// [ceil(N/128), ceil(K/128)] per expert); a unit is 16 weights (four words).
+// [ceil(N/128), ceil(K/128)] per expert); a unit is 16 weights (four words, one 16-byte
+// load).
+//
+// Decoding places each byte's exponent and mantissa at f16 bits 13..7 and its sign at bit
+// 15: the f16 holds the E4M3 value times 2^-8 exactly (E4M3 subnormals become f16
+// subnormals), and `unpack2x16float` converts two bytes at once. The 2^8 is folded into the
+// tile scale (a power of two: exact).
+alias Unit = vec4<u32>;
 const UNIT: u32 = 16u;
-// Threads per weight row: one weight row per workgroup.
-const LANES: u32 = 64u;
+// Threads per weight row: two weight rows per workgroup.
+const LANES: u32 = 32u;
 
-fn unit_dot(row: u32, k: u32, x_base: u32) -> f32 {
-    let base = (row * p.in_features + k * 16u) / 4u;
-    var s = 0.0;
-    for (var j = 0u; j < 4u; j++) {
-        let word = w[base + j];
-        for (var b = 0u; b < 4u; b++) {
-            s += e4m3((word >> (8u * b)) & 0xffu) * x[x_base + j * 4u + b];
-        }
-    }
+// Bytes j and j + 2 of `word` as E4M3 values times 2^-8.
+fn e4m3_pair(word: u32, j: u32) -> vec2<f32> {
+    let t = word >> (8u * j);
+    return unpack2x16float(((t & 0x007f007fu) << 7u) | ((t & 0x00800080u) << 8u));
+}
+
+fn e4m3_word(word: u32) -> vec4<f32> {
+    let a = e4m3_pair(word, 0u);
+    let b = e4m3_pair(word, 1u);
+    return vec4<f32>(a.x, b.x, a.y, b.y);
+}
+
+fn unit_weights(row: u32, k: u32) -> array<vec4<f32>, 4> {
+    let u = w[row * (p.in_features / 16u) + k];
+    return array<vec4<f32>, 4>(e4m3_word(u.x), e4m3_word(u.y), e4m3_word(u.z), e4m3_word(u.w));
+}
+
+fn unit_scale(row: u32, k: u32) -> f32 {
     let tiles_per_row = (p.in_features + 127u) / 128u;
     let tile_rows_per_expert = (p.out_features + 127u) / 128u;
     let expert = row / p.out_features;
     let r = row % p.out_features;
     let tile = (expert * tile_rows_per_expert + r / 128u) * tiles_per_row + (k * 16u) / 128u;
-    return s * bitcast<f32>(scales[tile]);
+    return 256.0 * bitcast<f32>(scales[tile]);
 }

@@ -1,22 +1,39 @@
 // NVFP4 weights: a unit is one 16-weight block, two words of nibbles (column 8w + i in
-// nibble i of word w) and one E4M3 block scale (byte row * K/16 + block of `scales`).
-// Decoded straight into the dot product: no per-block array, so nothing spills.
+// nibble i of word w, one 8-byte load) and one E4M3 block scale (byte row * K/16 + block of
+// `scales`).
+//
+// Decoding places each nibble's bits into an f16: magnitude bits (e1 e0 m) at bits 11..9
+// (exponent field e, top mantissa bit m, an f16 subnormal when e = 0) and the sign at bit
+// 15, so the f16 holds the E2M1 value times 2^-14 exactly and `unpack2x16float` converts
+// two nibbles at once. The 2^14 is folded into the block scale (a power of two: exact).
+alias Unit = vec2<u32>;
 const UNIT: u32 = 16u;
-// Threads per weight row: four weight rows per workgroup, 16 threads each: 16-weight units give each thread several blocks.
+// Threads per weight row: four weight rows per workgroup.
 const LANES: u32 = 16u;
 
-fn nibbles_dot(word: u32, x_base: u32) -> f32 {
-    var s = 0.0;
-    for (var i = 0u; i < 8u; i++) {
-        s += e2m1_x2((word >> (4u * i)) & 0xfu) * x[x_base + i];
-    }
-    return s;
+// Nibbles j and j + 4 of `word` as E2M1 values times 2^-14.
+fn e2m1_pair(word: u32, j: u32) -> vec2<f32> {
+    let t = word >> (4u * j);
+    return unpack2x16float(((t & 0x00070007u) << 9u) | ((t & 0x00080008u) << 12u));
 }
 
-fn unit_dot(row: u32, k: u32, x_base: u32) -> f32 {
+// A word's eight weights: columns 0..3 and 4..7.
+fn e2m1_word(word: u32) -> array<vec4<f32>, 2> {
+    let a = e2m1_pair(word, 0u);
+    let b = e2m1_pair(word, 1u);
+    let c = e2m1_pair(word, 2u);
+    let d = e2m1_pair(word, 3u);
+    return array<vec4<f32>, 2>(vec4<f32>(a.x, b.x, c.x, d.x), vec4<f32>(a.y, b.y, c.y, d.y));
+}
+
+fn unit_weights(row: u32, k: u32) -> array<vec4<f32>, 4> {
+    let u = w[row * (p.in_features / 16u) + k];
+    let lo = e2m1_word(u.x);
+    let hi = e2m1_word(u.y);
+    return array<vec4<f32>, 4>(lo[0], lo[1], hi[0], hi[1]);
+}
+
+fn unit_scale(row: u32, k: u32) -> f32 {
     let block = row * (p.in_features / 16u) + k;
-    let lo = w[block * 2u];
-    let hi = w[block * 2u + 1u];
-    let scale = 0.5 * e4m3((scales[block / 4u] >> ((block % 4u) * 8u)) & 0xffu);
-    return (nibbles_dot(lo, x_base) + nibbles_dot(hi, x_base + 8u)) * scale;
+    return 16384.0 * e4m3((scales[block / 4u] >> ((block % 4u) * 8u)) & 0xffu);
 }

@@ -1,13 +1,15 @@
 // Linear layers y = x W^T (+ bias), FP32 accumulation, for every weight format.
 //
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
-// fmt_nvfp4.wgsl, fmt_fp8.wgsl); it defines UNIT (weights per decode unit) and
-// `unit_dot(row, unit, x_base)`: the unit's weights, decoded and scaled, dotted with x.
-// Inputs are BF16-valued f32 (the graph guarantees it).
+// fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
+// 16- or 8-byte load), UNIT (weights per unit), LANES (threads per weight row) and
+// `unit_weights(row, unit)` (the unit decoded to UNIT / 4 vec4s, up to a per-unit factor)
+// and `unit_scale(row, unit)` (that factor). Inputs are BF16-valued f32 (the graph
+// guarantees it), read as vec4s.
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
-//               feature (set by the format file) reading its weight row side by side; each weight unit is
+//               feature reading its weight row side by side; each unit is decoded once and
 //               applied to up to MAX_ROWS activation rows per pass.
 //   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP features, slot), the slot's expert
 //               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
@@ -20,6 +22,8 @@
 const WG: u32 = 64u;
 const ROWS_PER_GROUP: u32 = WG / LANES;  // weight rows per workgroup; LANES comes with the format
 const MAX_ROWS: u32 = 8u;                // activation rows per pass
+const VECS: u32 = UNIT / 4u;             // vec4s of decoded weights per unit
+const GROUPS: u32 = LANES / 8u;          // first-level reduction groups per weight row
 
 struct Params {
     rows: u32,          // activation rows (linear) or slots (gathered)
@@ -37,29 +41,51 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<Unit>;
 @group(0) @binding(3) var<storage, read> scales: array<u32>;
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read> expert_ids: array<u32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 
-var<workgroup> partial: array<f32, 512>; // WG * MAX_ROWS
+var<workgroup> partial: array<f32, 512>;        // WG * MAX_ROWS: one per thread and row
+var<workgroup> group_sums: array<f32, 64>;      // WG / 8 * MAX_ROWS: one per group and row
 var<workgroup> slot_expert: u32;
 
-// Sums partial[t * MAX_ROWS + r] over the LANES threads of each weight row, for r < count;
-// the sums land at each row's lane 0. A fixed tree: the order never depends on the batch.
-fn reduce_lanes(t: u32, count: u32) {
-    for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (t % LANES < stride) {
-            for (var r = 0u; r < count; r++) {
-                partial[t * MAX_ROWS + r] += partial[(t + stride) * MAX_ROWS + r];
-            }
+// One unit's decoded weights dotted with the activation row at vec4 `x_vec`.
+fn unit_dot(weights: array<vec4<f32>, VECS>, x_vec: u32) -> f32 {
+    var s = 0.0;
+    for (var v = 0u; v < VECS; v++) {
+        s += dot(weights[v], x[x_vec + v]);
+    }
+    return s;
+}
+
+// Sums the LANES partials of each weight row for rows r < count, in a fixed order: groups
+// of eight consecutive lanes first, then the groups. Returns the sum of row `lane` at every
+// lane < count; every thread of the workgroup must call it.
+fn reduce_lanes(t: u32, count: u32) -> f32 {
+    let local_row = t / LANES;
+    let lane = t % LANES;
+    workgroupBarrier();
+    let group = lane % GROUPS;
+    let r = lane / GROUPS;
+    if (r < count) {
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            s += partial[(local_row * LANES + group * 8u + i) * MAX_ROWS + r];
         }
+        group_sums[(local_row * GROUPS + group) * MAX_ROWS + r] = s;
     }
     workgroupBarrier();
+    var sum = 0.0;
+    if (lane < count) {
+        for (var g = 0u; g < GROUPS; g++) {
+            sum += group_sums[(local_row * GROUPS + g) * MAX_ROWS + lane];
+        }
+    }
+    return sum;
 }
 
 fn finish(acc: f32, n: u32, tensor_scale: f32) -> f32 {
@@ -81,22 +107,27 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let n = wg.x * ROWS_PER_GROUP + local_row;
     let valid = n < p.out_features;
     let units = p.in_features / UNIT;
+    let x_row = p.in_features / 4u;
     for (var row0 = 0u; row0 < p.rows; row0 += MAX_ROWS) {
         let count = min(MAX_ROWS, p.rows - row0);
-        var acc = array<f32, 8>();
+        var acc = array<f32, MAX_ROWS>();
         if (valid) {
             for (var k = lane; k < units; k += LANES) {
-                for (var r = 0u; r < count; r++) {
-                    acc[r] += unit_dot(n, k, (row0 + r) * p.in_features + k * UNIT);
+                let weights = unit_weights(n, k);
+                let scale = unit_scale(n, k);
+                // A constant trip count (unrolled, `acc` stays in registers), guarded by count.
+                for (var r = 0u; r < MAX_ROWS; r++) {
+                    if (r < count) {
+                        acc[r] += unit_dot(weights, (row0 + r) * x_row + k * VECS) * scale;
+                    }
                 }
             }
         }
         for (var r = 0u; r < MAX_ROWS; r++) {
             partial[t * MAX_ROWS + r] = acc[r];
         }
-        reduce_lanes(t, count);
+        let sum = reduce_lanes(t, count);
         if (valid && lane < count) {
-            let sum = partial[local_row * LANES * MAX_ROWS + lane];
             y[(row0 + lane) * p.y_stride + p.out_offset + n] = finish(sum, n, p.tensor_scale);
         }
         workgroupBarrier();
@@ -118,17 +149,17 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         return;
     }
     let row = (expert - p.expert_begin) * p.out_features + n;
-    let x_base = (slot / p.x_row_div) * p.in_features;
+    let x_base = (slot / p.x_row_div) * (p.in_features / 4u);
     let units = p.in_features / UNIT;
     var acc = 0.0;
     if (valid) {
         for (var k = lane; k < units; k += LANES) {
-            acc += unit_dot(row, k, x_base + k * UNIT);
+            acc += unit_dot(unit_weights(row, k), x_base + k * VECS) * unit_scale(row, k);
         }
     }
     partial[t * MAX_ROWS] = acc;
-    reduce_lanes(t, 1u);
+    let sum = reduce_lanes(t, 1u);
     if (valid && lane == 0u) {
-        y[slot * p.y_stride + p.out_offset + n] = finish(partial[t * MAX_ROWS], n, expert_scales[expert - p.expert_begin]);
+        y[slot * p.y_stride + p.out_offset + n] = finish(sum, n, expert_scales[expert - p.expert_begin]);
     }
 }
