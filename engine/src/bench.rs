@@ -177,11 +177,30 @@ fn ms(d: Duration) -> f64 {
 /// Workgroup counts (of 256 invocations) the roofline tries; the fastest is the ceiling.
 const ROOFLINE_GRIDS: [u32; 5] = [1024, 2048, 4096, 8192, 65535];
 
+/// Streams `data` for about a second so the GPU reaches its working clocks before anything
+/// is measured (otherwise the first measurements run at idle clocks).
+fn warm_up(gpu: &Gpu, data: &wgpu::Buffer) -> Result<(), EngineError> {
+    let groups = ROOFLINE_GRIDS[0];
+    let sink = gpu.buffer("warm-up sink", u64::from(groups) * 256 * 4);
+    let params = BandwidthParams {
+        words: (data.size() / 16) as u32,
+        stride: groups * 256,
+        pad: [0; 2],
+    };
+    let launch = gpu.dispatch(Kernel::ReadBandwidth, &params, &[data, &sink], [groups, 1, 1])?;
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        gpu.timed_submit(std::slice::from_ref(&launch))?;
+    }
+    Ok(())
+}
+
 /// Measures the read bandwidth over a buffer as large as one binding allows (up to 1 GiB),
 /// with several grid sizes; the fastest is reported.
 pub fn roofline(gpu: &Gpu, repeats: usize) -> Result<Roofline, EngineError> {
     let bytes = gpu.caps.max_storage_binding.min(1 << 30) / 16 * 16;
     let data = gpu.buffer("roofline data", bytes);
+    warm_up(gpu, &data)?;
     let mut best: Option<Roofline> = None;
     for groups in ROOFLINE_GRIDS {
         let threads = groups * 256;

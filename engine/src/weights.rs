@@ -264,6 +264,16 @@ fn check_width(module: &str, format: LinearFormat, in_: usize) -> Result<(), Eng
     Ok(())
 }
 
+/// The attention kernel reads heads as groups of four vec4s, 1024 values at most.
+fn check_head_dim(head_dim: usize) -> Result<(), EngineError> {
+    if !head_dim.is_multiple_of(16) || head_dim > 1024 {
+        return Err(EngineError::Unsupported(format!(
+            "head_dim {head_dim}: the attention kernel needs a multiple of 16, at most 1024"
+        )));
+    }
+    Ok(())
+}
+
 /// Uploads one linear module (or 2-D BF16 matrix used as a linear) of a validated checkpoint.
 pub fn upload_linear(gpu: &Gpu, checkpoint: &Checkpoint, weight: &str) -> Result<GpuLinear, EngineError> {
     let limit = usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX);
@@ -279,6 +289,7 @@ pub fn upload_linear(gpu: &Gpu, checkpoint: &Checkpoint, weight: &str) -> Result
 impl GpuWeights {
     /// Uploads every backbone weight of a validated checkpoint.
     pub fn upload(gpu: &Gpu, checkpoint: &Checkpoint) -> Result<GpuWeights, EngineError> {
+        check_head_dim(checkpoint.config.head_dim)?;
         let limit = usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX);
         let mut up = Uploader {
             gpu,

@@ -280,7 +280,7 @@ impl Kernel {
     /// Invocations per workgroup.
     pub fn workgroup_size(self) -> u32 {
         match self {
-            Kernel::ReadBandwidth | Kernel::Attend => 256,
+            Kernel::ReadBandwidth | Kernel::Attend | Kernel::RmsNorm => 256,
             _ => 64,
         }
     }

@@ -74,12 +74,21 @@ fn write_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     v_cache[slot] = src[row_base + width + c];
 }
 
-// Attention runs 256 invocations per (row, head): scores split over positions, then the
-// weighted sum of values split over (dimension, part of the positions) and the parts added
-// in a fixed order, so a row's result never depends on anything but its own cache.
+// Attention runs 256 invocations per (row, head), reading q, keys and values as vec4s
+// (head_dim a multiple of 16, at most 1024; the engine checks): the query is staged in
+// workgroup memory; each invocation scores whole positions with four independent partial
+// dot products; the weighted sum of values is split over (vec4 column, part of the
+// positions) and the parts added in a fixed order, so a row's result never depends on
+// anything but its own cache.
 const ATTEND_WG: u32 = 256u;
 
+@group(0) @binding(4) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> k4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> v4: array<vec4<f32>>;
+
 var<workgroup> partial: array<f32, 256>;
+var<workgroup> query: array<vec4<f32>, 256>;
+var<workgroup> value_parts: array<vec4<f32>, 256>;
 
 fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
     partial[t] = value;
@@ -96,33 +105,35 @@ fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
     return result;
 }
 
-fn finish_output(index: u32, acc: f32, total: f32) {
-    var out = acc / total;
-    if ((p.flags & 1u) != 0u) {
-        out = round_bf16(out);
-    }
-    dst[index] = out;
-}
-
 // q rotated: src [rows, heads * head_dim]; out: dst [rows, heads * head_dim].
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
     let h = wg.y;
     let g = h / (p.heads / p.kv_heads);
-    let kv_width = p.kv_heads * p.head_dim;
+    let columns = p.head_dim / 4u;                 // vec4s per head
+    let kv_row = p.kv_heads * columns;             // vec4s per cache position
     let length = row_pos[r] + 1u;
-    let cache_base = row_lane[r] * p.capacity * kv_width + g * p.head_dim;
-    let q_base = (r * p.heads + h) * p.head_dim;
+    let cache_base = row_lane[r] * p.capacity * kv_row + g * columns;
+    let q_base = (r * p.heads + h) * columns;
     let s_base = (r * p.heads + h) * p.capacity;
+    for (var c = t; c < columns; c += ATTEND_WG) {
+        query[c] = q4[q_base + c];
+    }
+    workgroupBarrier();
     var local_max = -3.0e38;
     for (var s = t; s < length; s += ATTEND_WG) {
-        var dot = 0.0;
-        let k_base = cache_base + s * kv_width;
-        for (var d = 0u; d < p.head_dim; d++) {
-            dot += src[q_base + d] * k_cache[k_base + d];
+        let k_base = cache_base + s * kv_row;
+        var a = vec4<f32>(0.0);
+        for (var c = 0u; c < columns; c += 4u) {
+            a += vec4<f32>(
+                dot(query[c], k4[k_base + c]),
+                dot(query[c + 1u], k4[k_base + c + 1u]),
+                dot(query[c + 2u], k4[k_base + c + 2u]),
+                dot(query[c + 3u], k4[k_base + c + 3u]),
+            );
         }
-        let score = dot * p.scale;
+        let score = ((a.x + a.y) + (a.z + a.w)) * p.scale;
         scratch[s_base + s] = score;
         local_max = max(local_max, score);
     }
@@ -136,34 +147,43 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let total = reduce(t, local_sum, false);
     storageBarrier();
     workgroupBarrier();
-    if (p.head_dim > ATTEND_WG) {
-        // Wide heads: each invocation owns whole dimensions.
-        for (var d = t; d < p.head_dim; d += ATTEND_WG) {
-            var acc = 0.0;
-            for (var s = 0u; s < length; s++) {
-                acc += scratch[s_base + s] * v_cache[cache_base + s * kv_width + d];
-            }
-            finish_output(q_base + d, acc, total);
-        }
-        return;
-    }
-    // Invocation t owns dimension t % head_dim over positions part, part + parts, ...
-    let parts = ATTEND_WG / p.head_dim;
-    let d = t % p.head_dim;
-    let part = t / p.head_dim;
-    var acc = 0.0;
+    // Invocation t owns vec4 column t % columns over positions part, part + parts, ...
+    let parts = ATTEND_WG / columns;
+    let c = t % columns;
+    let part = t / columns;
+    var acc = vec4<f32>(0.0);
     if (part < parts) {
-        for (var s = part; s < length; s += parts) {
-            acc += scratch[s_base + s] * v_cache[cache_base + s * kv_width + d];
+        var s = part;
+        for (; s + 3u * parts < length; s += 4u * parts) {
+            let e0 = scratch[s_base + s];
+            let e1 = scratch[s_base + s + parts];
+            let e2 = scratch[s_base + s + 2u * parts];
+            let e3 = scratch[s_base + s + 3u * parts];
+            let v0 = v4[cache_base + s * kv_row + c];
+            let v1 = v4[cache_base + (s + parts) * kv_row + c];
+            let v2 = v4[cache_base + (s + 2u * parts) * kv_row + c];
+            let v3 = v4[cache_base + (s + 3u * parts) * kv_row + c];
+            acc += (e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3);
+        }
+        for (; s < length; s += parts) {
+            acc += scratch[s_base + s] * v4[cache_base + s * kv_row + c];
         }
     }
-    partial[t] = acc;
+    value_parts[t] = acc;
     workgroupBarrier();
     if (part == 0u) {
-        var sum = 0.0;
+        var sum = vec4<f32>(0.0);
         for (var q = 0u; q < parts; q++) {
-            sum += partial[q * p.head_dim + d];
+            sum += value_parts[q * columns + c];
         }
-        finish_output(q_base + d, sum, total);
+        var out = sum / total;
+        if ((p.flags & 1u) != 0u) {
+            out = vec4<f32>(round_bf16(out.x), round_bf16(out.y), round_bf16(out.z), round_bf16(out.w));
+        }
+        let o = (q_base + c) * 4u;
+        dst[o] = out.x;
+        dst[o + 1u] = out.y;
+        dst[o + 2u] = out.z;
+        dst[o + 3u] = out.w;
     }
 }

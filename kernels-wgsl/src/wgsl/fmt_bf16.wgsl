@@ -10,8 +10,7 @@ fn bf16_pair(u: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(u << 16u), bitcast<f32>(u & 0xffff0000u));
 }
 
-fn unit_weights(row: u32, k: u32) -> array<vec4<f32>, 2> {
-    let u = w[row * (p.in_features / 8u) + k];
+fn decode_unit(u: Unit) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(
         vec4<f32>(bf16_pair(u.x), bf16_pair(u.y)),
         vec4<f32>(bf16_pair(u.z), bf16_pair(u.w)),

@@ -23,8 +23,7 @@ fn e4m3_word(word: u32) -> vec4<f32> {
     return vec4<f32>(a.x, b.x, a.y, b.y);
 }
 
-fn unit_weights(row: u32, k: u32) -> array<vec4<f32>, 4> {
-    let u = w[row * (p.in_features / 16u) + k];
+fn decode_unit(u: Unit) -> array<vec4<f32>, 4> {
     return array<vec4<f32>, 4>(e4m3_word(u.x), e4m3_word(u.y), e4m3_word(u.z), e4m3_word(u.w));
 }
 

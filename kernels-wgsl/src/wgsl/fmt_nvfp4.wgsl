@@ -26,8 +26,7 @@ fn e2m1_word(word: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(vec4<f32>(a.x, b.x, c.x, d.x), vec4<f32>(a.y, b.y, c.y, d.y));
 }
 
-fn unit_weights(row: u32, k: u32) -> array<vec4<f32>, 4> {
-    let u = w[row * (p.in_features / 16u) + k];
+fn decode_unit(u: Unit) -> array<vec4<f32>, 4> {
     let lo = e2m1_word(u.x);
     let hi = e2m1_word(u.y);
     return array<vec4<f32>, 4>(lo[0], lo[1], hi[0], hi[1]);

@@ -2,10 +2,14 @@
 //
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
 // fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
-// 16- or 8-byte load), UNIT (weights per unit), LANES (threads per weight row) and
-// `unit_weights(row, unit)` (the unit decoded to UNIT / 4 vec4s, up to a per-unit factor)
-// and `unit_scale(row, unit)` (that factor). Inputs are BF16-valued f32 (the graph
-// guarantees it), read as vec4s.
+// 16- or 8-byte load; unit k of weight row n is w[n * K / UNIT + k]), UNIT (weights per
+// unit), LANES (threads per weight row), `decode_unit(unit)` (its weights as UNIT / 4
+// vec4s, up to a per-unit factor) and `unit_scale(row, unit)` (that factor). Inputs are
+// BF16-valued f32 (the graph guarantees it), read as vec4s.
+//
+// Each thread walks its units four at a time, issuing the four weight loads before
+// decoding any, so enough bytes are in flight to cover memory latency; the sums still run
+// in unit order.
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
@@ -62,6 +66,24 @@ fn unit_dot(weights: array<vec4<f32>, VECS>, x_vec: u32) -> f32 {
     return s;
 }
 
+// Adds one unit (decoded weights, factor, column `k`) to the sums of `count` activation
+// rows starting at vec4 `x_vec` (rows `x_row` vec4s apart). A constant trip count guarded
+// by `count`, so the loop unrolls and the sums stay in registers.
+fn apply_unit(
+    acc: ptr<function, array<f32, MAX_ROWS>>,
+    weights: array<vec4<f32>, VECS>,
+    scale: f32,
+    x_vec: u32,
+    x_row: u32,
+    count: u32,
+) {
+    for (var r = 0u; r < MAX_ROWS; r++) {
+        if (r < count) {
+            (*acc)[r] += unit_dot(weights, x_vec + r * x_row) * scale;
+        }
+    }
+}
+
 // Sums the LANES partials of each weight row for rows r < count, in a fixed order: groups
 // of eight consecutive lanes first, then the groups. Returns the sum of row `lane` at every
 // lane < count; every thread of the workgroup must call it.
@@ -112,15 +134,25 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         let count = min(MAX_ROWS, p.rows - row0);
         var acc = array<f32, MAX_ROWS>();
         if (valid) {
-            for (var k = lane; k < units; k += LANES) {
-                let weights = unit_weights(n, k);
-                let scale = unit_scale(n, k);
-                // A constant trip count (unrolled, `acc` stays in registers), guarded by count.
-                for (var r = 0u; r < MAX_ROWS; r++) {
-                    if (r < count) {
-                        acc[r] += unit_dot(weights, (row0 + r) * x_row + k * VECS) * scale;
-                    }
-                }
+            let base = n * units;
+            let x0 = row0 * x_row;
+            var k = lane;
+            for (; k + 3u * LANES < units; k += 4u * LANES) {
+                let u0 = w[base + k];
+                let u1 = w[base + k + LANES];
+                let u2 = w[base + k + 2u * LANES];
+                let u3 = w[base + k + 3u * LANES];
+                let s0 = unit_scale(n, k);
+                let s1 = unit_scale(n, k + LANES);
+                let s2 = unit_scale(n, k + 2u * LANES);
+                let s3 = unit_scale(n, k + 3u * LANES);
+                apply_unit(&acc, decode_unit(u0), s0, x0 + k * VECS, x_row, count);
+                apply_unit(&acc, decode_unit(u1), s1, x0 + (k + LANES) * VECS, x_row, count);
+                apply_unit(&acc, decode_unit(u2), s2, x0 + (k + 2u * LANES) * VECS, x_row, count);
+                apply_unit(&acc, decode_unit(u3), s3, x0 + (k + 3u * LANES) * VECS, x_row, count);
+            }
+            for (; k < units; k += LANES) {
+                apply_unit(&acc, decode_unit(w[base + k]), unit_scale(n, k), x0 + k * VECS, x_row, count);
             }
         }
         for (var r = 0u; r < MAX_ROWS; r++) {
@@ -153,8 +185,24 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let units = p.in_features / UNIT;
     var acc = 0.0;
     if (valid) {
-        for (var k = lane; k < units; k += LANES) {
-            acc += unit_dot(unit_weights(row, k), x_base + k * VECS) * unit_scale(row, k);
+        let base = row * units;
+        var k = lane;
+        for (; k + 3u * LANES < units; k += 4u * LANES) {
+            let u0 = w[base + k];
+            let u1 = w[base + k + LANES];
+            let u2 = w[base + k + 2u * LANES];
+            let u3 = w[base + k + 3u * LANES];
+            let s0 = unit_scale(row, k);
+            let s1 = unit_scale(row, k + LANES);
+            let s2 = unit_scale(row, k + 2u * LANES);
+            let s3 = unit_scale(row, k + 3u * LANES);
+            acc += unit_dot(decode_unit(u0), x_base + k * VECS) * s0;
+            acc += unit_dot(decode_unit(u1), x_base + (k + LANES) * VECS) * s1;
+            acc += unit_dot(decode_unit(u2), x_base + (k + 2u * LANES) * VECS) * s2;
+            acc += unit_dot(decode_unit(u3), x_base + (k + 3u * LANES) * VECS) * s3;
+        }
+        for (; k < units; k += LANES) {
+            acc += unit_dot(decode_unit(w[base + k]), x_base + k * VECS) * unit_scale(row, k);
         }
     }
     partial[t * MAX_ROWS] = acc;

@@ -9,8 +9,9 @@
 // weights s. Then optional renormalisation and the routed scaling factor. Every ranking
 // breaks ties toward the lower original id. Output: the K chosen local (kept-list) indices
 // in ascending original-id order, and their weights. The workgroup loads the logits and
-// computes every expert's ranking score and weight in parallel into workgroup memory, then
-// picks the K best by K parallel argmax rounds over workgroup memory.
+// computes every expert's ranking score and weight in parallel into workgroup memory (the
+// softmax max and denominator by fixed reduction trees); then every eligible expert counts
+// the eligible experts that outrank it, and those outranked by fewer than K are chosen.
 
 const MAX_KEPT: u32 = 512u;
 const MAX_K: u32 = 16u;
@@ -51,13 +52,32 @@ var<workgroup> raw: array<f32, MAX_KEPT>;      // logits of the kept experts
 var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probability, or sigmoid + bias
 var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, or sigmoid
 var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
-var<workgroup> stats: vec2<f32>;          // max logit, softmax denominator
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
-var<workgroup> best_value: array<f32, 64>;      // argmax reduction
-var<workgroup> best_index: array<u32, 64>;
-var<workgroup> picked: array<u32, MAX_K>;
+var<workgroup> reduction: array<f32, 64>;       // max and sum trees
+var<workgroup> chosen: array<u32, MAX_KEPT>;    // 1: among the K best
+var<workgroup> picked: array<u32, MAX_K>;       // chosen kept indices, ascending
 
-const NONE: u32 = 0xffffffffu;
+// Reduces one value per invocation by a fixed tree (max or sum); every invocation gets it.
+fn reduce(t: u32, v: f32, is_max: bool) -> f32 {
+    reduction[t] = v;
+    for (var stride = 32u; stride > 0u; stride /= 2u) {
+        workgroupBarrier();
+        if (t < stride) {
+            let other = reduction[t + stride];
+            reduction[t] = select(reduction[t] + other, max(reduction[t], other), is_max);
+        }
+    }
+    workgroupBarrier();
+    let result = reduction[0];
+    workgroupBarrier();
+    return result;
+}
+
+// Whether expert j outranks expert i: a higher score, or the same score and a lower index
+// (the lower original id).
+fn outranks(j: u32, i: u32) -> bool {
+    return rank[j] > rank[i] || (rank[j] == rank[i] && j < i);
+}
 
 // Sigmoid routers with groups: a group's score is the sum of its best min(2, n) ranking
 // scores; groups without kept experts are never picked; the best `topk_group` groups stay
@@ -117,20 +137,16 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         group[i] = kept_ids[i] / p.group_size;
     }
     workgroupBarrier();
-    if (t == 0u) {
-        var max_logit = -3.0e38;
-        for (var i = 0u; i < p.kept; i++) {
-            max_logit = max(max_logit, raw[i]);
-        }
-        var sum = 0.0;
-        for (var i = 0u; i < p.kept; i++) {
-            sum += exp(raw[i] - max_logit);
-        }
-        stats = vec2<f32>(max_logit, sum);
+    var local_max = -3.0e38;
+    for (var i = t; i < p.kept; i += 64u) {
+        local_max = max(local_max, raw[i]);
     }
-    workgroupBarrier();
-    let max_logit = stats.x;
-    let total = stats.y;
+    let max_logit = reduce(t, local_max, true);
+    var local_sum = 0.0;
+    for (var i = t; i < p.kept; i += 64u) {
+        local_sum += exp(raw[i] - max_logit);
+    }
+    let total = reduce(t, local_sum, false);
     for (var i = t; i < p.kept; i += 64u) {
         if ((p.flags & 1u) == 0u) {
             let probability = exp(raw[i] - max_logit) / total;
@@ -157,67 +173,45 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
-    // K rounds of a parallel argmax; ties go to the lower index (the lower original id).
-    for (var j = 0u; j < p.k; j++) {
-        var v = 0.0;
-        var index = NONE;
-        for (var i = t; i < p.kept; i += 64u) {
-            if (eligible[i] != 0u && (index == NONE || rank[i] > v)) {
-                v = rank[i];
-                index = i;
-            }
-        }
-        best_value[t] = v;
-        best_index[t] = index;
-        for (var stride = 32u; stride > 0u; stride /= 2u) {
-            workgroupBarrier();
-            if (t < stride) {
-                let other = best_index[t + stride];
-                let other_value = best_value[t + stride];
-                let mine = best_index[t];
-                let better = other != NONE
-                    && (mine == NONE || other_value > best_value[t] || (other_value == best_value[t] && other < mine));
-                if (better) {
-                    best_value[t] = other_value;
-                    best_index[t] = other;
+    // Rank by counting: expert i is chosen when fewer than K eligible experts outrank it.
+    for (var i = t; i < p.kept; i += 64u) {
+        var above = 0u;
+        if (eligible[i] != 0u) {
+            for (var j = 0u; j < p.kept; j++) {
+                if (eligible[j] != 0u && outranks(j, i)) {
+                    above += 1u;
                 }
             }
         }
-        workgroupBarrier();
-        if (t == 0u) {
-            let winner = best_index[0];
-            picked[j] = winner;
-            eligible[winner] = 0u;
-        }
-        workgroupBarrier();
+        chosen[i] = select(0u, 1u, eligible[i] != 0u && above < p.k);
     }
+    workgroupBarrier();
+    // Each chosen expert's output slot is the number of chosen experts before it.
+    for (var i = t; i < p.kept; i += 64u) {
+        if (chosen[i] != 0u) {
+            var slot = 0u;
+            for (var j = 0u; j < i; j++) {
+                slot += chosen[j];
+            }
+            if (slot < p.k) {
+                picked[slot] = i;
+            }
+        }
+    }
+    workgroupBarrier();
     if (t != 0u) {
         return;
     }
-    var picks = array<u32, MAX_K>();
-    for (var j = 0u; j < p.k; j++) {
-        picks[j] = picked[j];
-    }
-    // Ascending original id = ascending kept index (kept ids are sorted).
-    for (var a = 1u; a < p.k; a++) {
-        let v = picks[a];
-        var b = a;
-        while (b > 0u && picks[b - 1u] > v) {
-            picks[b] = picks[b - 1u];
-            b -= 1u;
-        }
-        picks[b] = v;
-    }
     var chosen_sum = 0.0;
     for (var j = 0u; j < p.k; j++) {
-        chosen_sum += value[picks[j]];
+        chosen_sum += value[picked[j]];
     }
     for (var j = 0u; j < p.k; j++) {
-        var v = value[picks[j]];
+        var v = value[picked[j]];
         if ((p.flags & 8u) != 0u) {
             v = v / chosen_sum;
         }
-        chosen_ids[row * p.k + j] = picks[j];
+        chosen_ids[row * p.k + j] = picked[j];
         chosen_weights[row * p.k + j] = v * p.scaling;
     }
 }
