@@ -19,4 +19,11 @@ fn main() {
     println!("cargo:rustc-env=DRAMA_WGPU_VERSION={wgpu}");
     println!("cargo:rerun-if-changed=../Cargo.lock");
     println!("cargo:rerun-if-changed=../.git/HEAD");
+    // A new commit moves the branch HEAD names, not HEAD itself.
+    if let Some(branch) = std::fs::read_to_string("../.git/HEAD")
+        .ok()
+        .and_then(|head| head.strip_prefix("ref: ").map(|r| r.trim().to_string()))
+    {
+        println!("cargo:rerun-if-changed=../.git/{branch}");
+    }
 }
