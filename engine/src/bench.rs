@@ -289,7 +289,8 @@ pub fn linear_kernel(
         if format != WeightFormat::Bf16 {
             resources.push(&ws);
         }
-        resources.extend([&bias, &y]);
+        // The 4-byte bias buffer doubles as the unused residual binding.
+        resources.extend([&bias, &y, &bias]);
         launches.push(gpu.dispatch(
             Kernel::Linear(format),
             &params,

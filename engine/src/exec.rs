@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use drama_graph::drama3::{StepShape, row_source};
 use drama_graph::ir::{Op, Projection, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
+use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
     AttentionParams, ElementwiseParams, Kernel, LinearParams, MoeParams, NormParams, RouterParams, WeightFormat,
@@ -149,10 +150,35 @@ impl<'a> Lowering<'a> {
                 members,
                 in_features,
                 round_output,
+                residual,
             } => {
                 let rows = self.rows(inputs[0]);
                 let x = self.buffer(inputs[0])?;
+                let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
                 let total: usize = members.iter().map(|m| m.out).sum();
+                // A stacked group is one linear: every member's rows in one launch.
+                if stacks(members) {
+                    let key = members.iter().map(|m| m.weight.as_str()).collect::<Vec<_>>().join("+");
+                    let linear = weights
+                        .linears
+                        .get(&key)
+                        .ok_or_else(|| EngineError::Unsupported(format!("{key}: not uploaded as a stack")))?;
+                    if linear.in_features != *in_features {
+                        return Err(EngineError::Unsupported(format!("{key}: input width mismatch")));
+                    }
+                    let io = LinearIo {
+                        x,
+                        y: out,
+                        rows,
+                        column: 0,
+                        y_stride: total,
+                        round: *round_output,
+                        residual,
+                    };
+                    let launches = linear_launches(self.gpu, linear, &weights.placeholder, &io)?;
+                    self.dispatches.extend(launches);
+                    return Ok(());
+                }
                 let mut column = 0;
                 for member in members {
                     let linear = &weights.linears[&member.weight];
@@ -169,22 +195,20 @@ impl<'a> Lowering<'a> {
                         column,
                         y_stride: total,
                         round: *round_output,
+                        residual,
                     };
                     let launches = linear_launches(self.gpu, linear, &weights.placeholder, &io)?;
                     self.dispatches.extend(launches);
                     column += member.out;
                 }
             }
-            Op::RopeQ { heads, head_dim } => {
+            Op::WriteKv {
+                heads,
+                kv_heads,
+                head_dim,
+            } => {
                 let rows = self.rows(inputs[0]);
-                let params = self.attention_params(rows, *heads, 1, *head_dim, false);
-                let (q, pos) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
-                let grid = self.elements_grid(rows * heads * head_dim);
-                self.launch(Kernel::RopeQ, &params, &[pos, self.bind.rope_table, q, out], grid)?;
-            }
-            Op::WriteKv { kv_heads, head_dim } => {
-                let rows = self.rows(inputs[0]);
-                let params = self.attention_params(rows, *kv_heads, *kv_heads, *head_dim, false);
+                let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, false);
                 let resources = [
                     self.buffer(inputs[1])?,
                     self.buffer(inputs[2])?,
@@ -208,6 +232,7 @@ impl<'a> Lowering<'a> {
                 let resources = [
                     self.buffer(inputs[1])?,
                     self.buffer(inputs[2])?,
+                    self.bind.rope_table,
                     self.buffer(inputs[0])?,
                     self.buffer(inputs[3])?,
                     self.buffer(inputs[4])?,
@@ -246,67 +271,65 @@ impl<'a> Lowering<'a> {
             }
             Op::Experts {
                 layer,
-                projection,
+                projections,
                 out: width,
                 in_features,
                 k,
-                ..
             } => {
-                let linear = &weights.experts[&(*layer, *projection)];
                 let slots = self.rows(inputs[1]) * k;
                 let (x, ids) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
-                let x_row_div = if *projection == Projection::Down { 1 } else { *k };
-                for segment in &linear.segments {
-                    let params = LinearParams {
-                        rows: slots as u32,
-                        in_features: *in_features as u32,
-                        out_features: *width as u32,
-                        out_offset: 0,
-                        y_stride: *width as u32,
-                        x_row_div: x_row_div as u32,
-                        expert_begin: segment.range.start as u32,
-                        expert_end: segment.range.end as u32,
-                        flags: 2,
-                        tensor_scale: 1.0,
-                        bias_offset: 0,
-                        pad: 0,
-                    };
-                    let expert_scales = segment.expert_scales.as_ref().expect("expert segment");
-                    let mut resources = vec![x, &segment.codes];
-                    if linear.format != WeightFormat::Bf16 {
-                        resources.push(&segment.scales);
+                let y_stride = width * projections.len();
+                for (index, (projection, _)) in projections.iter().enumerate() {
+                    let linear = &weights.experts[&(*layer, *projection)];
+                    let x_row_div = if *projection == Projection::Down { 1 } else { *k };
+                    for segment in &linear.segments {
+                        let params = LinearParams {
+                            rows: slots as u32,
+                            in_features: *in_features as u32,
+                            out_features: *width as u32,
+                            out_offset: (index * width) as u32,
+                            y_stride: y_stride as u32,
+                            x_row_div: x_row_div as u32,
+                            expert_begin: segment.range.start as u32,
+                            expert_end: segment.range.end as u32,
+                            flags: 2,
+                            tensor_scale: 1.0,
+                            bias_offset: 0,
+                            pad: 0,
+                        };
+                        let expert_scales = segment.expert_scales.as_ref().expect("expert segment");
+                        let mut resources = vec![x, &segment.codes];
+                        if linear.format != WeightFormat::Bf16 {
+                            resources.push(&segment.scales);
+                        }
+                        resources.extend([&weights.placeholder, ids, out, expert_scales]);
+                        self.launch(
+                            Kernel::Gathered(linear.format),
+                            &params,
+                            &resources,
+                            [
+                                (*width as u32).div_ceil(linear.format.rows_per_workgroup()),
+                                slots as u32,
+                                1,
+                            ],
+                        )?;
                     }
-                    resources.extend([&weights.placeholder, ids, out, expert_scales]);
-                    self.launch(
-                        Kernel::Gathered(linear.format),
-                        &params,
-                        &resources,
-                        [
-                            (*width as u32).div_ceil(linear.format.rows_per_workgroup()),
-                            slots as u32,
-                            1,
-                        ],
-                    )?;
                 }
             }
-            Op::Swiglu { .. } | Op::Add => {
-                let (kernel, round_output) = match node.op {
-                    Op::Swiglu { round_output } => (Kernel::Swiglu, round_output),
-                    _ => (Kernel::Add, false),
-                };
-                let count = self.graph.value(node.outputs[0]).shape.iter().product::<usize>();
+            Op::Swiglu { round_output } => {
+                let shape = &self.graph.value(node.outputs[0]).shape;
+                let count = shape[0] * shape[1];
                 let params = ElementwiseParams {
                     count: count as u32,
-                    width: 0,
+                    width: shape[1] as u32,
                     k: 0,
-                    flags: u32::from(round_output),
+                    flags: u32::from(*round_output),
                     row_end: 0,
                     table: 0,
                     pad: [0; 2],
                 };
-                let (a, b) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
                 let grid = self.elements_grid(count);
-                self.launch(kernel, &params, &[a, b, out], grid)?;
+                self.launch(Kernel::Swiglu, &params, &[self.buffer(inputs[0])?, out], grid)?;
             }
             Op::MoeCombine { k, shared } => {
                 let shape = &self.graph.value(node.outputs[0]).shape;
@@ -373,6 +396,8 @@ pub struct LinearIo<'a> {
     pub y_stride: usize,
     /// Round outputs to BF16.
     pub round: bool,
+    /// The residual stream [rows, y_stride] to add the outputs to.
+    pub residual: Option<&'a wgpu::Buffer>,
 }
 
 /// The launches of a dense linear: one per weight segment.
@@ -394,7 +419,9 @@ pub fn linear_launches(
             x_row_div: 1,
             expert_begin: 0,
             expert_end: 0,
-            flags: u32::from(linear.bias.is_some()) | if io.round { 2 } else { 0 },
+            flags: u32::from(linear.bias.is_some())
+                | if io.round { 2 } else { 0 }
+                | if io.residual.is_some() { 4 } else { 0 },
             tensor_scale: linear.tensor_scale,
             bias_offset: segment.range.start as u32,
             pad: 0,
@@ -403,7 +430,7 @@ pub fn linear_launches(
         if linear.format != WeightFormat::Bf16 {
             resources.push(&segment.scales);
         }
-        resources.extend([bias, io.y]);
+        resources.extend([bias, io.y, io.residual.unwrap_or(placeholder)]);
         let grid = [
             (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup()),
             1,

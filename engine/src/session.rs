@@ -34,9 +34,11 @@ pub struct Engine {
 impl Engine {
     /// Uploads the checkpoint's backbone to the device.
     pub fn load(gpu: Arc<Gpu>, checkpoint: Checkpoint) -> Result<Engine, EngineError> {
-        let weights = GpuWeights::upload(&gpu, &checkpoint)?;
+        let spec = model_spec(&checkpoint);
+        let groups = drama3::linear_groups(&spec, &CheckpointNames)?;
+        let weights = GpuWeights::upload(&gpu, &checkpoint, &groups)?;
         Ok(Engine {
-            spec: model_spec(&checkpoint),
+            spec,
             gpu,
             checkpoint,
             weights,

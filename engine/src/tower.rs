@@ -80,6 +80,7 @@ impl VoiceTower {
             column: 0,
             y_stride: linear.out,
             round: true,
+            residual: None,
         };
         out.extend(linear_launches(&self.gpu, linear, &self.placeholder, &io)?);
         Ok(())

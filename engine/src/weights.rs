@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use drama_graph::ir::Projection;
+use drama_graph::ir::{LinearMember, Projection};
+use drama_graph::select::stacks;
 use drama_kernels::WeightFormat;
 
 use crate::checkpoint::linear::FP8_BLOCK;
@@ -52,7 +53,8 @@ pub struct GpuTable {
 
 /// Every backbone weight on the GPU.
 pub struct GpuWeights {
-    /// Dense linears and 2-D matrices used as linears, by weight name.
+    /// Dense linears and 2-D matrices used as linears, by weight name, or stacked groups by
+    /// their names joined with `+`.
     pub linears: HashMap<String, GpuLinear>,
     /// Routed experts by (layer, projection).
     pub experts: HashMap<(usize, Projection), GpuLinear>,
@@ -68,6 +70,16 @@ pub struct GpuWeights {
     pub placeholder: wgpu::Buffer,
     /// Bytes uploaded.
     pub bytes: u64,
+}
+
+/// A dense linear's storage facts.
+#[derive(Clone, Copy)]
+struct Stored {
+    format: LinearFormat,
+    out: usize,
+    in_: usize,
+    has_bias: bool,
+    tensor_scale: f32,
 }
 
 struct Uploader<'a> {
@@ -102,21 +114,86 @@ impl Uploader<'_> {
         Ok(rows)
     }
 
-    /// A dense linear (module) or a 2-D BF16 matrix used as a bias-free linear.
-    fn linear(&mut self, weight: &str) -> Result<GpuLinear, EngineError> {
-        let (format, out, in_, has_bias, tensor_scale) = match self.checkpoint.linear(weight) {
-            Some(info) => (
-                info.format,
-                info.shape[0],
-                info.shape[1],
-                info.has_bias,
-                info.tensor_scale,
-            ),
+    /// How a dense linear (module) or a 2-D BF16 matrix (a bias-free linear) is stored.
+    fn stored(&self, weight: &str) -> Stored {
+        match self.checkpoint.linear(weight) {
+            Some(info) => Stored {
+                format: info.format,
+                out: info.shape[0],
+                in_: info.shape[1],
+                has_bias: info.has_bias,
+                tensor_scale: info.tensor_scale,
+            },
             None => {
                 let entry = self.checkpoint.weights.entry(weight).expect("validated tensor");
-                (LinearFormat::Bf16, entry.shape[0], entry.shape[1], false, 1.0)
+                Stored {
+                    format: LinearFormat::Bf16,
+                    out: entry.shape[0],
+                    in_: entry.shape[1],
+                    has_bias: false,
+                    tensor_scale: 1.0,
+                }
             }
-        };
+        }
+    }
+
+    /// Several BF16 linears over one input as one: their rows placed one after another in
+    /// the same buffers (bytes as stored), so a single launch computes them all.
+    fn stacked(&mut self, modules: &[String]) -> Result<GpuLinear, EngineError> {
+        let stored: Vec<Stored> = modules.iter().map(|m| self.stored(m)).collect();
+        let first = stored[0];
+        let label = modules.join(" + ");
+        if !stored
+            .iter()
+            .all(|s| s.format == LinearFormat::Bf16 && s.in_ == first.in_ && s.has_bias == first.has_bias)
+        {
+            return Err(EngineError::Unsupported(format!(
+                "{label}: only BF16 linears of one input width, all with or all without a bias, can be stacked"
+            )));
+        }
+        check_width(&label, first.format, first.in_)?;
+        let row_bytes = code_bytes_per_row(first.format, first.in_);
+        let mut codes = Vec::new();
+        let mut bias = Vec::new();
+        for (module, s) in modules.iter().zip(&stored) {
+            let is_module = self.checkpoint.linear(module).is_some();
+            codes.extend_from_slice(self.raw(&codes_tensor(module, s.format, is_module)));
+            if s.has_bias {
+                bias.extend_from_slice(self.raw(&format!("{module}.bias")));
+            }
+        }
+        let out: usize = stored.iter().map(|s| s.out).sum();
+        let per = self.rows_per_segment(&label, row_bytes, 1)?;
+        let mut segments = Vec::new();
+        for start in (0..out).step_by(per) {
+            let range = start..(start + per).min(out);
+            segments.push(Segment {
+                codes: self.buffer(&label, &codes[range.start * row_bytes..range.end * row_bytes]),
+                scales: self.buffer(&label, &[0; 4]),
+                expert_scales: None,
+                range,
+            });
+        }
+        let bias = first.has_bias.then(|| self.buffer(&label, &bias));
+        Ok(GpuLinear {
+            format: WeightFormat::Bf16,
+            out,
+            in_features: first.in_,
+            segments,
+            bias,
+            tensor_scale: 1.0,
+        })
+    }
+
+    /// A dense linear (module) or a 2-D BF16 matrix used as a bias-free linear.
+    fn linear(&mut self, weight: &str) -> Result<GpuLinear, EngineError> {
+        let Stored {
+            format,
+            out,
+            in_,
+            has_bias,
+            tensor_scale,
+        } = self.stored(weight);
         check_width(weight, format, in_)?;
         let codes_name = codes_tensor(weight, format, self.checkpoint.linear(weight).is_some());
         let row_bytes = code_bytes_per_row(format, in_);
@@ -287,8 +364,14 @@ pub fn upload_linear(gpu: &Gpu, checkpoint: &Checkpoint, weight: &str) -> Result
 }
 
 impl GpuWeights {
-    /// Uploads every backbone weight of a validated checkpoint.
-    pub fn upload(gpu: &Gpu, checkpoint: &Checkpoint) -> Result<GpuWeights, EngineError> {
+    /// Uploads every backbone weight of a validated checkpoint. `linear_groups` are the
+    /// members of the step graph's linear nodes: the groups [`stacks`] names are stacked
+    /// (found under their weight names joined by `+`), the others uploaded member by member.
+    pub fn upload(
+        gpu: &Gpu,
+        checkpoint: &Checkpoint,
+        linear_groups: &[Vec<LinearMember>],
+    ) -> Result<GpuWeights, EngineError> {
         check_head_dim(checkpoint.config.head_dim)?;
         let limit = usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX);
         let mut up = Uploader {
@@ -302,16 +385,11 @@ impl GpuWeights {
         let mut vectors = HashMap::new();
         let mut kept_ids = HashMap::new();
         let mut score_bias = HashMap::new();
-        let mut matrices = vec![names::AUDIO_HEAD.to_string()];
         let mut norms = vec![names::FINAL_NORM.to_string()];
         for (i, mlp) in checkpoint.layers.iter().enumerate() {
             norms.push(names::layer(names::INPUT_NORM, i));
             norms.push(names::layer(names::POST_ATTN_NORM, i));
             if let LayerMlp::Moe(moe) = mlp {
-                matrices.push(names::layer(names::ROUTER, i));
-                if checkpoint.config.shared_expert_intermediate_size > 0 {
-                    matrices.push(names::layer(names::SHARED_EXPERT_GATE, i));
-                }
                 for projection in [Projection::Gate, Projection::Up, Projection::Down] {
                     experts.insert((i, projection), up.experts(i, projection, &moe.kept_expert_ids)?);
                 }
@@ -323,14 +401,18 @@ impl GpuWeights {
                 }
             }
         }
-        let dense_modules: Vec<String> = checkpoint
-            .linears
-            .keys()
-            .filter(|m| m.starts_with("model.") && !m.contains(".mlp.experts."))
-            .cloned()
-            .collect();
-        for weight in dense_modules.iter().chain(&matrices) {
-            linears.insert(weight.clone(), up.linear(weight)?);
+        for group in linear_groups {
+            let names: Vec<String> = group.iter().map(|m| m.weight.clone()).collect();
+            if stacks(group) {
+                linears.insert(names.join("+"), up.stacked(&names)?);
+                continue;
+            }
+            for weight in names {
+                if let std::collections::hash_map::Entry::Vacant(slot) = linears.entry(weight) {
+                    let linear = up.linear(slot.key())?;
+                    slot.insert(linear);
+                }
+            }
         }
         for norm in norms {
             let bytes = up.raw(&norm).to_vec();

@@ -294,7 +294,7 @@ fn chunked_equals_whole() {
     }
 }
 
-/// Weights split into many small bindings (a forced 16 KiB limit) give the same bits.
+/// Weights split into many small bindings (a forced 32 KiB limit) give the same bits.
 #[test]
 fn split_weights_equal_unsplit() {
     let mut rng = rng("split");
@@ -303,11 +303,11 @@ fn split_weights_equal_unsplit() {
     let p = open(&f).config.speech.voice_prefix_len;
     let rows = rows_for(0, p, &text, &audio);
     let small = Gpu::new(&GpuOptions {
-        max_storage_binding: Some(16384),
+        max_storage_binding: Some(32768),
         ..Default::default()
     })
     .unwrap();
-    assert_eq!(small.caps.max_storage_binding, 16384);
+    assert_eq!(small.caps.max_storage_binding, 32768);
     let split_engine = Engine::load(Arc::new(small), open(&f)).unwrap();
     let plain_engine = Engine::load(shared_gpu(), open(&f)).unwrap();
     let count = |e: &Engine| -> usize {

@@ -113,8 +113,9 @@ struct Run {
 }
 
 /// Runs the dense linear kernel on `rows` rows, with the weight split in two row segments
-/// (as the engine splits weights past the binding limit), and computes the reference.
-fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: bool) -> Run {
+/// (as the engine splits weights past the binding limit), optionally adding a residual
+/// stream to the outputs, and computes the reference.
+fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: bool, residual: Option<&[f32]>) -> Run {
     let gpu = gpu();
     let split = match w.format {
         WeightFormat::Fp8Block if w.rows > 128 => 128,
@@ -124,6 +125,7 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
     let xb = gpu.buffer_with("x", &f32_bytes(x));
     let bias_bytes = bias.map(pack_bf16).unwrap_or_else(|| vec![0; 4]);
     let bb = gpu.buffer_with("bias", &bias_bytes);
+    let rb = gpu.buffer_with("residual", &f32_bytes(residual.unwrap_or(&[0.0])));
     let y = poisoned(gpu, "y", rows * w.rows);
     let kernel = Kernel::Linear(w.format);
     let mut dispatches = Vec::new();
@@ -154,7 +156,7 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
             x_row_div: 1,
             expert_begin: 0,
             expert_end: 0,
-            flags: u32::from(bias.is_some()) | if round { 2 } else { 0 },
+            flags: u32::from(bias.is_some()) | if round { 2 } else { 0 } | if residual.is_some() { 4 } else { 0 },
             tensor_scale: w.tensor_scale,
             bias_offset: start as u32,
             pad: 0,
@@ -163,9 +165,9 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
         let wb = gpu.buffer_with("w", &codes);
         let sb = gpu.buffer_with("scales", &scales);
         let buffers: Vec<&wgpu::Buffer> = if w.format == WeightFormat::Bf16 {
-            vec![&p, &xb, &wb, &bb, &y]
+            vec![&p, &xb, &wb, &bb, &y, &rb]
         } else {
-            vec![&p, &xb, &wb, &sb, &bb, &y]
+            vec![&p, &xb, &wb, &sb, &bb, &y, &rb]
         };
         dispatches.push(dispatch(
             gpu,
@@ -192,14 +194,17 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
                 magnitude += f64::from(b[n]).abs();
             }
             let exact = acc;
-            let value = if round {
+            let mut value = if round {
                 f64::from(drama_engine::numerics::round_to_bf16(exact as f32))
             } else {
                 exact
             };
+            // The residual is added in f32 after rounding: one more f32 step of the sum.
+            let added = residual.map_or(0.0, |res| f64::from(res[r * w.rows + n]));
+            value += added;
             want.push(value);
             // f32 accumulation error, plus one BF16 step when the output is rounded.
-            scale.push(magnitude + if round { bf16_ulp(exact) / TOL } else { 0.0 });
+            scale.push(magnitude + added.abs() + if round { bf16_ulp(exact) / TOL } else { 0.0 });
         }
     }
     Run { y: got, want, scale }
@@ -207,17 +212,29 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
 
 const TOL: f64 = 2e-6;
 
-fn linear_case(format: WeightFormat, rows: usize, out: usize, in_: usize, with_bias: bool, round: bool) {
-    let label = format!("linear {format:?} rows {rows} out {out} in {in_} bias {with_bias} round {round}");
+fn linear_case(
+    format: WeightFormat,
+    rows: usize,
+    out: usize,
+    in_: usize,
+    with_bias: bool,
+    round: bool,
+    with_residual: bool,
+) {
+    let label = format!(
+        "linear {format:?} rows {rows} out {out} in {in_} bias {with_bias} round {round} residual {with_residual}"
+    );
     let mut rng = rng(&label);
     let w = random_weights(&mut rng, format, out, in_);
     let x = bf16_values(&mut rng, rows * in_, 2.0);
     let bias = with_bias.then(|| bf16_values(&mut rng, out, 0.5));
-    let result = run_linear(&w, &x, rows, bias.as_deref(), round);
+    let residual = with_residual.then(|| uniform(&mut rng, rows * out, 3.0));
+    let result = run_linear(&w, &x, rows, bias.as_deref(), round, residual.as_deref());
     check(&label, &result.y, &result.want, &result.scale, TOL);
     // Batch invariance: each row alone gives the same bits as inside the batch.
     for r in [0, rows - 1] {
-        let single = run_linear(&w, &x[r * in_..(r + 1) * in_], 1, bias.as_deref(), round);
+        let residual_row = residual.as_ref().map(|res| &res[r * out..(r + 1) * out]);
+        let single = run_linear(&w, &x[r * in_..(r + 1) * in_], 1, bias.as_deref(), round, residual_row);
         let batched = &result.y[r * out..(r + 1) * out];
         assert!(
             single.y.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -228,22 +245,23 @@ fn linear_case(format: WeightFormat, rows: usize, out: usize, in_: usize, with_b
 
 #[test]
 fn linear_bf16_matches_reference() {
-    linear_case(WeightFormat::Bf16, 1, 37, 64, true, true);
-    linear_case(WeightFormat::Bf16, 11, 23, 248, false, false);
-    linear_case(WeightFormat::Bf16, 8, 5, 8, true, false);
+    linear_case(WeightFormat::Bf16, 1, 37, 64, true, true, false);
+    linear_case(WeightFormat::Bf16, 11, 23, 248, false, false, false);
+    linear_case(WeightFormat::Bf16, 8, 5, 8, true, false, false);
+    linear_case(WeightFormat::Bf16, 9, 21, 72, false, true, true);
 }
 
 #[test]
 fn linear_nvfp4_matches_reference() {
-    linear_case(WeightFormat::Nvfp4, 1, 33, 48, false, true);
-    linear_case(WeightFormat::Nvfp4, 3, 19, 1040, true, true);
-    linear_case(WeightFormat::Nvfp4, 11, 7, 16, false, false);
+    linear_case(WeightFormat::Nvfp4, 1, 33, 48, false, true, false);
+    linear_case(WeightFormat::Nvfp4, 3, 19, 1040, true, true, true);
+    linear_case(WeightFormat::Nvfp4, 11, 7, 16, false, false, false);
 }
 
 #[test]
 fn linear_fp8_matches_reference() {
-    linear_case(WeightFormat::Fp8Block, 2, 131, 144, false, true);
-    linear_case(WeightFormat::Fp8Block, 9, 3, 272, true, false);
+    linear_case(WeightFormat::Fp8Block, 2, 131, 144, false, true, true);
+    linear_case(WeightFormat::Fp8Block, 9, 3, 272, true, false, false);
 }
 
 /// Routed experts: `experts` matrices split over two weight segments, random expert per

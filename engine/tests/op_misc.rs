@@ -89,6 +89,15 @@ fn rope_kv_and_attention_match_reference() {
     let row_pos: Vec<u32> = lane_lengths.iter().map(|&l| (l - 1) as u32).collect();
     let q = bf16_values(&mut rng, rows * heads * head_dim, 1.0);
     let kv = bf16_values(&mut rng, rows * 2 * kv_width, 1.0);
+    // The fused projection's rows: [q | k | v].
+    let q_width = heads * head_dim;
+    let qkv: Vec<f32> = (0..rows)
+        .flat_map(|r| {
+            let q_row = &q[r * q_width..(r + 1) * q_width];
+            let kv_row = &kv[r * 2 * kv_width..(r + 1) * 2 * kv_width];
+            q_row.iter().chain(kv_row).copied().collect::<Vec<f32>>()
+        })
+        .collect();
     let table = ops::rope_table(capacity, head_dim, theta);
     let params = AttentionParams {
         rows: rows as u32,
@@ -104,30 +113,22 @@ fn rope_kv_and_attention_match_reference() {
     let lane_b = gpu.buffer_with("lane", &u32_bytes(&row_lane));
     let pos_b = gpu.buffer_with("pos", &u32_bytes(&row_pos));
     let table_b = gpu.buffer_with("rope", bytemuck::cast_slice(&table));
-    let q_b = gpu.buffer_with("q", &f32_bytes(&q));
-    let kv_b = gpu.buffer_with("kv", &f32_bytes(&kv));
+    let qkv_b = gpu.buffer_with("qkv", &f32_bytes(&qkv));
     let kc = gpu.buffer_with("k_cache", &f32_bytes(&k_cache));
     let vc = gpu.buffer_with("v_cache", &f32_bytes(&v_cache));
-    let q_rot = poisoned(gpu, "q_rot", rows * heads * head_dim);
     let out = poisoned(gpu, "out", rows * heads * head_dim);
     let scratch = gpu.buffer("scratch", (rows * heads * capacity * 4) as u64);
     let dispatches = [
         dispatch(
             gpu,
-            Kernel::RopeQ,
-            &[&p, &pos_b, &table_b, &q_b, &q_rot],
-            [(rows * heads * head_dim).div_ceil(64) as u32, 1, 1],
-        ),
-        dispatch(
-            gpu,
             Kernel::WriteKv,
-            &[&p, &lane_b, &pos_b, &table_b, &kv_b, &kc, &vc],
+            &[&p, &lane_b, &pos_b, &table_b, &qkv_b, &kc, &vc],
             [(rows * kv_width).div_ceil(64) as u32, 1, 1],
         ),
         dispatch(
             gpu,
             Kernel::Attend,
-            &[&p, &lane_b, &pos_b, &q_rot, &kc, &vc, &out, &scratch],
+            &[&p, &lane_b, &pos_b, &table_b, &qkv_b, &kc, &vc, &out, &scratch],
             [rows as u32, heads as u32, 1],
         ),
     ];
@@ -335,10 +336,19 @@ fn elementwise_kernels_match_reference() {
         gpu.buffer_with("a", &f32_bytes(&a)),
         gpu.buffer_with("b", &f32_bytes(&b)),
     );
-    // swiglu, rounded.
+    // swiglu, rounded, from [gate | up] rows (gate = a, up = b).
+    let gate_up: Vec<f32> = (0..tokens)
+        .flat_map(|t| {
+            a[t * width..(t + 1) * width]
+                .iter()
+                .chain(&b[t * width..(t + 1) * width])
+                .copied()
+        })
+        .collect();
+    let gub = gpu.buffer_with("gate_up", &f32_bytes(&gate_up));
     let p = gpu.uniform("p", &params(1));
     let out = poisoned(gpu, "out", count);
-    run(gpu, &[dispatch(gpu, Kernel::Swiglu, &[&p, &ab, &bb, &out], grid)]);
+    run(gpu, &[dispatch(gpu, Kernel::Swiglu, &[&p, &gub, &out], grid)]);
     let exact: Vec<f64> = a
         .iter()
         .zip(&b)

@@ -156,6 +156,7 @@ impl Build<'_> {
         x: ValueId,
         members: &[(String, usize, bool)],
         round: bool,
+        residual: Option<ValueId>,
     ) -> Result<ValueId, GraphError> {
         let in_features = self.b_width(x);
         let members = members
@@ -173,8 +174,9 @@ impl Build<'_> {
                 members,
                 in_features,
                 round_output: round,
+                residual: residual.is_some(),
             },
-            &[x],
+            &[x].into_iter().chain(residual).collect::<Vec<_>>(),
         )
     }
 
@@ -188,15 +190,23 @@ impl Build<'_> {
         x: ValueId,
         modules: [String; 3],
         width: usize,
+        down: (&str, Option<ValueId>),
     ) -> Result<ValueId, GraphError> {
         let h = self.spec.hidden;
         let [gate_m, up_m, down_m] = modules;
-        let gate = self.linear(&format!("{label}.gate"), x, &[(gate_m, width, false)], true)?;
-        let up = self.linear(&format!("{label}.up"), x, &[(up_m, width, false)], true)?;
+        let gate_up = self.linear(
+            &format!("{label}.gate_up"),
+            x,
+            &[(gate_m, width, false), (up_m, width, false)],
+            true,
+            None,
+        )?;
         let act = self
             .b
-            .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate, up])?;
-        self.linear(&format!("{label}.down"), act, &[(down_m, h, false)], true)
+            .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate_up])?;
+        // The down projection: its label, and the residual stream it adds into (if any).
+        let (down_label, residual) = down;
+        self.linear(down_label, act, &[(down_m, h, false)], true, residual)
     }
 }
 
@@ -243,33 +253,25 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
             },
             &[x],
         )?;
-        let q = g.linear(
-            &at("q_proj"),
+        let qkv = g.linear(
+            &at("qkv_proj"),
             normed,
-            &[(l(LayerWeight::Q), s.heads * s.head_dim, true)],
+            &[
+                (l(LayerWeight::Q), s.heads * s.head_dim, true),
+                (l(LayerWeight::K), kv_width, true),
+                (l(LayerWeight::V), kv_width, true),
+            ],
             true,
-        )?;
-        let kv = g.linear(
-            &at("kv_proj"),
-            normed,
-            &[(l(LayerWeight::K), kv_width, true), (l(LayerWeight::V), kv_width, true)],
-            true,
+            None,
         )?;
         let written = g.b.node1(
             &at("write_kv"),
             Op::WriteKv {
+                heads: s.heads,
                 kv_heads: s.kv_heads,
                 head_dim: s.head_dim,
             },
-            &[kv, row_lane, row_pos, k_cache, v_cache],
-        )?;
-        let q_rot = g.b.node1(
-            &at("rope_q"),
-            Op::RopeQ {
-                heads: s.heads,
-                head_dim: s.head_dim,
-            },
-            &[q, row_pos],
+            &[qkv, row_lane, row_pos, k_cache, v_cache],
         )?;
         let attended = g.b.node1(
             &at("attention"),
@@ -279,10 +281,10 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
                 head_dim: s.head_dim,
                 round_output: true,
             },
-            &[q_rot, row_lane, row_pos, k_cache, v_cache, written],
+            &[qkv, row_lane, row_pos, k_cache, v_cache, written],
         )?;
-        let o = g.linear(&at("o_proj"), attended, &[(l(LayerWeight::O), h, false)], true)?;
-        x = g.b.node1(&at("attn_residual"), Op::Add, &[x, o])?;
+        // The residual stream after attention: x + o_proj(attended).
+        x = g.linear(&at("o_proj"), attended, &[(l(LayerWeight::O), h, false)], true, Some(x))?;
         let normed = g.b.node1(
             &at("post_norm"),
             Op::RmsNorm {
@@ -295,8 +297,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         x = match moe {
             None => {
                 let modules = [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Dense(p)));
-                let down = g.swiglu_mlp(&at("mlp"), normed, modules, s.dense_width)?;
-                g.b.node1(&at("hidden"), Op::Add, &[x, down])?
+                g.swiglu_mlp(&at("mlp"), normed, modules, s.dense_width, (&at("hidden"), Some(x)))?
             }
             Some(moe) => moe_block(&mut g, i, moe, x, normed)?,
         };
@@ -318,9 +319,31 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         normed,
         &[(names.global(GlobalWeight::AudioHead), s.audio_vocab, false)],
         false,
+        None,
     )?;
     g.b.output(logits);
     Ok(g.b.finish())
+}
+
+/// The members of each linear node of a step, in output-column order (the same for every
+/// step shape): what the engine uploads, stacking the groups [`crate::select::stacks`] names.
+pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<Vec<LinearMember>>, GraphError> {
+    let shape = StepShape {
+        rows: 1,
+        lanes: 1,
+        capacity: 1,
+        prefix_rows: 1,
+        trace: false,
+    };
+    let graph = build(spec, names, shape)?;
+    Ok(graph
+        .nodes
+        .iter()
+        .filter_map(|node| match &node.op {
+            Op::Linear { members, .. } => Some(members.clone()),
+            _ => None,
+        })
+        .collect())
 }
 
 fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: ValueId) -> Result<ValueId, GraphError> {
@@ -333,6 +356,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         normed,
         &[(l(LayerWeight::Router), router_rows, false)],
         false,
+        None,
     )?;
     let route = RouterOp {
         layer: i,
@@ -353,14 +377,16 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         g.b.output(ids);
         g.b.output(weights);
     }
-    let expert = |g: &mut Build<'_>, projection: Projection, input: ValueId, out: usize, index: usize| {
+    let expert = |g: &mut Build<'_>, label: &str, projections: &[Projection], input: ValueId, out: usize| {
         let in_features = *g.b.shape(input).last().unwrap_or(&0);
         g.b.node1(
-            &at(&format!("experts.{}", ["gate", "up", "down"][index])),
+            &at(label),
             Op::Experts {
                 layer: i,
-                projection,
-                format: moe.expert_formats[index],
+                projections: projections
+                    .iter()
+                    .map(|&p| (p, moe.expert_formats[p as usize]))
+                    .collect(),
                 out,
                 in_features,
                 k: s.top_k,
@@ -368,11 +394,16 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
             &[input, ids],
         )
     };
-    let gate = expert(g, Projection::Gate, normed, s.expert_width, 0)?;
-    let up = expert(g, Projection::Up, normed, s.expert_width, 1)?;
+    let gate_up = expert(
+        g,
+        "experts.gate_up",
+        &[Projection::Gate, Projection::Up],
+        normed,
+        s.expert_width,
+    )?;
     let act =
-        g.b.node1(&at("experts.act"), Op::Swiglu { round_output: true }, &[gate, up])?;
-    let down = expert(g, Projection::Down, act, s.hidden, 2)?;
+        g.b.node1(&at("experts.act"), Op::Swiglu { round_output: true }, &[gate_up])?;
+    let down = expert(g, "experts.down", &[Projection::Down], act, s.hidden)?;
     if s.shared_width == 0 {
         return g.b.node1(
             &at("hidden"),
@@ -384,12 +415,19 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         );
     }
     let modules = [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
-    let shared = g.swiglu_mlp(&at("shared_expert"), normed, modules, s.shared_width)?;
+    let shared = g.swiglu_mlp(
+        &at("shared_expert"),
+        normed,
+        modules,
+        s.shared_width,
+        (&at("shared_expert.down"), None),
+    )?;
     let gate_logit = g.linear(
         &at("shared_gate"),
         normed,
         &[(l(LayerWeight::SharedGate), 1, false)],
         false,
+        None,
     )?;
     g.b.node1(
         &at("hidden"),

@@ -76,7 +76,7 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
         .map(|(index, node)| {
             let formats = match &node.op {
                 Op::Linear { members, .. } => members.iter().map(|m| format!("{:?}", m.format)).collect(),
-                Op::Experts { format, .. } => vec![format!("{format:?}")],
+                Op::Experts { projections, .. } => projections.iter().map(|(_, f)| format!("{f:?}")).collect(),
                 _ => Vec::new(),
             };
             NodeDump {

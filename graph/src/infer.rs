@@ -50,8 +50,9 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             members,
             in_features,
             round_output,
+            residual,
         } => {
-            arity(inputs, 1)?;
+            arity(inputs, if *residual { 2 } else { 1 })?;
             let x = inputs[0];
             expect(is_bf16(x.dtype), || {
                 "the input must hold BF16 values (round it where it is made)".into()
@@ -61,24 +62,26 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             })?;
             expect(!members.is_empty(), || "no linears".into())?;
             let out: usize = members.iter().map(|m| m.out).sum();
+            if *residual {
+                expect(shape_of(inputs[1]) == [rows_of(x), out], || {
+                    format!("the residual must be [rows, {out}]")
+                })?;
+                return Ok(vec![(vec![rows_of(x), out], DType::F32)]);
+            }
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows_of(x), out], dtype)])
         }
-        Op::RopeQ { heads, head_dim } => {
-            arity(inputs, 2)?;
-            let rows = rows_of(inputs[0]);
-            expect(shape_of(inputs[0]) == [rows, heads * head_dim], || {
-                format!("q must be [rows, {}]", heads * head_dim)
-            })?;
-            row_vector(inputs[1], rows, "row_pos")?;
-            Ok(vec![(inputs[0].shape.clone(), DType::F32)])
-        }
-        Op::WriteKv { kv_heads, head_dim } => {
+        Op::WriteKv {
+            heads,
+            kv_heads,
+            head_dim,
+        } => {
             arity(inputs, 5)?;
             let rows = rows_of(inputs[0]);
             let width = kv_heads * head_dim;
-            expect(shape_of(inputs[0]) == [rows, 2 * width], || {
-                format!("[k|v] must be [rows, {}]", 2 * width)
+            let qkv = (heads + 2 * kv_heads) * head_dim;
+            expect(shape_of(inputs[0]) == [rows, qkv], || {
+                format!("[q|k|v] must be [rows, {qkv}]")
             })?;
             row_vector(inputs[1], rows, "row_lane")?;
             row_vector(inputs[2], rows, "row_pos")?;
@@ -100,11 +103,14 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(heads % kv_heads == 0, || {
                 format!("{heads} heads over {kv_heads} kv heads")
             })?;
-            expect(shape_of(inputs[0]) == [rows, heads * head_dim], || "q shape".into())?;
+            let qkv = (heads + 2 * kv_heads) * head_dim;
+            expect(shape_of(inputs[0]) == [rows, qkv], || {
+                format!("[q|k|v] must be [rows, {qkv}]")
+            })?;
             row_vector(inputs[1], rows, "row_lane")?;
             row_vector(inputs[2], rows, "row_pos")?;
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
-            Ok(vec![(inputs[0].shape.clone(), dtype)])
+            Ok(vec![(vec![rows, heads * head_dim], dtype)])
         }
         Op::Router(r) => {
             arity(inputs, 1)?;
@@ -126,7 +132,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             Ok(vec![(vec![rows, r.k], DType::U32), (vec![rows, r.k], DType::F32)])
         }
         Op::Experts {
-            projection,
+            projections,
             out,
             in_features,
             k,
@@ -141,27 +147,21 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 "ids must be U32 [tokens, k]".into()
             })?;
             let slots = rows_of(ids) * k;
-            let x_rows = match projection {
-                crate::ir::Projection::Down => slots,
-                _ => rows_of(ids),
-            };
+            expect(!projections.is_empty(), || "no projections".into())?;
+            let down = projections.iter().any(|(p, _)| *p == crate::ir::Projection::Down);
+            expect(!down || projections.len() == 1, || "down reads its own input".into())?;
+            let x_rows = if down { slots } else { rows_of(ids) };
             expect(rows_of(x) == x_rows, || {
                 format!("x must have {x_rows} rows, has {}", rows_of(x))
             })?;
-            Ok(vec![(vec![slots, *out], DType::Bf16)])
+            Ok(vec![(vec![slots, out * projections.len()], DType::Bf16)])
         }
         Op::Swiglu { round_output } => {
-            arity(inputs, 2)?;
-            expect(inputs[0].shape == inputs[1].shape, || {
-                "gate and up shapes differ".into()
-            })?;
+            arity(inputs, 1)?;
+            let width = width_of(inputs[0]);
+            expect(width.is_multiple_of(2), || "[gate | up] rows need an even width".into())?;
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
-            Ok(vec![(inputs[0].shape.clone(), dtype)])
-        }
-        Op::Add => {
-            arity(inputs, 2)?;
-            expect(inputs[0].shape == inputs[1].shape, || "shapes differ".into())?;
-            Ok(vec![(inputs[0].shape.clone(), DType::F32)])
+            Ok(vec![(vec![rows_of(inputs[0]), width / 2], dtype)])
         }
         Op::MoeCombine { k, shared } => {
             arity(inputs, if *shared { 5 } else { 3 })?;

@@ -127,7 +127,8 @@ pub enum Op {
         /// Round the output to BF16 (all consumers are linears).
         round_output: bool,
     },
-    /// One or more linears over the same input, outputs side by side. Input: x (BF16).
+    /// One or more linears over the same input, outputs side by side. Inputs: x (BF16),
+    /// and with `residual` the residual stream (F32), added to the (rounded) outputs.
     Linear {
         /// The linears, in output-column order.
         members: Vec<LinearMember>,
@@ -135,24 +136,22 @@ pub enum Op {
         in_features: usize,
         /// Round outputs to BF16 (false for router logits, gates and audio logits).
         round_output: bool,
+        /// Add the second input to the outputs (the residual connection).
+        residual: bool,
     },
-    /// RoPE of the queries. Inputs: q, row_pos.
-    RopeQ {
-        /// Query heads.
-        heads: usize,
-        /// Head width.
-        head_dim: usize,
-    },
-    /// RoPE of k and the KV-cache writes. Inputs: [k|v], row_lane, row_pos, k_cache, v_cache.
-    /// Output: the updated cache token (a dependency marker of shape [1]).
+    /// RoPE of k and the KV-cache writes. Inputs: [q|k|v] (the fused projection's rows),
+    /// row_lane, row_pos, k_cache, v_cache. Output: the updated cache token (a dependency
+    /// marker of shape [1]).
     WriteKv {
+        /// Query heads (the width of the q part).
+        heads: usize,
         /// Key/value heads.
         kv_heads: usize,
         /// Head width.
         head_dim: usize,
     },
-    /// Causal grouped-query attention. Inputs: q (rotated), row_lane, row_pos, k_cache,
-    /// v_cache, the WriteKv marker.
+    /// Causal grouped-query attention with RoPE of the queries. Inputs: [q|k|v] (q not yet
+    /// rotated), row_lane, row_pos, k_cache, v_cache, the WriteKv marker.
     Attention {
         /// Query heads.
         heads: usize,
@@ -165,28 +164,25 @@ pub enum Op {
     },
     /// Top-k routing. Input: router logits. Outputs: ids (U32 [rows, k]), then weights.
     Router(RouterOp),
-    /// A routed-expert projection, expert per slot read on the GPU. Inputs: x, ids.
+    /// Routed-expert projections of one input, expert per slot read on the GPU, outputs
+    /// side by side (gate and up together). Inputs: x, ids.
     Experts {
         /// Decoder layer.
         layer: usize,
-        /// Which projection.
-        projection: Projection,
-        /// Stored format.
-        format: WeightFormat,
-        /// Output features per expert.
+        /// The projections and their stored formats, in output-column order.
+        projections: Vec<(Projection, WeightFormat)>,
+        /// Output features per expert of each projection.
         out: usize,
         /// Input features.
         in_features: usize,
         /// Experts per token.
         k: usize,
     },
-    /// silu(gate) * up. Inputs: gate, up.
+    /// silu(gate) * up. Input: [gate | up] rows; output half as wide.
     Swiglu {
         /// Round to BF16 (feeds a down projection).
         round_output: bool,
     },
-    /// Residual addition. Inputs: a, b.
-    Add,
     /// residual + sum_j w_j expert_j (+ sigmoid(gate) shared). Inputs: residual, expert
     /// outputs, weights, and with a shared expert its output and its gate logits.
     MoeCombine {
@@ -204,13 +200,11 @@ impl Op {
             Op::Embed { .. } => "embed",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Linear { .. } => "linear",
-            Op::RopeQ { .. } => "rope_q",
             Op::WriteKv { .. } => "write_kv",
             Op::Attention { .. } => "attention",
             Op::Router(_) => "router",
             Op::Experts { .. } => "experts",
             Op::Swiglu { .. } => "swiglu",
-            Op::Add => "add",
             Op::MoeCombine { .. } => "moe_combine",
         }
     }

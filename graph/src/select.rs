@@ -1,23 +1,33 @@
-//! Kernel choice: which kernel entry points each op launches (one per linear member; the
-//! engine adds one launch per weight segment when a weight is split).
+//! Kernel choice: which kernel entry points each op launches (one per linear member unless
+//! the members are stacked; the engine adds one launch per weight segment when a weight is
+//! split).
 
-use drama_kernels::Kernel;
+use drama_kernels::{Kernel, WeightFormat};
 
-use crate::ir::Op;
+use crate::ir::{LinearMember, Op};
+
+/// Whether a linear node's members are stacked into one weight and computed by one launch:
+/// several BF16 members that all have a bias or all have none. (Quantized members keep a
+/// launch each: their per-tensor or per-tile scales belong to one member.)
+pub fn stacks(members: &[LinearMember]) -> bool {
+    members.len() > 1
+        && members
+            .iter()
+            .all(|m| m.format == WeightFormat::Bf16 && m.bias == members[0].bias)
+}
 
 /// The kernels an op launches, in order.
 pub fn kernels_of(op: &Op) -> Vec<Kernel> {
     match op {
         Op::Embed { .. } => vec![Kernel::EmbedF32, Kernel::EmbedBf16, Kernel::EmbedBf16],
         Op::RmsNorm { .. } => vec![Kernel::RmsNorm],
+        Op::Linear { members, .. } if stacks(members) => vec![Kernel::Linear(WeightFormat::Bf16)],
         Op::Linear { members, .. } => members.iter().map(|m| Kernel::Linear(m.format)).collect(),
-        Op::RopeQ { .. } => vec![Kernel::RopeQ],
         Op::WriteKv { .. } => vec![Kernel::WriteKv],
         Op::Attention { .. } => vec![Kernel::Attend],
         Op::Router(_) => vec![Kernel::Route],
-        Op::Experts { format, .. } => vec![Kernel::Gathered(*format)],
+        Op::Experts { projections, .. } => projections.iter().map(|(_, f)| Kernel::Gathered(*f)).collect(),
         Op::Swiglu { .. } => vec![Kernel::Swiglu],
-        Op::Add => vec![Kernel::Add],
         Op::MoeCombine { .. } => vec![Kernel::MoeCombine],
     }
 }

@@ -118,17 +118,15 @@ pub enum Kernel {
     Gathered(WeightFormat),
     /// RMSNorm.
     RmsNorm,
-    /// RoPE of the queries.
-    RopeQ,
     /// RoPE of the keys and the KV-cache writes.
     WriteKv,
-    /// Causal grouped-query attention.
+    /// Causal grouped-query attention (queries rotated as they are staged).
     Attend,
     /// Top-k routing.
     Route,
-    /// silu(gate) * up.
+    /// silu(gate) * up from [gate | up] rows.
     Swiglu,
-    /// Residual addition.
+    /// Element-wise addition (the tower's and codec's residual connections).
     Add,
     /// Weighted sum of expert outputs plus the gated shared expert, added to the residual.
     MoeCombine,
@@ -164,7 +162,6 @@ impl Kernel {
         all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
         all.extend([
             Kernel::RmsNorm,
-            Kernel::RopeQ,
             Kernel::WriteKv,
             Kernel::Attend,
             Kernel::Route,
@@ -191,7 +188,7 @@ impl Kernel {
         match self {
             Kernel::Linear(f) | Kernel::Gathered(f) => Module::Linear(f),
             Kernel::RmsNorm => Module::Norm,
-            Kernel::RopeQ | Kernel::WriteKv | Kernel::Attend => Module::Attention,
+            Kernel::WriteKv | Kernel::Attend => Module::Attention,
             Kernel::Route => Module::Router,
             Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 | Kernel::Gelu | Kernel::MeanRows => {
                 Module::Elementwise
@@ -213,7 +210,6 @@ impl Kernel {
             Kernel::Linear(_) => "linear",
             Kernel::Gathered(_) => "gathered",
             Kernel::RmsNorm => "rms_norm",
-            Kernel::RopeQ => "rope_q",
             Kernel::WriteKv => "write_kv",
             Kernel::Attend => "attend",
             Kernel::Route => "route",
@@ -238,24 +234,24 @@ impl Kernel {
     /// the parameter block (uniform), the last is the output (read-write).
     pub fn bindings(self) -> &'static [u32] {
         match self {
-            // params, x, w, (scales,) bias, y: BF16 weights have no scales
-            Kernel::Linear(WeightFormat::Bf16) => &[0, 1, 2, 4, 6],
-            Kernel::Linear(_) => &[0, 1, 2, 3, 4, 6],
+            // params, x, w, (scales,) bias, y, residual: BF16 weights have no scales
+            Kernel::Linear(WeightFormat::Bf16) => &[0, 1, 2, 4, 6, 8],
+            Kernel::Linear(_) => &[0, 1, 2, 3, 4, 6, 8],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],
             // params, x, weight, y
             Kernel::RmsNorm => &[0, 1, 2, 3],
-            // params, row_pos, rope_table, src, dst
-            Kernel::RopeQ => &[0, 2, 3, 4, 7],
             // params, row_lane, row_pos, rope_table, src, k_cache, v_cache
             Kernel::WriteKv => &[0, 1, 2, 3, 4, 5, 6],
-            // params, row_lane, row_pos, src (q), k_cache, v_cache, dst, scratch
-            Kernel::Attend => &[0, 1, 2, 4, 5, 6, 7, 8],
+            // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, dst, scratch
+            Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, logits, kept_ids, score_bias, chosen_ids, chosen_weights
             Kernel::Route => &[0, 1, 2, 3, 4, 5],
+            // params, a ([gate | up]), out
+            Kernel::Swiglu => &[0, 1, 8],
             // params, a, b, out
-            Kernel::Swiglu | Kernel::Add => &[0, 1, 2, 8],
+            Kernel::Add => &[0, 1, 2, 8],
             // params, residual, expert_out, weights, shared_out, shared_gate, out
             Kernel::MoeCombine => &[0, 1, 2, 3, 4, 5, 6],
             // params, words, row_table, row_index, out
@@ -280,7 +276,7 @@ impl Kernel {
     /// Invocations per workgroup.
     pub fn workgroup_size(self) -> u32 {
         match self {
-            Kernel::ReadBandwidth | Kernel::Attend | Kernel::RmsNorm => 256,
+            Kernel::ReadBandwidth | Kernel::Attend | Kernel::RmsNorm | Kernel::Route => 256,
             _ => 64,
         }
     }

@@ -1,11 +1,14 @@
 // Rotary embedding, KV-cache writes and causal grouped-query attention, all FP32.
 //
 // Rows are tokens; `row_lane[r]` names the KV cache slot of row r and `row_pos[r]` its
-// position. RoPE is NeoX rotate-half over the whole head with cos/sin from a table the host
-// computes in f64 (`rope_table[pos * half + i]` = (cos, sin)), so every platform rotates by
-// the same numbers. Attention gives each (row, head) one workgroup: scores into `scratch`,
-// max and sum by a fixed tree, then each thread owns output dimensions. A row's result
-// depends only on its own cache, whatever else is in the batch.
+// position. Both entry points read the q/k/v projection's output: rows of
+// (heads + 2 * kv_heads) * head_dim values, [q | k | v]. RoPE is NeoX rotate-half over the
+// whole head with cos/sin from a table the host computes in f64
+// (`rope_table[pos * half + i]` = (cos, sin)), so every platform rotates by the same
+// numbers; keys are rotated as they enter the cache, queries as attention stages them.
+// Attention gives each (row, head) one workgroup: scores into `scratch`, max and sum by a
+// fixed tree, then each thread owns output columns. A row's result depends only on its own
+// cache, whatever else is in the batch.
 
 const WG: u32 = 64u;
 
@@ -30,33 +33,12 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(8) var<storage, read_write> scratch: array<f32>;
 
-fn rotated(base: u32, i: u32, pos: u32) -> f32 {
-    let half = p.head_dim / 2u;
-    let j = i % half;
-    let cs = rope_table[pos * half + j];
-    let a = src[base + j];
-    let b = src[base + j + half];
-    if (i < half) {
-        return a * cs.x - b * cs.y;
-    }
-    return b * cs.x + a * cs.y;
+// Floats per row of the [q | k | v] input.
+fn qkv_width() -> u32 {
+    return (p.heads + 2u * p.kv_heads) * p.head_dim;
 }
 
-// q: src [rows, heads * head_dim] -> dst rotated. One thread per element.
-@compute @workgroup_size(64)
-fn rope_q(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let index = gid.x + gid.y * nwg.x * WG;
-    let width = p.heads * p.head_dim;
-    if (index >= p.rows * width) {
-        return;
-    }
-    let r = index / width;
-    let i = index % p.head_dim;
-    let head_base = index - i;
-    dst[index] = rotated(head_base, i, row_pos[r]);
-}
-
-// k (rotated) and v into the caches. src = [k | v] rows of width 2 * kv_heads * head_dim.
+// k (rotated) and v into the caches.
 @compute @workgroup_size(64)
 fn write_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let index = gid.x + gid.y * nwg.x * WG;
@@ -69,13 +51,18 @@ fn write_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let i = c % p.head_dim;
     let pos = row_pos[r];
     let slot = (row_lane[r] * p.capacity + pos) * width + c;
-    let row_base = r * 2u * width;
-    k_cache[slot] = rotated(row_base + c - i, i, pos);
-    v_cache[slot] = src[row_base + width + c];
+    let k_base = r * qkv_width() + p.heads * p.head_dim;
+    let half = p.head_dim / 2u;
+    let j = i % half;
+    let cs = rope_table[pos * half + j];
+    let a = src[k_base + c - i + j];
+    let b = src[k_base + c - i + j + half];
+    k_cache[slot] = select(b * cs.x + a * cs.y, a * cs.x - b * cs.y, i < half);
+    v_cache[slot] = src[k_base + width + c];
 }
 
 // Attention runs 256 invocations per (row, head), reading q, keys and values as vec4s
-// (head_dim a multiple of 16, at most 1024; the engine checks): the query is staged in
+// (head_dim a multiple of 16, at most 1024; the engine checks): the query is rotated into
 // workgroup memory; each invocation scores whole positions with four independent partial
 // dot products; the weighted sum of values is split over (vec4 column, part of the
 // positions) and the parts added in a fixed order, so a row's result never depends on
@@ -105,7 +92,7 @@ fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
     return result;
 }
 
-// q rotated: src [rows, heads * head_dim]; out: dst [rows, heads * head_dim].
+// In: [q | k | v] rows (q not yet rotated); out: dst [rows, heads * head_dim].
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
@@ -115,10 +102,25 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let kv_row = p.kv_heads * columns;             // vec4s per cache position
     let length = row_pos[r] + 1u;
     let cache_base = row_lane[r] * p.capacity * kv_row + g * columns;
-    let q_base = (r * p.heads + h) * columns;
+    let q_base = (r * qkv_width() + h * p.head_dim) / 4u;
+    let out_base = (r * p.heads + h) * p.head_dim;
     let s_base = (r * p.heads + h) * p.capacity;
+    // Column c of the first half pairs with column c + half / 4 of the second.
+    let half_columns = columns / 2u;
+    let pos = row_pos[r];
     for (var c = t; c < columns; c += ATTEND_WG) {
-        query[c] = q4[q_base + c];
+        let first = c < half_columns;
+        let own = q4[q_base + c];
+        let partner = q4[q_base + select(c - half_columns, c + half_columns, first)];
+        let j = 4u * select(c - half_columns, c, first);
+        let t0 = rope_table[pos * (p.head_dim / 2u) + j];
+        let t1 = rope_table[pos * (p.head_dim / 2u) + j + 1u];
+        let t2 = rope_table[pos * (p.head_dim / 2u) + j + 2u];
+        let t3 = rope_table[pos * (p.head_dim / 2u) + j + 3u];
+        let cosine = vec4<f32>(t0.x, t1.x, t2.x, t3.x);
+        let sine = vec4<f32>(t0.y, t1.y, t2.y, t3.y);
+        // First half: a cos - b sin (a own, b partner); second half: b cos + a sin.
+        query[c] = select(own * cosine + partner * sine, own * cosine - partner * sine, first);
     }
     workgroupBarrier();
     var local_max = -3.0e38;
@@ -180,7 +182,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         if ((p.flags & 1u) != 0u) {
             out = vec4<f32>(round_bf16(out.x), round_bf16(out.y), round_bf16(out.z), round_bf16(out.w));
         }
-        let o = (q_base + c) * 4u;
+        let o = out_base + c * 4u;
         dst[o] = out.x;
         dst[o + 1u] = out.y;
         dst[o + 2u] = out.z;

@@ -32,18 +32,19 @@ fn maybe_round(v: f32) -> f32 {
     return select(v, round_bf16(v), (p.flags & 1u) != 0u);
 }
 
-// out = silu(a) * b, a = gate projection, b = up projection.
+// out = silu(gate) * up, from rows of a = [gate | up], each half `width` wide.
 @compute @workgroup_size(64)
 fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = element(gid, nwg);
     if (i >= p.count) {
         return;
     }
-    let g = a[i];
-    out[i] = maybe_round(g / (1.0 + exp(-g)) * b[i]);
+    let gate = (i / p.width) * 2u * p.width + i % p.width;
+    let g = a[gate];
+    out[i] = maybe_round(g / (1.0 + exp(-g)) * a[gate + p.width]);
 }
 
-// out = a + b (the residual stream).
+// out = a + b (the voice tower's and the codec's residual connections).
 @compute @workgroup_size(64)
 fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = element(gid, nwg);
@@ -53,8 +54,6 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     out[i] = maybe_round(a[i] + b[i]);
 }
 
-// Rows of a BF16 table: out[r] = words-table[row_index[r]] for rows whose row_table[r] is
-// this dispatch's table and whose index lies in this segment [k, row_end).
 @compute @workgroup_size(64)
 fn embed_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = element(gid, nwg);

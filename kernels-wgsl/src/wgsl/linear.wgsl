@@ -14,7 +14,8 @@
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
 //               feature reading its weight row side by side; each unit is decoded once and
-//               applied to up to MAX_ROWS activation rows per pass.
+//               applied to up to MAX_ROWS activation rows per pass. With flag 4 the
+//               output is added to `residual` (the residual stream) as it is written.
 //   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP features, slot), the slot's expert
 //               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
 //               live in another weight segment and are skipped. Each expert has its own
@@ -38,7 +39,7 @@ struct Params {
     x_row_div: u32,     // gathered: input row = slot / x_row_div
     expert_begin: u32,  // gathered: local expert ids held by this segment
     expert_end: u32,
-    flags: u32,         // 1: add bias; 2: round the output to BF16
+    flags: u32,         // 1: add bias; 2: round the output to BF16; 4: add `residual`
     tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
     bias_offset: u32,   // bias element of this segment's first output
     _pad: u32,
@@ -52,6 +53,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> expert_ids: array<u32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
+@group(0) @binding(8) var<storage, read> residual: array<f32>;
 
 var<workgroup> partial: array<f32, 512>;        // WG * MAX_ROWS: one per thread and row
 var<workgroup> group_sums: array<f32, 64>;      // WG / 8 * MAX_ROWS: one per group and row
@@ -160,7 +162,12 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }
         let sum = reduce_lanes(t, count);
         if (valid && lane < count) {
-            y[(row0 + lane) * p.y_stride + p.out_offset + n] = finish(sum, n, p.tensor_scale);
+            let index = (row0 + lane) * p.y_stride + p.out_offset + n;
+            var v = finish(sum, n, p.tensor_scale);
+            if ((p.flags & 4u) != 0u) {
+                v = residual[index] + v;
+            }
+            y[index] = v;
         }
         workgroupBarrier();
     }

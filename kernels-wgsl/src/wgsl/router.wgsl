@@ -11,7 +11,8 @@
 // in ascending original-id order, and their weights. The workgroup loads the logits and
 // computes every expert's ranking score and weight in parallel into workgroup memory (the
 // softmax max and denominator by fixed reduction trees); then every eligible expert counts
-// the eligible experts that outrank it, and those outranked by fewer than K are chosen.
+// the eligible experts that outrank it (a higher score, or the same score and a lower
+// index), which is its rank: ranks below K are chosen.
 
 const MAX_KEPT: u32 = 512u;
 const MAX_K: u32 = 16u;
@@ -53,14 +54,15 @@ var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probabi
 var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, or sigmoid
 var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
-var<workgroup> reduction: array<f32, 64>;       // max and sum trees
-var<workgroup> chosen: array<u32, MAX_KEPT>;    // 1: among the K best
-var<workgroup> picked: array<u32, MAX_K>;       // chosen kept indices, ascending
+var<workgroup> reduction: array<f32, 256>;      // max and sum trees
+var<workgroup> by_rank: array<u32, MAX_K>;      // chosen kept index by its rank
+
+const WG: u32 = 256u;
 
 // Reduces one value per invocation by a fixed tree (max or sum); every invocation gets it.
 fn reduce(t: u32, v: f32, is_max: bool) -> f32 {
     reduction[t] = v;
-    for (var stride = 32u; stride > 0u; stride /= 2u) {
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
         workgroupBarrier();
         if (t < stride) {
             let other = reduction[t + stride];
@@ -73,11 +75,6 @@ fn reduce(t: u32, v: f32, is_max: bool) -> f32 {
     return result;
 }
 
-// Whether expert j outranks expert i: a higher score, or the same score and a lower index
-// (the lower original id).
-fn outranks(j: u32, i: u32) -> bool {
-    return rank[j] > rank[i] || (rank[j] == rank[i] && j < i);
-}
 
 // Sigmoid routers with groups: a group's score is the sum of its best min(2, n) ranking
 // scores; groups without kept experts are never picked; the best `topk_group` groups stay
@@ -129,25 +126,26 @@ fn keep_best_groups() {
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let row = wg.x;
-    for (var i = t; i < p.kept; i += 64u) {
+    for (var i = t; i < p.kept; i += WG) {
         raw[i] = logit(row, i);
         group[i] = kept_ids[i] / p.group_size;
+        eligible[i] = 1u;
     }
     workgroupBarrier();
     var local_max = -3.0e38;
-    for (var i = t; i < p.kept; i += 64u) {
+    for (var i = t; i < p.kept; i += WG) {
         local_max = max(local_max, raw[i]);
     }
     let max_logit = reduce(t, local_max, true);
     var local_sum = 0.0;
-    for (var i = t; i < p.kept; i += 64u) {
+    for (var i = t; i < p.kept; i += WG) {
         local_sum += exp(raw[i] - max_logit);
     }
     let total = reduce(t, local_sum, false);
-    for (var i = t; i < p.kept; i += 64u) {
+    for (var i = t; i < p.kept; i += WG) {
         if ((p.flags & 1u) == 0u) {
             let probability = exp(raw[i] - max_logit) / total;
             rank[i] = probability;
@@ -163,44 +161,37 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     workgroupBarrier();
-    for (var i = t; i < p.kept; i += 64u) {
-        eligible[i] = 1u;
-    }
-    workgroupBarrier();
     if (p.n_group > 1u) {
         if (t == 0u) {
             keep_best_groups();
         }
         workgroupBarrier();
     }
-    // Rank by counting: expert i is chosen when fewer than K eligible experts outrank it.
-    for (var i = t; i < p.kept; i += 64u) {
+    for (var i = t; i < p.kept; i += WG) {
+        let mine = rank[i];
         var above = 0u;
-        if (eligible[i] != 0u) {
-            for (var j = 0u; j < p.kept; j++) {
-                if (eligible[j] != 0u && outranks(j, i)) {
-                    above += 1u;
-                }
-            }
+        for (var j = 0u; j < p.kept; j++) {
+            let other = rank[j];
+            above += select(0u, 1u, eligible[j] != 0u && (other > mine || (other == mine && j < i)));
         }
-        chosen[i] = select(0u, 1u, eligible[i] != 0u && above < p.k);
-    }
-    workgroupBarrier();
-    // Each chosen expert's output slot is the number of chosen experts before it.
-    for (var i = t; i < p.kept; i += 64u) {
-        if (chosen[i] != 0u) {
-            var slot = 0u;
-            for (var j = 0u; j < i; j++) {
-                slot += chosen[j];
-            }
-            if (slot < p.k) {
-                picked[slot] = i;
-            }
+        if (eligible[i] != 0u && above < p.k) {
+            by_rank[above] = i;
         }
     }
     workgroupBarrier();
     if (t != 0u) {
         return;
+    }
+    // Ascending original id = ascending kept index (kept ids are sorted).
+    var picked = array<u32, MAX_K>();
+    for (var a = 0u; a < p.k; a++) {
+        let v = by_rank[a];
+        var b = a;
+        while (b > 0u && picked[b - 1u] > v) {
+            picked[b] = picked[b - 1u];
+            b -= 1u;
+        }
+        picked[b] = v;
     }
     var chosen_sum = 0.0;
     for (var j = 0u; j < p.k; j++) {
