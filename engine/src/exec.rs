@@ -151,13 +151,14 @@ impl<'a> Lowering<'a> {
                 in_features,
                 round_output,
                 residual,
+                swiglu,
             } => {
                 let rows = self.rows(inputs[0]);
                 let x = self.buffer(inputs[0])?;
                 let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
                 let total: usize = members.iter().map(|m| m.out).sum();
                 // A stacked group is one linear: every member's rows in one launch.
-                if stacks(members) {
+                if *swiglu || stacks(members) {
                     let key = members.iter().map(|m| m.weight.as_str()).collect::<Vec<_>>().join("+");
                     let linear = weights
                         .linears
@@ -171,9 +172,10 @@ impl<'a> Lowering<'a> {
                         y: out,
                         rows,
                         column: 0,
-                        y_stride: total,
+                        y_stride: if *swiglu { linear.out } else { total },
                         round: *round_output,
                         residual,
+                        swiglu: *swiglu,
                     };
                     let launches = linear_launches(self.gpu, linear, &weights.placeholder, &io)?;
                     self.dispatches.extend(launches);
@@ -196,6 +198,7 @@ impl<'a> Lowering<'a> {
                         y_stride: total,
                         round: *round_output,
                         residual,
+                        swiglu: false,
                     };
                     let launches = linear_launches(self.gpu, linear, &weights.placeholder, &io)?;
                     self.dispatches.extend(launches);
@@ -275,24 +278,37 @@ impl<'a> Lowering<'a> {
                 out: width,
                 in_features,
                 k,
+                swiglu,
             } => {
                 let slots = self.rows(inputs[1]) * k;
                 let (x, ids) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
-                let y_stride = width * projections.len();
-                for (index, (projection, _)) in projections.iter().enumerate() {
-                    let linear = &weights.experts[&(*layer, *projection)];
-                    let x_row_div = if *projection == Projection::Down { 1 } else { *k };
+                // One stacked [gate | up] weight with the SwiGLU epilogue, or one weight per
+                // projection written side by side.
+                let stacks: Vec<Vec<Projection>> = if *swiglu {
+                    vec![projections.iter().map(|(p, _)| *p).collect()]
+                } else {
+                    projections.iter().map(|(p, _)| vec![*p]).collect()
+                };
+                let y_stride = if *swiglu { *width } else { width * projections.len() };
+                for (index, stack) in stacks.into_iter().enumerate() {
+                    let x_row_div = if stack == [Projection::Down] { 1 } else { *k };
+                    let key = (*layer, stack);
+                    let linear = weights
+                        .experts
+                        .get(&key)
+                        .ok_or_else(|| EngineError::Unsupported(format!("layer {layer}: no experts {:?}", key.1)))?;
+                    let rows_per_group = linear.format.rows_per_workgroup() / if *swiglu { 2 } else { 1 };
                     for segment in &linear.segments {
                         let params = LinearParams {
                             rows: slots as u32,
                             in_features: *in_features as u32,
-                            out_features: *width as u32,
+                            out_features: linear.out as u32,
                             out_offset: (index * width) as u32,
                             y_stride: y_stride as u32,
                             x_row_div: x_row_div as u32,
                             expert_begin: segment.range.start as u32,
                             expert_end: segment.range.end as u32,
-                            flags: 2,
+                            flags: 2 | if *swiglu { 8 } else { 0 },
                             tensor_scale: 1.0,
                             bias_offset: 0,
                             pad: 0,
@@ -307,11 +323,7 @@ impl<'a> Lowering<'a> {
                             Kernel::Gathered(linear.format),
                             &params,
                             &resources,
-                            [
-                                (*width as u32).div_ceil(linear.format.rows_per_workgroup()),
-                                slots as u32,
-                                1,
-                            ],
+                            [(*width as u32).div_ceil(rows_per_group), slots as u32, 1],
                         )?;
                     }
                 }
@@ -334,11 +346,18 @@ impl<'a> Lowering<'a> {
             Op::MoeCombine { k, shared } => {
                 let shape = &self.graph.value(node.outputs[0]).shape;
                 let count = shape[0] * shape[1];
+                let gate_stride = if *shared {
+                    self.graph.value(inputs[4]).shape[1]
+                } else {
+                    1
+                };
                 let params = MoeParams {
                     count: count as u32,
                     width: shape[1] as u32,
                     k: *k as u32,
                     has_shared: u32::from(*shared),
+                    gate_stride: gate_stride as u32,
+                    pad: [0; 3],
                 };
                 let placeholder = &weights.placeholder;
                 let (shared_out, shared_gate) = if *shared {
@@ -398,6 +417,9 @@ pub struct LinearIo<'a> {
     pub round: bool,
     /// The residual stream [rows, y_stride] to add the outputs to.
     pub residual: Option<&'a wgpu::Buffer>,
+    /// The linear is a SwiGLU stack (each segment: gate rows, then the same up rows); the
+    /// output is silu(gate) * up, one feature per segment row.
+    pub swiglu: bool,
 }
 
 /// The launches of a dense linear: one per weight segment.
@@ -409,11 +431,13 @@ pub fn linear_launches(
 ) -> Result<Vec<Dispatch>, EngineError> {
     let bias = linear.bias.as_ref().unwrap_or(placeholder);
     let mut launches = Vec::new();
+    // A SwiGLU segment holds two weight rows (gate, up) per output feature.
+    let rows_per_feature = if io.swiglu { 2 } else { 1 };
     for segment in &linear.segments {
         let params = LinearParams {
             rows: io.rows as u32,
             in_features: linear.in_features as u32,
-            out_features: segment.range.len() as u32,
+            out_features: (segment.range.len() * rows_per_feature) as u32,
             out_offset: (io.column + segment.range.start) as u32,
             y_stride: io.y_stride as u32,
             x_row_div: 1,
@@ -421,7 +445,8 @@ pub fn linear_launches(
             expert_end: 0,
             flags: u32::from(linear.bias.is_some())
                 | if io.round { 2 } else { 0 }
-                | if io.residual.is_some() { 4 } else { 0 },
+                | if io.residual.is_some() { 4 } else { 0 }
+                | if io.swiglu { 8 } else { 0 },
             tensor_scale: linear.tensor_scale,
             bias_offset: segment.range.start as u32,
             pad: 0,
@@ -432,7 +457,7 @@ pub fn linear_launches(
         }
         resources.extend([bias, io.y, io.residual.unwrap_or(placeholder)]);
         let grid = [
-            (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup()),
+            (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),
             1,
             1,
         ];

@@ -81,6 +81,7 @@ impl VoiceTower {
             y_stride: linear.out,
             round: true,
             residual: None,
+            swiglu: false,
         };
         out.extend(linear_launches(&self.gpu, linear, &self.placeholder, &io)?);
         Ok(())

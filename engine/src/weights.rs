@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use drama_graph::ir::{LinearMember, Projection};
-use drama_graph::select::stacks;
+use drama_graph::select::{stacks, stacks_expert_swiglu};
 use drama_kernels::WeightFormat;
 
 use crate::checkpoint::linear::FP8_BLOCK;
@@ -56,8 +56,9 @@ pub struct GpuWeights {
     /// Dense linears and 2-D matrices used as linears, by weight name, or stacked groups by
     /// their names joined with `+`.
     pub linears: HashMap<String, GpuLinear>,
-    /// Routed experts by (layer, projection).
-    pub experts: HashMap<(usize, Projection), GpuLinear>,
+    /// Routed experts by (layer, projections stacked per expert): `[Gate, Up]` when stacked
+    /// for the SwiGLU epilogue, else one projection each.
+    pub experts: HashMap<(usize, Vec<Projection>), GpuLinear>,
     /// Embedding tables by tensor name.
     pub tables: HashMap<String, GpuTable>,
     /// Norm weights and other BF16 vectors by tensor name.
@@ -185,6 +186,54 @@ impl Uploader<'_> {
         })
     }
 
+    /// A BF16 [gate, up] pair stacked for the SwiGLU epilogue: each segment covers
+    /// features a..b and holds gate rows a..b, then up rows a..b, so a launch always sees
+    /// both halves of its features.
+    fn stacked_swiglu(&mut self, gate: &str, up: &str) -> Result<GpuLinear, EngineError> {
+        let (g, u) = (self.stored(gate), self.stored(up));
+        let label = format!("{gate} + {up}");
+        if g.format != LinearFormat::Bf16
+            || u.format != LinearFormat::Bf16
+            || g.has_bias
+            || u.has_bias
+            || g.out != u.out
+            || g.in_ != u.in_
+        {
+            return Err(EngineError::Unsupported(format!(
+                "{label}: a SwiGLU stack needs two bias-free BF16 linears of one shape"
+            )));
+        }
+        check_width(&label, g.format, g.in_)?;
+        let row_bytes = code_bytes_per_row(g.format, g.in_);
+        let per = self.rows_per_segment(&label, 2 * row_bytes, 1)?;
+        let is_module = |m: &str| self.checkpoint.linear(m).is_some();
+        let (gate_codes, up_codes) = (
+            codes_tensor(gate, g.format, is_module(gate)),
+            codes_tensor(up, u.format, is_module(up)),
+        );
+        let mut segments = Vec::new();
+        for start in (0..g.out).step_by(per) {
+            let range = start..(start + per).min(g.out);
+            let bytes = range.start * row_bytes..range.end * row_bytes;
+            let mut codes = self.raw(&gate_codes)[bytes.clone()].to_vec();
+            codes.extend_from_slice(&self.raw(&up_codes)[bytes]);
+            segments.push(Segment {
+                codes: self.buffer(&label, &codes),
+                scales: self.buffer(&label, &[0; 4]),
+                expert_scales: None,
+                range,
+            });
+        }
+        Ok(GpuLinear {
+            format: WeightFormat::Bf16,
+            out: g.out,
+            in_features: g.in_,
+            segments,
+            bias: None,
+            tensor_scale: 1.0,
+        })
+    }
+
     /// A dense linear (module) or a 2-D BF16 matrix used as a bias-free linear.
     fn linear(&mut self, weight: &str) -> Result<GpuLinear, EngineError> {
         let Stored {
@@ -244,27 +293,37 @@ impl Uploader<'_> {
         }
     }
 
-    /// All kept experts of one projection of a layer, concatenated expert after expert.
-    fn experts(&mut self, layer: usize, projection: Projection, kept: &[usize]) -> Result<GpuLinear, EngineError> {
-        let template = names::EXPERT[projection as usize];
-        let modules: Vec<String> = kept.iter().map(|&e| names::expert(template, layer, e)).collect();
-        let info = self.checkpoint.linear(&modules[0]).expect("validated expert");
+    /// All kept experts of a layer for one projection, or for several stacked per expert
+    /// (gate rows then up rows), concatenated expert after expert. Stacked experts keep one
+    /// tensor scale per projection: `expert_scales` holds them expert by expert.
+    fn experts(&mut self, layer: usize, projections: &[Projection], kept: &[usize]) -> Result<GpuLinear, EngineError> {
+        let modules: Vec<Vec<String>> = kept
+            .iter()
+            .map(|&e| {
+                projections
+                    .iter()
+                    .map(|&p| names::expert(names::EXPERT[p as usize], layer, e))
+                    .collect()
+            })
+            .collect();
+        let info = self.checkpoint.linear(&modules[0][0]).expect("validated expert");
         let (format, out, in_) = (info.format, info.shape[0], info.shape[1]);
-        for module in &modules {
+        for module in modules.iter().flatten() {
             let other = self.checkpoint.linear(module).expect("validated expert").format;
             if other != format {
                 return Err(EngineError::Unsupported(format!(
                     "layer {layer}: experts mix formats ({} is {}, {} is {})",
-                    modules[0],
+                    modules[0][0],
                     format.describe(),
                     module,
                     other.describe()
                 )));
             }
         }
-        check_width(&modules[0], format, in_)?;
-        let expert_bytes = code_bytes_per_row(format, in_) * out;
-        let per = self.rows_per_segment(&modules[0], expert_bytes, 1)?;
+        let label = &modules[0][0];
+        check_width(label, format, in_)?;
+        let expert_bytes = code_bytes_per_row(format, in_) * out * projections.len();
+        let per = self.rows_per_segment(label, expert_bytes, 1)?;
         let codes_name = |m: &str| codes_tensor(m, format, true);
         let mut segments = Vec::new();
         for start in (0..kept.len()).step_by(per) {
@@ -272,7 +331,7 @@ impl Uploader<'_> {
             let mut codes = Vec::with_capacity(expert_bytes * range.len());
             let mut scales = Vec::new();
             let mut tensor_scales = Vec::new();
-            for module in &modules[range.clone()] {
+            for module in modules[range.clone()].iter().flatten() {
                 codes.extend_from_slice(self.raw(&codes_name(module)));
                 scales.extend(self.scales(module, format, out, in_, 0..out));
                 tensor_scales.push(self.checkpoint.linear(module).expect("validated").tensor_scale);
@@ -280,17 +339,18 @@ impl Uploader<'_> {
             if format == LinearFormat::Bf16 {
                 scales = vec![0; 4];
             }
-            let expert_scales = self.buffer(&modules[range.start], bytemuck::cast_slice(&tensor_scales));
+            let first = &modules[range.start][0];
+            let expert_scales = self.buffer(first, bytemuck::cast_slice(&tensor_scales));
             segments.push(Segment {
-                codes: self.buffer(&modules[range.start], &codes),
-                scales: self.buffer(&modules[range.start], &scales),
+                codes: self.buffer(first, &codes),
+                scales: self.buffer(first, &scales),
                 expert_scales: Some(expert_scales),
                 range,
             });
         }
         Ok(GpuLinear {
             format: weight_format(format),
-            out,
+            out: out * projections.len(),
             in_features: in_,
             segments,
             bias: None,
@@ -365,12 +425,14 @@ pub fn upload_linear(gpu: &Gpu, checkpoint: &Checkpoint, weight: &str) -> Result
 
 impl GpuWeights {
     /// Uploads every backbone weight of a validated checkpoint. `linear_groups` are the
-    /// members of the step graph's linear nodes: the groups [`stacks`] names are stacked
-    /// (found under their weight names joined by `+`), the others uploaded member by member.
+    /// members of the step graph's linear nodes and whether each computes a SwiGLU: SwiGLU
+    /// pairs and the groups [`stacks`] names are stacked (found under their weight names
+    /// joined by `+`), the others uploaded member by member. Routed experts whose gate and
+    /// up formats [`stacks_expert_swiglu`] are stacked per expert under `[Gate, Up]`.
     pub fn upload(
         gpu: &Gpu,
         checkpoint: &Checkpoint,
-        linear_groups: &[Vec<LinearMember>],
+        linear_groups: &[(Vec<LinearMember>, bool)],
     ) -> Result<GpuWeights, EngineError> {
         check_head_dim(checkpoint.config.head_dim)?;
         let limit = usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX);
@@ -390,8 +452,18 @@ impl GpuWeights {
             norms.push(names::layer(names::INPUT_NORM, i));
             norms.push(names::layer(names::POST_ATTN_NORM, i));
             if let LayerMlp::Moe(moe) = mlp {
-                for projection in [Projection::Gate, Projection::Up, Projection::Down] {
-                    experts.insert((i, projection), up.experts(i, projection, &moe.kept_expert_ids)?);
+                let format = |p: Projection| {
+                    let module = names::expert(names::EXPERT[p as usize], i, moe.kept_expert_ids[0]);
+                    weight_format(checkpoint.linear(&module).expect("validated expert").format)
+                };
+                let stacks = if stacks_expert_swiglu(format(Projection::Gate), format(Projection::Up)) {
+                    vec![vec![Projection::Gate, Projection::Up], vec![Projection::Down]]
+                } else {
+                    vec![vec![Projection::Gate], vec![Projection::Up], vec![Projection::Down]]
+                };
+                for projections in stacks {
+                    let linear = up.experts(i, &projections, &moe.kept_expert_ids)?;
+                    experts.insert((i, projections), linear);
                 }
                 let ids: Vec<u32> = moe.kept_expert_ids.iter().map(|&e| e as u32).collect();
                 kept_ids.insert(i, up.buffer("kept_expert_ids", bytemuck::cast_slice(&ids)));
@@ -401,8 +473,12 @@ impl GpuWeights {
                 }
             }
         }
-        for group in linear_groups {
+        for (group, swiglu) in linear_groups {
             let names: Vec<String> = group.iter().map(|m| m.weight.clone()).collect();
+            if *swiglu {
+                linears.insert(names.join("+"), up.stacked_swiglu(&names[0], &names[1])?);
+                continue;
+            }
             if stacks(group) {
                 linears.insert(names.join("+"), up.stacked(&names)?);
                 continue;

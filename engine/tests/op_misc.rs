@@ -408,7 +408,9 @@ fn elementwise_kernels_match_reference() {
     let experts = uniform(&mut rng, tokens * k * width, 1.0);
     let weights = uniform(&mut rng, tokens * k, 1.0);
     let shared = uniform(&mut rng, count, 1.0);
+    // Gate logits as the last of three columns (the router's logits rows).
     let gates = uniform(&mut rng, tokens, 3.0);
+    let gate_rows: Vec<f32> = gates.iter().flat_map(|&g| [7.0, -7.0, g]).collect();
     let p = gpu.uniform(
         "p",
         &MoeParams {
@@ -416,12 +418,14 @@ fn elementwise_kernels_match_reference() {
             width: width as u32,
             k: k as u32,
             has_shared: 1,
+            gate_stride: 3,
+            pad: [0; 3],
         },
     );
     let eb = gpu.buffer_with("e", &f32_bytes(&experts));
     let wb = gpu.buffer_with("w", &f32_bytes(&weights));
     let sb = gpu.buffer_with("s", &f32_bytes(&shared));
-    let gb = gpu.buffer_with("g", &f32_bytes(&gates));
+    let gb = gpu.buffer_with("g", &f32_bytes(&gate_rows));
     let out = poisoned(gpu, "out", count);
     run(
         gpu,

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
 use crate::ir::{DType, LinearMember, Op, Projection, RouterOp, ValueId, ValueKind};
+use crate::select::{stacks_expert_swiglu, stacks_swiglu};
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
 pub trait WeightNames {
@@ -158,8 +159,12 @@ impl Build<'_> {
         round: bool,
         residual: Option<ValueId>,
     ) -> Result<ValueId, GraphError> {
-        let in_features = self.b_width(x);
-        let members = members
+        let members = self.members(members);
+        self.linear_node(label, x, members, round, residual, false)
+    }
+
+    fn members(&self, members: &[(String, usize, bool)]) -> Vec<LinearMember> {
+        members
             .iter()
             .map(|(weight, out, bias)| LinearMember {
                 format: self.format(weight),
@@ -167,7 +172,19 @@ impl Build<'_> {
                 out: *out,
                 bias: *bias,
             })
-            .collect();
+            .collect()
+    }
+
+    fn linear_node(
+        &mut self,
+        label: &str,
+        x: ValueId,
+        members: Vec<LinearMember>,
+        round: bool,
+        residual: Option<ValueId>,
+        swiglu: bool,
+    ) -> Result<ValueId, GraphError> {
+        let in_features = self.b_width(x);
         self.b.node1(
             label,
             Op::Linear {
@@ -175,6 +192,7 @@ impl Build<'_> {
                 in_features,
                 round_output: round,
                 residual: residual.is_some(),
+                swiglu,
             },
             &[x].into_iter().chain(residual).collect::<Vec<_>>(),
         )
@@ -194,16 +212,15 @@ impl Build<'_> {
     ) -> Result<ValueId, GraphError> {
         let h = self.spec.hidden;
         let [gate_m, up_m, down_m] = modules;
-        let gate_up = self.linear(
-            &format!("{label}.gate_up"),
-            x,
-            &[(gate_m, width, false), (up_m, width, false)],
-            true,
-            None,
-        )?;
-        let act = self
-            .b
-            .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate_up])?;
+        let members = self.members(&[(gate_m, width, false), (up_m, width, false)]);
+        // Stacked gate/up compute the SwiGLU in their epilogue; otherwise a separate node.
+        let act = if stacks_swiglu(&members) {
+            self.linear_node(&format!("{label}.act"), x, members, true, None, true)?
+        } else {
+            let gate_up = self.linear_node(&format!("{label}.gate_up"), x, members, true, None, false)?;
+            self.b
+                .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate_up])?
+        };
         // The down projection: its label, and the residual stream it adds into (if any).
         let (down_label, residual) = down;
         self.linear(down_label, act, &[(down_m, h, false)], true, residual)
@@ -325,9 +342,10 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
     Ok(g.b.finish())
 }
 
-/// The members of each linear node of a step, in output-column order (the same for every
-/// step shape): what the engine uploads, stacking the groups [`crate::select::stacks`] names.
-pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<Vec<LinearMember>>, GraphError> {
+/// The members of each linear node of a step, in output-column order, and whether it
+/// computes a SwiGLU (the same for every step shape): what the engine uploads, stacking the
+/// SwiGLU pairs and the groups [`crate::select::stacks`] names.
+pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<(Vec<LinearMember>, bool)>, GraphError> {
     let shape = StepShape {
         rows: 1,
         lanes: 1,
@@ -340,7 +358,7 @@ pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<Ve
         .nodes
         .iter()
         .filter_map(|node| match &node.op {
-            Op::Linear { members, .. } => Some(members.clone()),
+            Op::Linear { members, swiglu, .. } => Some((members.clone(), *swiglu)),
             _ => None,
         })
         .collect())
@@ -351,13 +369,13 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     let l = |w: LayerWeight| g.names.layer(w, i);
     let at = |what: &str| format!("layers.{i}.{what}");
     let router_rows = if moe.full_width_router { s.num_experts } else { moe.kept };
-    let logits = g.linear(
-        &at("router_logits"),
-        normed,
-        &[(l(LayerWeight::Router), router_rows, false)],
-        false,
-        None,
-    )?;
+    // With a shared expert its gate logit comes from the same node, as the last column.
+    let gate_column = s.shared_width > 0;
+    let mut members = vec![(l(LayerWeight::Router), router_rows, false)];
+    if gate_column {
+        members.push((l(LayerWeight::SharedGate), 1, false));
+    }
+    let logits = g.linear(&at("router_logits"), normed, &members, false, None)?;
     let route = RouterOp {
         layer: i,
         kept: moe.kept,
@@ -370,6 +388,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         n_group: s.n_group,
         topk_group: s.topk_group,
         group_size: s.num_experts / s.n_group.max(1),
+        gate_column,
     };
     let routed = g.b.node(&at("router"), Op::Router(route), &[logits])?;
     let (ids, weights) = (routed[0], routed[1]);
@@ -377,33 +396,35 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         g.b.output(ids);
         g.b.output(weights);
     }
-    let expert = |g: &mut Build<'_>, label: &str, projections: &[Projection], input: ValueId, out: usize| {
-        let in_features = *g.b.shape(input).last().unwrap_or(&0);
-        g.b.node1(
-            &at(label),
-            Op::Experts {
-                layer: i,
-                projections: projections
-                    .iter()
-                    .map(|&p| (p, moe.expert_formats[p as usize]))
-                    .collect(),
-                out,
-                in_features,
-                k: s.top_k,
-            },
-            &[input, ids],
-        )
+    let expert =
+        |g: &mut Build<'_>, label: &str, projections: &[Projection], input: ValueId, out: usize, swiglu: bool| {
+            let in_features = *g.b.shape(input).last().unwrap_or(&0);
+            g.b.node1(
+                &at(label),
+                Op::Experts {
+                    layer: i,
+                    projections: projections
+                        .iter()
+                        .map(|&p| (p, moe.expert_formats[p as usize]))
+                        .collect(),
+                    out,
+                    in_features,
+                    k: s.top_k,
+                    swiglu,
+                },
+                &[input, ids],
+            )
+        };
+    let gate_up = [Projection::Gate, Projection::Up];
+    let [gate_format, up_format, _] = moe.expert_formats;
+    // Stacked gate/up experts compute the SwiGLU in their epilogue; otherwise a separate node.
+    let act = if stacks_expert_swiglu(gate_format, up_format) {
+        expert(g, "experts.act", &gate_up, normed, s.expert_width, true)?
+    } else {
+        let both = expert(g, "experts.gate_up", &gate_up, normed, s.expert_width, false)?;
+        g.b.node1(&at("experts.act"), Op::Swiglu { round_output: true }, &[both])?
     };
-    let gate_up = expert(
-        g,
-        "experts.gate_up",
-        &[Projection::Gate, Projection::Up],
-        normed,
-        s.expert_width,
-    )?;
-    let act =
-        g.b.node1(&at("experts.act"), Op::Swiglu { round_output: true }, &[gate_up])?;
-    let down = expert(g, "experts.down", &[Projection::Down], act, s.hidden)?;
+    let down = expert(g, "experts.down", &[Projection::Down], act, s.hidden, false)?;
     if s.shared_width == 0 {
         return g.b.node1(
             &at("hidden"),
@@ -422,19 +443,12 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         s.shared_width,
         (&at("shared_expert.down"), None),
     )?;
-    let gate_logit = g.linear(
-        &at("shared_gate"),
-        normed,
-        &[(l(LayerWeight::SharedGate), 1, false)],
-        false,
-        None,
-    )?;
     g.b.node1(
         &at("hidden"),
         Op::MoeCombine {
             k: s.top_k,
             shared: true,
         },
-        &[x, down, weights, shared, gate_logit],
+        &[x, down, weights, shared, logits],
     )
 }

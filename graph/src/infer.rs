@@ -51,6 +51,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             in_features,
             round_output,
             residual,
+            swiglu,
         } => {
             arity(inputs, if *residual { 2 } else { 1 })?;
             let x = inputs[0];
@@ -62,6 +63,13 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             })?;
             expect(!members.is_empty(), || "no linears".into())?;
             let out: usize = members.iter().map(|m| m.out).sum();
+            if *swiglu {
+                expect(crate::select::stacks_swiglu(members) && !*residual, || {
+                    "a SwiGLU linear needs stackable [gate, up] members of one width, no bias, no residual".into()
+                })?;
+                let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
+                return Ok(vec![(vec![rows_of(x), members[0].out], dtype)]);
+            }
             if *residual {
                 expect(shape_of(inputs[1]) == [rows_of(x), out], || {
                     format!("the residual must be [rows, {out}]")
@@ -115,7 +123,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
         Op::Router(r) => {
             arity(inputs, 1)?;
             let logits = inputs[0];
-            let width = if r.full_width { r.group_size * r.n_group } else { r.kept };
+            let width = if r.full_width { r.group_size * r.n_group } else { r.kept } + usize::from(r.gate_column);
             expect(logits.dtype == DType::F32 && width_of(logits) == width, || {
                 format!(
                     "logits must be F32 of width {width}, are {:?} {:?}",
@@ -136,6 +144,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             out,
             in_features,
             k,
+            swiglu,
             ..
         } => {
             arity(inputs, 2)?;
@@ -154,6 +163,17 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(rows_of(x) == x_rows, || {
                 format!("x must have {x_rows} rows, has {}", rows_of(x))
             })?;
+            if *swiglu {
+                let stackable = matches!(
+                    projections.as_slice(),
+                    [(crate::ir::Projection::Gate, g), (crate::ir::Projection::Up, u)]
+                        if crate::select::stacks_expert_swiglu(*g, *u)
+                );
+                expect(stackable, || {
+                    "a SwiGLU expert node needs [gate, up] of one stackable format".into()
+                })?;
+                return Ok(vec![(vec![slots, *out], DType::Bf16)]);
+            }
             Ok(vec![(vec![slots, out * projections.len()], DType::Bf16)])
         }
         Op::Swiglu { round_output } => {
@@ -178,8 +198,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 expect(shape_of(inputs[3]) == [tokens, width], || {
                     "shared output must be [tokens, width]".into()
                 })?;
-                expect(shape_of(inputs[4]) == [tokens, 1], || {
-                    "shared gate must be [tokens, 1]".into()
+                expect(rows_of(inputs[4]) == tokens && width_of(inputs[4]) >= 1, || {
+                    "shared gate logits must be [tokens, >= 1] (the last column)".into()
                 })?;
             }
             Ok(vec![(residual.shape.clone(), DType::F32)])

@@ -104,6 +104,9 @@ pub struct RouterOp {
     pub topk_group: usize,
     /// Original ids per group.
     pub group_size: usize,
+    /// The logits rows carry one extra last column (the shared expert's gate logit, computed
+    /// by the same linear node), which routing skips.
+    pub gate_column: bool,
 }
 
 /// The closed set of operations.
@@ -138,6 +141,9 @@ pub enum Op {
         round_output: bool,
         /// Add the second input to the outputs (the residual connection).
         residual: bool,
+        /// The members are [gate, up] of one width, stacked: the output is
+        /// silu(gate) * up, one member wide (see [`crate::select::stacks_swiglu`]).
+        swiglu: bool,
     },
     /// RoPE of k and the KV-cache writes. Inputs: [q|k|v] (the fused projection's rows),
     /// row_lane, row_pos, k_cache, v_cache. Output: the updated cache token (a dependency
@@ -177,6 +183,9 @@ pub enum Op {
         in_features: usize,
         /// Experts per token.
         k: usize,
+        /// The projections are [gate, up], stacked per expert: the output is
+        /// silu(gate) * up, `out` wide (see [`crate::select::stacks_expert_swiglu`]).
+        swiglu: bool,
     },
     /// silu(gate) * up. Input: [gate | up] rows; output half as wide.
     Swiglu {
@@ -184,7 +193,8 @@ pub enum Op {
         round_output: bool,
     },
     /// residual + sum_j w_j expert_j (+ sigmoid(gate) shared). Inputs: residual, expert
-    /// outputs, weights, and with a shared expert its output and its gate logits.
+    /// outputs, weights, and with a shared expert its output and rows whose last column is
+    /// its gate logit (the router's logits node).
     MoeCombine {
         /// Experts per token.
         k: usize,

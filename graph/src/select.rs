@@ -6,6 +6,19 @@ use drama_kernels::{Kernel, WeightFormat};
 
 use crate::ir::{LinearMember, Op};
 
+/// Whether [gate, up] members can be stacked with the SwiGLU computed in the linear's
+/// epilogue: a stack (see [`stacks`]) without biases.
+pub fn stacks_swiglu(members: &[LinearMember]) -> bool {
+    members.len() == 2 && stacks(members) && !members[0].bias && members[0].out == members[1].out
+}
+
+/// Whether routed experts' gate and up projections can be stacked per expert with the
+/// SwiGLU in the epilogue: one format, BF16 or NVFP4 (FP8's 128-row scale tiles do not
+/// stack).
+pub fn stacks_expert_swiglu(gate: WeightFormat, up: WeightFormat) -> bool {
+    gate == up && matches!(gate, WeightFormat::Bf16 | WeightFormat::Nvfp4)
+}
+
 /// Whether a linear node's members are stacked into one weight and computed by one launch:
 /// several BF16 members that all have a bias or all have none. (Quantized members keep a
 /// launch each: their per-tensor or per-tile scales belong to one member.)
@@ -26,6 +39,11 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         Op::WriteKv { .. } => vec![Kernel::WriteKv],
         Op::Attention { .. } => vec![Kernel::Attend],
         Op::Router(_) => vec![Kernel::Route],
+        Op::Experts {
+            projections,
+            swiglu: true,
+            ..
+        } => vec![Kernel::Gathered(projections[0].1)],
         Op::Experts { projections, .. } => projections.iter().map(|(_, f)| Kernel::Gathered(*f)).collect(),
         Op::Swiglu { .. } => vec![Kernel::Swiglu],
         Op::MoeCombine { .. } => vec![Kernel::MoeCombine],

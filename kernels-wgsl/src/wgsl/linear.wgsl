@@ -16,6 +16,8 @@
 //               feature reading its weight row side by side; each unit is decoded once and
 //               applied to up to MAX_ROWS activation rows per pass. With flag 4 the
 //               output is added to `residual` (the residual stream) as it is written.
+//               With flag 8 the weight rows are a [gate | up] stack and the output is
+//               silu(gate) * up (each rounded first when flag 2 rounds).
 //   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP features, slot), the slot's expert
 //               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
 //               live in another weight segment and are skipped. Each expert has its own
@@ -39,7 +41,8 @@ struct Params {
     x_row_div: u32,     // gathered: input row = slot / x_row_div
     expert_begin: u32,  // gathered: local expert ids held by this segment
     expert_end: u32,
-    flags: u32,         // 1: add bias; 2: round the output to BF16; 4: add `residual`
+    flags: u32,         // 1: add bias; 2: round the output to BF16; 4: add `residual`;
+                        // 8: SwiGLU of stacked [gate | up] rows (see `plan_row`)
     tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
     bias_offset: u32,   // bias element of this segment's first output
     _pad: u32,
@@ -58,6 +61,7 @@ struct Params {
 var<workgroup> partial: array<f32, 512>;        // WG * MAX_ROWS: one per thread and row
 var<workgroup> group_sums: array<f32, 64>;      // WG / 8 * MAX_ROWS: one per group and row
 var<workgroup> slot_expert: u32;
+var<workgroup> finished: array<f32, 64>;        // SwiGLU: ROWS_PER_GROUP * MAX_ROWS finished values
 
 // One unit's decoded weights dotted with the activation row at vec4 `x_vec`.
 fn unit_dot(weights: array<vec4<f32>, VECS>, x_vec: u32) -> f32 {
@@ -124,18 +128,65 @@ fn finish(acc: f32, n: u32, tensor_scale: f32) -> f32 {
     return v;
 }
 
+// Which weight row a thread's row of the workgroup computes, and which output feature.
+// Plain: ROWS_PER_GROUP consecutive rows. SwiGLU (flag 8, rows stacked [gate | up], each
+// half `out_features / 2` rows): the first half of the workgroup's rows are gate rows, the
+// second half the up rows of the same features.
+struct RowPlan {
+    feature: u32,   // output column (before out_offset)
+    row: u32,       // weight row within the expert (or the dense segment)
+    is_up: u32,     // SwiGLU: 1 for the up half
+    valid: bool,
+}
+
+fn swiglu_mode() -> bool {
+    return (p.flags & 8u) != 0u;
+}
+
+fn plan_row(group: u32, local_row: u32) -> RowPlan {
+    if (!swiglu_mode()) {
+        let n = group * ROWS_PER_GROUP + local_row;
+        return RowPlan(n, n, 0u, n < p.out_features);
+    }
+    let half = ROWS_PER_GROUP / 2u;
+    let width = p.out_features / 2u;
+    let feature = group * half + local_row % half;
+    let is_up = local_row / half;
+    return RowPlan(feature, feature + is_up * width, is_up, feature < width);
+}
+
+// SwiGLU: the finished value of activation row `r` passes through workgroup memory so
+// each gate-half thread can combine its gate value with the up value of the same feature;
+// returns silu(gate) * up there (rounded when flag 2 rounds). Every thread must call it.
+fn swiglu_combine(plan: RowPlan, local_row: u32, r: u32, value: f32, is_mine: bool) -> f32 {
+    if (is_mine) {
+        finished[local_row * MAX_ROWS + r] = value;
+    }
+    workgroupBarrier();
+    if (!is_mine || plan.is_up != 0u) {
+        return 0.0;
+    }
+    let g = finished[local_row * MAX_ROWS + r];
+    let u = finished[(local_row + ROWS_PER_GROUP / 2u) * MAX_ROWS + r];
+    var v = g / (1.0 + exp(-g)) * u;
+    if ((p.flags & 2u) != 0u) {
+        v = round_bf16(v);
+    }
+    return v;
+}
+
 @compute @workgroup_size(64)
 fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let local_row = t / LANES;
     let lane = t % LANES;
-    let n = wg.x * ROWS_PER_GROUP + local_row;
-    let valid = n < p.out_features;
+    let plan = plan_row(wg.x, local_row);
+    let n = plan.row;
     let units = p.in_features / UNIT;
     let x_row = p.in_features / 4u;
     for (var row0 = 0u; row0 < p.rows; row0 += MAX_ROWS) {
         let count = min(MAX_ROWS, p.rows - row0);
         var acc = array<f32, MAX_ROWS>();
-        if (valid) {
+        if (plan.valid) {
             let base = n * units;
             let x0 = row0 * x_row;
             var k = lane;
@@ -161,9 +212,16 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             partial[t * MAX_ROWS + r] = acc[r];
         }
         let sum = reduce_lanes(t, count);
-        if (valid && lane < count) {
-            let index = (row0 + lane) * p.y_stride + p.out_offset + n;
-            var v = finish(sum, n, p.tensor_scale);
+        let is_mine = plan.valid && lane < count;
+        let value = finish(sum, n, p.tensor_scale);
+        let index = (row0 + lane) * p.y_stride + p.out_offset + plan.feature;
+        if (swiglu_mode()) {
+            let v = swiglu_combine(plan, local_row, lane, value, is_mine);
+            if (is_mine && plan.is_up == 0u) {
+                y[index] = v;
+            }
+        } else if (is_mine) {
+            var v = value;
             if ((p.flags & 4u) != 0u) {
                 v = residual[index] + v;
             }
@@ -177,8 +235,7 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let local_row = t / LANES;
     let lane = t % LANES;
-    let n = wg.x * ROWS_PER_GROUP + local_row;
-    let valid = n < p.out_features;
+    let plan = plan_row(wg.x, local_row);
     let slot = wg.y;
     if (t == 0u) {
         slot_expert = expert_ids[slot];
@@ -187,11 +244,12 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     if (expert < p.expert_begin || expert >= p.expert_end) {
         return;
     }
-    let row = (expert - p.expert_begin) * p.out_features + n;
+    let local_expert = expert - p.expert_begin;
+    let row = local_expert * p.out_features + plan.row;
     let x_base = (slot / p.x_row_div) * (p.in_features / 4u);
     let units = p.in_features / UNIT;
     var acc = 0.0;
-    if (valid) {
+    if (plan.valid) {
         let base = row * units;
         var k = lane;
         for (; k + 3u * LANES < units; k += 4u * LANES) {
@@ -214,7 +272,17 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     }
     partial[t * MAX_ROWS] = acc;
     let sum = reduce_lanes(t, 1u);
-    if (valid && lane == 0u) {
-        y[slot * p.y_stride + p.out_offset + n] = finish(sum, n, expert_scales[expert - p.expert_begin]);
+    // SwiGLU stacks keep two tensor scales per expert: gate, then up.
+    let scale_index = select(local_expert, local_expert * 2u + plan.is_up, swiglu_mode());
+    let value = finish(sum, plan.row, expert_scales[scale_index]);
+    let is_mine = plan.valid && lane == 0u;
+    let index = slot * p.y_stride + p.out_offset + plan.feature;
+    if (swiglu_mode()) {
+        let v = swiglu_combine(plan, local_row, 0u, value, is_mine);
+        if (is_mine && plan.is_up == 0u) {
+            y[index] = v;
+        }
+    } else if (is_mine) {
+        y[index] = value;
     }
 }

@@ -9,6 +9,10 @@ struct Params {
     width: u32,   // hidden size
     k: u32,       // experts per token
     has_shared: u32,  // 1: add the gated shared expert
+    gate_stride: u32, // floats per shared_gate row; the logit is the last
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -16,7 +20,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> expert_out: array<f32>;   // [tokens * k, width]
 @group(0) @binding(3) var<storage, read> weights: array<f32>;      // [tokens * k]
 @group(0) @binding(4) var<storage, read> shared_out: array<f32>;   // [tokens, width]
-@group(0) @binding(5) var<storage, read> shared_gate: array<f32>;  // [tokens] logits
+@group(0) @binding(5) var<storage, read> shared_gate: array<f32>;  // [tokens, gate_stride]
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(64)
@@ -33,7 +37,8 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         sum += weights[slot] * expert_out[slot * p.width + h];
     }
     if (p.has_shared != 0u) {
-        sum += (1.0 / (1.0 + exp(-shared_gate[token]))) * shared_out[i];
+        let logit = shared_gate[token * p.gate_stride + p.gate_stride - 1u];
+        sum += (1.0 / (1.0 + exp(-logit))) * shared_out[i];
     }
     out[i] = residual[i] + sum;
 }
