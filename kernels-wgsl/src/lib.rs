@@ -50,14 +50,13 @@ pub enum Module {
 }
 
 impl WeightFormat {
-    /// Weight rows one workgroup of the linear kernels computes for this format (RPT = 4
-    /// rows per thread times 64 / the format file's LANES): a launch covering N rows needs
-    /// `N.div_ceil(rows_per_workgroup())` workgroups along x (half as many features with
-    /// the SwiGLU epilogue, which pairs gate and up rows).
+    /// Output features one workgroup of the linear kernels computes for this format (64 /
+    /// the format file's LANES): a launch covering N features needs
+    /// `N.div_ceil(rows_per_workgroup())` workgroups along x.
     pub fn rows_per_workgroup(self) -> u32 {
         match self {
-            WeightFormat::Bf16 => 4,
-            WeightFormat::Nvfp4 | WeightFormat::Fp8Block => 8,
+            WeightFormat::Bf16 | WeightFormat::Fp8Block => 2,
+            WeightFormat::Nvfp4 => 4,
         }
     }
 }

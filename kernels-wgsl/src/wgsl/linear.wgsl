@@ -3,37 +3,34 @@
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
 // fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
 // 16- or 8-byte load; unit k of weight row n is w[n * K / UNIT + k]), UNIT (weights per
-// unit), LANES (threads sharing a weight row), `decode_unit(unit)` (its weights as
-// UNIT / 4 vec4s, up to a per-unit factor) and `unit_scale(row, unit)` (that factor).
-// Inputs are BF16-valued f32 (the graph guarantees it), read as vec4s.
+// unit), LANES (threads per weight row), `decode_unit(unit)` (its weights as UNIT / 4
+// vec4s, up to a per-unit factor) and `unit_scale(row, unit)` (that factor). Inputs are
+// BF16-valued f32 (the graph guarantees it), read as vec4s.
 //
-// A workgroup computes ROWS_PER_GROUP weight rows: LANES threads side by side along each
-// row, and every thread RPT rows at once. A thread loads its RPT units of column block k
-// together (RPT loads in flight), decodes each once, and reads the activations of that
-// block once for all RPT rows. The LANES partial sums of each row are then added in a
-// fixed order: groups of eight lanes, then the groups.
+// Each thread walks its units four at a time, issuing the four weight loads before
+// decoding any, so enough bytes are in flight to cover memory latency; the sums still run
+// in unit order.
 //
 // Entry points:
-//   `linear`:   up to MAX_ROWS activation rows per pass. With flag 4 the output is added
-//               to `residual` (the residual stream) as it is written. With flag 8 the
-//               weight rows are a [gate | up] stack and the output is silu(gate) * up
-//               (each rounded first when flag 2 rounds).
-//   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP rows, slot), the slot's
-//               expert read from `expert_ids` on the GPU. Experts outside
-//               [expert_begin, expert_end) live in another weight segment and are skipped.
-//               Each expert has its own tensor scale (`expert_scales`; two per expert, gate
-//               then up, with flag 8).
+//   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
+//               feature reading its weight row side by side; each unit is decoded once and
+//               applied to up to MAX_ROWS activation rows per pass. With flag 4 the
+//               output is added to `residual` (the residual stream) as it is written.
+//               With flag 8 the weight rows are a [gate | up] stack and the output is
+//               silu(gate) * up (each rounded first when flag 2 rounds).
+//   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP features, slot), the slot's expert
+//               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
+//               live in another weight segment and are skipped. Each expert has its own
+//               tensor scale (`expert_scales`, one per expert of the segment).
 //
 // Every output is computed by the same thread partition and reduction tree whatever the
 // number of rows, so a row's result never depends on the other rows in the batch.
 
 const WG: u32 = 64u;
-const RPT: u32 = 4u;                          // weight rows per thread
-const ROW_GROUPS: u32 = WG / LANES;           // LANES comes with the format
-const ROWS_PER_GROUP: u32 = ROW_GROUPS * RPT; // weight rows per workgroup
-const MAX_ROWS: u32 = 8u;                     // activation rows per pass
-const VECS: u32 = UNIT / 4u;                  // vec4s of decoded weights per unit
-const GROUPS: u32 = LANES / 8u;               // first-level reduction groups per weight row
+const ROWS_PER_GROUP: u32 = WG / LANES;  // weight rows per workgroup; LANES comes with the format
+const MAX_ROWS: u32 = 8u;                // activation rows per pass
+const VECS: u32 = UNIT / 4u;             // vec4s of decoded weights per unit
+const GROUPS: u32 = LANES / 8u;          // first-level reduction groups per weight row
 
 struct Params {
     rows: u32,          // activation rows (linear) or slots (gathered)
@@ -61,14 +58,79 @@ struct Params {
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 @group(0) @binding(8) var<storage, read> residual: array<f32>;
 
-var<workgroup> partial: array<f32, 2048>;     // [local row][lane][activation row]
-var<workgroup> group_sums: array<f32, 256>;   // [local row][group][activation row]
-var<workgroup> finished: array<f32, 256>;     // SwiGLU: [local row][activation row]
+var<workgroup> partial: array<f32, 512>;        // WG * MAX_ROWS: one per thread and row
+var<workgroup> group_sums: array<f32, 64>;      // WG / 8 * MAX_ROWS: one per group and row
 var<workgroup> slot_expert: u32;
+var<workgroup> finished: array<f32, 64>;        // SwiGLU: ROWS_PER_GROUP * MAX_ROWS finished values
 
-// Which weight row a workgroup row computes, and which output feature. Plain:
-// ROWS_PER_GROUP consecutive rows. SwiGLU (flag 8, rows stacked [gate | up], each half
-// `out_features / 2` rows): the first half of the workgroup's rows are gate rows, the
+// One unit's decoded weights dotted with the activation row at vec4 `x_vec`.
+fn unit_dot(weights: array<vec4<f32>, VECS>, x_vec: u32) -> f32 {
+    var s = 0.0;
+    for (var v = 0u; v < VECS; v++) {
+        s += dot(weights[v], x[x_vec + v]);
+    }
+    return s;
+}
+
+// Adds one unit (decoded weights, factor, column `k`) to the sums of `count` activation
+// rows starting at vec4 `x_vec` (rows `x_row` vec4s apart). A constant trip count guarded
+// by `count`, so the loop unrolls and the sums stay in registers.
+fn apply_unit(
+    acc: ptr<function, array<f32, MAX_ROWS>>,
+    weights: array<vec4<f32>, VECS>,
+    scale: f32,
+    x_vec: u32,
+    x_row: u32,
+    count: u32,
+) {
+    for (var r = 0u; r < MAX_ROWS; r++) {
+        if (r < count) {
+            (*acc)[r] += unit_dot(weights, x_vec + r * x_row) * scale;
+        }
+    }
+}
+
+// Sums the LANES partials of each weight row for rows r < count, in a fixed order: groups
+// of eight consecutive lanes first, then the groups. Returns the sum of row `lane` at every
+// lane < count; every thread of the workgroup must call it.
+fn reduce_lanes(t: u32, count: u32) -> f32 {
+    let local_row = t / LANES;
+    let lane = t % LANES;
+    workgroupBarrier();
+    let group = lane % GROUPS;
+    let r = lane / GROUPS;
+    if (r < count) {
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            s += partial[(local_row * LANES + group * 8u + i) * MAX_ROWS + r];
+        }
+        group_sums[(local_row * GROUPS + group) * MAX_ROWS + r] = s;
+    }
+    workgroupBarrier();
+    var sum = 0.0;
+    if (lane < count) {
+        for (var g = 0u; g < GROUPS; g++) {
+            sum += group_sums[(local_row * GROUPS + g) * MAX_ROWS + lane];
+        }
+    }
+    return sum;
+}
+
+fn finish(acc: f32, n: u32, tensor_scale: f32) -> f32 {
+    var v = acc * tensor_scale;
+    if ((p.flags & 1u) != 0u) {
+        let b = n + p.bias_offset;
+        v += bf16_half(bias[b / 2u], b & 1u);
+    }
+    if ((p.flags & 2u) != 0u) {
+        v = round_bf16(v);
+    }
+    return v;
+}
+
+// Which weight row a thread's row of the workgroup computes, and which output feature.
+// Plain: ROWS_PER_GROUP consecutive rows. SwiGLU (flag 8, rows stacked [gate | up], each
+// half `out_features / 2` rows): the first half of the workgroup's rows are gate rows, the
 // second half the up rows of the same features.
 struct RowPlan {
     feature: u32,   // output column (before out_offset)
@@ -93,111 +155,17 @@ fn plan_row(group: u32, local_row: u32) -> RowPlan {
     return RowPlan(feature, feature + is_up * width, is_up, feature < width);
 }
 
-// Accumulates this thread's RPT rows over its column blocks for `count` activation rows
-// (the first at vec4 `x0`, rows `x_row` vec4s apart) into acc[j * MAX_ROWS + r]. `base`
-// is the first weight row of the expert (0 for dense linears).
-fn accumulate(
-    acc: ptr<function, array<f32, 32>>,
-    group: u32,
-    first_row: u32,
-    lane: u32,
-    base: u32,
-    x0: u32,
-    x_row: u32,
-    count: u32,
-) {
-    let units = p.in_features / UNIT;
-    var rows = array<u32, RPT>();
-    var valid = array<bool, RPT>();
-    for (var j = 0u; j < RPT; j++) {
-        let plan = plan_row(group, first_row + j);
-        rows[j] = base + plan.row;
-        valid[j] = plan.valid;
-    }
-    for (var k = lane; k < units; k += LANES) {
-        var raw = array<Unit, RPT>();
-        var scale = array<f32, RPT>();
-        for (var j = 0u; j < RPT; j++) {
-            if (valid[j]) {
-                raw[j] = w[rows[j] * units + k];
-                scale[j] = unit_scale(rows[j], k);
-            }
-        }
-        var weights = array<array<vec4<f32>, VECS>, RPT>();
-        for (var j = 0u; j < RPT; j++) {
-            weights[j] = decode_unit(raw[j]);
-        }
-        for (var r = 0u; r < MAX_ROWS; r++) {
-            if (r < count) {
-                var xs = array<vec4<f32>, VECS>();
-                for (var v = 0u; v < VECS; v++) {
-                    xs[v] = x[x0 + r * x_row + k * VECS + v];
-                }
-                for (var j = 0u; j < RPT; j++) {
-                    if (valid[j]) {
-                        var s = 0.0;
-                        for (var v = 0u; v < VECS; v++) {
-                            s += dot(weights[j][v], xs[v]);
-                        }
-                        (*acc)[j * MAX_ROWS + r] += s * scale[j];
-                    }
-                }
-            }
-        }
-    }
-}
-
-// Adds the LANES partials of every (workgroup row, activation row < count) in a fixed
-// order: groups of eight consecutive lanes, then the groups. The sum of task
-// (local_row, r) = (task / MAX_ROWS, task % MAX_ROWS) lands in `partial[task]` for the
-// caller's second pass; every thread of the workgroup must call it.
-fn reduce_rows(t: u32, acc: array<f32, 32>, count: u32) {
-    let group = t / LANES;
-    let lane = t % LANES;
-    for (var j = 0u; j < RPT; j++) {
-        for (var r = 0u; r < MAX_ROWS; r++) {
-            partial[((group * RPT + j) * LANES + lane) * MAX_ROWS + r] = acc[j * MAX_ROWS + r];
-        }
+// SwiGLU: the finished value of activation row `r` passes through workgroup memory so
+// each gate-half thread can combine its gate value with the up value of the same feature;
+// returns silu(gate) * up there (rounded when flag 2 rounds). Every thread must call it.
+fn swiglu_combine(plan: RowPlan, local_row: u32, r: u32, value: f32, is_mine: bool) -> f32 {
+    if (is_mine) {
+        finished[local_row * MAX_ROWS + r] = value;
     }
     workgroupBarrier();
-    for (var task = t; task < ROWS_PER_GROUP * GROUPS * MAX_ROWS; task += WG) {
-        let r = task % MAX_ROWS;
-        let g = (task / MAX_ROWS) % GROUPS;
-        let local_row = task / (MAX_ROWS * GROUPS);
-        if (r < count) {
-            var s = 0.0;
-            for (var i = 0u; i < 8u; i++) {
-                s += partial[(local_row * LANES + g * 8u + i) * MAX_ROWS + r];
-            }
-            group_sums[task] = s;
-        }
+    if (!is_mine || plan.is_up != 0u) {
+        return 0.0;
     }
-    workgroupBarrier();
-}
-
-// The second pass of `reduce_rows` for task (local_row, r).
-fn row_sum(local_row: u32, r: u32) -> f32 {
-    var sum = 0.0;
-    for (var g = 0u; g < GROUPS; g++) {
-        sum += group_sums[(local_row * GROUPS + g) * MAX_ROWS + r];
-    }
-    return sum;
-}
-
-fn finish(acc: f32, n: u32, tensor_scale: f32) -> f32 {
-    var v = acc * tensor_scale;
-    if ((p.flags & 1u) != 0u) {
-        let b = n + p.bias_offset;
-        v += bf16_half(bias[b / 2u], b & 1u);
-    }
-    if ((p.flags & 2u) != 0u) {
-        v = round_bf16(v);
-    }
-    return v;
-}
-
-// SwiGLU of finished values in `finished`: silu(gate) * up of gate row `local_row`.
-fn swiglu_of(local_row: u32, r: u32) -> f32 {
     let g = finished[local_row * MAX_ROWS + r];
     let u = finished[(local_row + ROWS_PER_GROUP / 2u) * MAX_ROWS + r];
     var v = g / (1.0 + exp(-g)) * u;
@@ -209,41 +177,55 @@ fn swiglu_of(local_row: u32, r: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let first_row = (t / LANES) * RPT;
+    let local_row = t / LANES;
+    let lane = t % LANES;
+    let plan = plan_row(wg.x, local_row);
+    let n = plan.row;
+    let units = p.in_features / UNIT;
     let x_row = p.in_features / 4u;
     for (var row0 = 0u; row0 < p.rows; row0 += MAX_ROWS) {
         let count = min(MAX_ROWS, p.rows - row0);
-        var acc = array<f32, 32>();
-        accumulate(&acc, wg.x, first_row, t % LANES, 0u, row0 * x_row, x_row, count);
-        reduce_rows(t, acc, count);
-        for (var task = t; task < ROWS_PER_GROUP * MAX_ROWS; task += WG) {
-            let local_row = task / MAX_ROWS;
-            let r = task % MAX_ROWS;
-            let plan = plan_row(wg.x, local_row);
-            if (plan.valid && r < count) {
-                let value = finish(row_sum(local_row, r), plan.row, p.tensor_scale);
-                if (swiglu_mode()) {
-                    finished[task] = value;
-                } else {
-                    let index = (row0 + r) * p.y_stride + p.out_offset + plan.feature;
-                    var v = value;
-                    if ((p.flags & 4u) != 0u) {
-                        v = residual[index] + v;
-                    }
-                    y[index] = v;
-                }
+        var acc = array<f32, MAX_ROWS>();
+        if (plan.valid) {
+            let base = n * units;
+            let x0 = row0 * x_row;
+            var k = lane;
+            for (; k + 3u * LANES < units; k += 4u * LANES) {
+                let u0 = w[base + k];
+                let u1 = w[base + k + LANES];
+                let u2 = w[base + k + 2u * LANES];
+                let u3 = w[base + k + 3u * LANES];
+                let s0 = unit_scale(n, k);
+                let s1 = unit_scale(n, k + LANES);
+                let s2 = unit_scale(n, k + 2u * LANES);
+                let s3 = unit_scale(n, k + 3u * LANES);
+                apply_unit(&acc, decode_unit(u0), s0, x0 + k * VECS, x_row, count);
+                apply_unit(&acc, decode_unit(u1), s1, x0 + (k + LANES) * VECS, x_row, count);
+                apply_unit(&acc, decode_unit(u2), s2, x0 + (k + 2u * LANES) * VECS, x_row, count);
+                apply_unit(&acc, decode_unit(u3), s3, x0 + (k + 3u * LANES) * VECS, x_row, count);
+            }
+            for (; k < units; k += LANES) {
+                apply_unit(&acc, decode_unit(w[base + k]), unit_scale(n, k), x0 + k * VECS, x_row, count);
             }
         }
+        for (var r = 0u; r < MAX_ROWS; r++) {
+            partial[t * MAX_ROWS + r] = acc[r];
+        }
+        let sum = reduce_lanes(t, count);
+        let is_mine = plan.valid && lane < count;
+        let value = finish(sum, n, p.tensor_scale);
+        let index = (row0 + lane) * p.y_stride + p.out_offset + plan.feature;
         if (swiglu_mode()) {
-            workgroupBarrier();
-            for (var task = t; task < ROWS_PER_GROUP / 2u * MAX_ROWS; task += WG) {
-                let local_row = task / MAX_ROWS;
-                let r = task % MAX_ROWS;
-                let plan = plan_row(wg.x, local_row);
-                if (plan.valid && r < count) {
-                    y[(row0 + r) * p.y_stride + p.out_offset + plan.feature] = swiglu_of(local_row, r);
-                }
+            let v = swiglu_combine(plan, local_row, lane, value, is_mine);
+            if (is_mine && plan.is_up == 0u) {
+                y[index] = v;
             }
+        } else if (is_mine) {
+            var v = value;
+            if ((p.flags & 4u) != 0u) {
+                v = residual[index] + v;
+            }
+            y[index] = v;
         }
         workgroupBarrier();
     }
@@ -251,6 +233,9 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 
 @compute @workgroup_size(64)
 fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let local_row = t / LANES;
+    let lane = t % LANES;
+    let plan = plan_row(wg.x, local_row);
     let slot = wg.y;
     if (t == 0u) {
         slot_expert = expert_ids[slot];
@@ -260,30 +245,44 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         return;
     }
     let local_expert = expert - p.expert_begin;
+    let row = local_expert * p.out_features + plan.row;
     let x_base = (slot / p.x_row_div) * (p.in_features / 4u);
-    var acc = array<f32, 32>();
-    accumulate(&acc, wg.x, (t / LANES) * RPT, t % LANES, local_expert * p.out_features, x_base, 0u, 1u);
-    reduce_rows(t, acc, 1u);
-    for (var local_row = t; local_row < ROWS_PER_GROUP; local_row += WG) {
-        let plan = plan_row(wg.x, local_row);
-        if (plan.valid) {
-            // SwiGLU stacks keep two tensor scales per expert: gate, then up.
-            let scale_index = select(local_expert, local_expert * 2u + plan.is_up, swiglu_mode());
-            let value = finish(row_sum(local_row, 0u), plan.row, expert_scales[scale_index]);
-            if (swiglu_mode()) {
-                finished[local_row * MAX_ROWS] = value;
-            } else {
-                y[slot * p.y_stride + p.out_offset + plan.feature] = value;
-            }
+    let units = p.in_features / UNIT;
+    var acc = 0.0;
+    if (plan.valid) {
+        let base = row * units;
+        var k = lane;
+        for (; k + 3u * LANES < units; k += 4u * LANES) {
+            let u0 = w[base + k];
+            let u1 = w[base + k + LANES];
+            let u2 = w[base + k + 2u * LANES];
+            let u3 = w[base + k + 3u * LANES];
+            let s0 = unit_scale(row, k);
+            let s1 = unit_scale(row, k + LANES);
+            let s2 = unit_scale(row, k + 2u * LANES);
+            let s3 = unit_scale(row, k + 3u * LANES);
+            acc += unit_dot(decode_unit(u0), x_base + k * VECS) * s0;
+            acc += unit_dot(decode_unit(u1), x_base + (k + LANES) * VECS) * s1;
+            acc += unit_dot(decode_unit(u2), x_base + (k + 2u * LANES) * VECS) * s2;
+            acc += unit_dot(decode_unit(u3), x_base + (k + 3u * LANES) * VECS) * s3;
+        }
+        for (; k < units; k += LANES) {
+            acc += unit_dot(decode_unit(w[base + k]), x_base + k * VECS) * unit_scale(row, k);
         }
     }
+    partial[t * MAX_ROWS] = acc;
+    let sum = reduce_lanes(t, 1u);
+    // SwiGLU stacks keep two tensor scales per expert: gate, then up.
+    let scale_index = select(local_expert, local_expert * 2u + plan.is_up, swiglu_mode());
+    let value = finish(sum, plan.row, expert_scales[scale_index]);
+    let is_mine = plan.valid && lane == 0u;
+    let index = slot * p.y_stride + p.out_offset + plan.feature;
     if (swiglu_mode()) {
-        workgroupBarrier();
-        for (var local_row = t; local_row < ROWS_PER_GROUP / 2u; local_row += WG) {
-            let plan = plan_row(wg.x, local_row);
-            if (plan.valid) {
-                y[slot * p.y_stride + p.out_offset + plan.feature] = swiglu_of(local_row, 0u);
-            }
+        let v = swiglu_combine(plan, local_row, 0u, value, is_mine);
+        if (is_mine && plan.is_up == 0u) {
+            y[index] = v;
         }
+    } else if (is_mine) {
+        y[index] = value;
     }
 }
