@@ -50,14 +50,11 @@ pub enum Module {
 }
 
 impl WeightFormat {
-    /// Output features one workgroup of the linear kernels computes for this format (64 /
-    /// the format file's LANES): a launch covering N features needs
-    /// `N.div_ceil(rows_per_workgroup())` workgroups along x.
+    /// Weight rows one workgroup of the linear kernels computes (WG / LANES of the format
+    /// file, two for every format so the SwiGLU epilogue can pair a gate and an up row): a
+    /// launch covering N rows needs `N.div_ceil(rows_per_workgroup())` workgroups along x.
     pub fn rows_per_workgroup(self) -> u32 {
-        match self {
-            WeightFormat::Bf16 | WeightFormat::Fp8Block => 2,
-            WeightFormat::Nvfp4 => 4,
-        }
+        2
     }
 }
 
@@ -277,6 +274,7 @@ impl Kernel {
     pub fn workgroup_size(self) -> u32 {
         match self {
             Kernel::ReadBandwidth | Kernel::Attend | Kernel::RmsNorm | Kernel::Route => 256,
+            Kernel::Linear(WeightFormat::Bf16) | Kernel::Gathered(WeightFormat::Bf16) => 128,
             _ => 64,
         }
     }

@@ -2,8 +2,10 @@
 // input width that is a multiple of 8.
 alias Unit = vec4<u32>;
 const UNIT: u32 = 8u;
-// Threads per weight row: two weight rows per workgroup.
-const LANES: u32 = 32u;
+// Threads per weight row, and per workgroup: two weight rows per workgroup (the SwiGLU
+// epilogue pairs a gate and an up row), a 2048-wide row one batch of four units per thread.
+const LANES: u32 = 64u;
+const WG: u32 = 128u;
 
 // Word `u`'s two weights (low half first).
 fn bf16_pair(u: u32) -> vec2<f32> {

@@ -8,8 +8,10 @@
 // two nibbles at once. The 2^14 is folded into the block scale (a power of two: exact).
 alias Unit = vec2<u32>;
 const UNIT: u32 = 16u;
-// Threads per weight row: four weight rows per workgroup.
-const LANES: u32 = 16u;
+// Threads per weight row: two weight rows per workgroup (a 2048-wide row is one batch of
+// four blocks per thread).
+const LANES: u32 = 32u;
+const WG: u32 = 64u;
 
 // Nibbles j and j + 4 of `word` as E2M1 values times 2^-14.
 fn e2m1_pair(word: u32, j: u32) -> vec2<f32> {
