@@ -545,9 +545,10 @@ impl Executable {
         Ok(())
     }
 
-    /// Records every launch into one pass and submits it.
-    pub fn run(&self, gpu: &Gpu) {
-        gpu.submit(&self.dispatches);
+    /// Records every launch into one pass of a command buffer; submitting it runs the step
+    /// with whatever the inputs hold at that time.
+    pub fn encode(&self, gpu: &Gpu) -> wgpu::CommandBuffer {
+        gpu.encode(&self.dispatches)
     }
 
     /// Runs the step one dispatch per pass and returns each kernel's GPU time, in order.

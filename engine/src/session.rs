@@ -103,6 +103,9 @@ pub struct Session<'e> {
     rope_table: wgpu::Buffer,
     prefixes: Vec<f32>,
     steps: HashMap<(usize, bool), Executable>,
+    /// The next step's commands, recorded while the GPU ran the last one (keyed like
+    /// `steps`): a repeated step shape costs no recording time between steps.
+    prepared: Option<((usize, bool), wgpu::CommandBuffer)>,
     /// Kept original expert ids per layer (None for dense layers), to name traced routes.
     moe_kept: Vec<Option<Vec<usize>>>,
 }
@@ -165,6 +168,7 @@ impl<'e> Session<'e> {
             rope_table,
             prefixes,
             steps: HashMap::new(),
+            prepared: None,
             moe_kept,
         })
     }
@@ -296,7 +300,9 @@ impl<'e> Session<'e> {
         let prefixes = self.prefixes.clone();
         let gpu = self.engine.gpu.clone();
         let moe_kept = if trace { self.moe_kept.clone() } else { Vec::new() };
-        let exe = self.executable(rows.len(), trace)?;
+        let key = (rows.len(), trace);
+        self.executable(rows.len(), trace)?;
+        let exe = &self.steps[&key];
         exe.write_input(&gpu, "row_table", bytemuck::cast_slice(&table))?;
         exe.write_input(&gpu, "row_index", bytemuck::cast_slice(&index))?;
         exe.write_input(&gpu, "row_lane", bytemuck::cast_slice(&lanes))?;
@@ -304,7 +310,13 @@ impl<'e> Session<'e> {
         exe.write_input(&gpu, "prefixes", bytemuck::cast_slice(&prefixes))?;
         let time = match timing {
             Timing::None => {
-                exe.run(&gpu);
+                let commands = match self.prepared.take() {
+                    Some((prepared, commands)) if prepared == key => commands,
+                    _ => exe.encode(&gpu),
+                };
+                gpu.queue.submit([commands]);
+                // Record the next step of this shape while the GPU runs this one.
+                self.prepared = Some((key, exe.encode(&gpu)));
                 StepTiming::None
             }
             Timing::Pass => StepTiming::Pass(exe.timed_run(&gpu)?),

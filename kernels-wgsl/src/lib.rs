@@ -274,7 +274,6 @@ impl Kernel {
     pub fn workgroup_size(self) -> u32 {
         match self {
             Kernel::ReadBandwidth | Kernel::Attend | Kernel::RmsNorm | Kernel::Route => 256,
-            Kernel::Linear(WeightFormat::Bf16) | Kernel::Gathered(WeightFormat::Bf16) => 128,
             _ => 64,
         }
     }

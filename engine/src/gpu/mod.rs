@@ -318,6 +318,11 @@ impl Gpu {
 
     /// Records `dispatches` into one compute pass and submits them.
     pub fn submit(&self, dispatches: &[Dispatch]) {
+        self.queue.submit([self.encode(dispatches)]);
+    }
+
+    /// Records `dispatches` into one compute pass of a command buffer, to submit later.
+    pub fn encode(&self, dispatches: &[Dispatch]) -> wgpu::CommandBuffer {
         let mut encoder = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -328,7 +333,7 @@ impl Gpu {
                 dispatch.record(&mut pass);
             }
         }
-        self.queue.submit([encoder.finish()]);
+        encoder.finish()
     }
 
     /// Blocks until the queue is idle.
