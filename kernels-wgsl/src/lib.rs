@@ -50,11 +50,15 @@ pub enum Module {
 }
 
 impl WeightFormat {
-    /// Weight rows one workgroup of the linear kernels computes (WG / LANES of the format
-    /// file, two for every format so the SwiGLU epilogue can pair a gate and an up row): a
-    /// launch covering N rows needs `N.div_ceil(rows_per_workgroup())` workgroups along x.
+    /// Weight rows one workgroup of the linear kernels computes for this format (64 / the
+    /// format file's LANES): a launch covering N rows needs `N.div_ceil(rows_per_workgroup())`
+    /// workgroups along x (half as many features with the SwiGLU epilogue, which pairs a
+    /// gate and an up row).
     pub fn rows_per_workgroup(self) -> u32 {
-        2
+        match self {
+            WeightFormat::Bf16 | WeightFormat::Fp8Block => 2,
+            WeightFormat::Nvfp4 => 4,
+        }
     }
 }
 

@@ -2,12 +2,8 @@
 // input width that is a multiple of 8.
 alias Unit = vec4<u32>;
 const UNIT: u32 = 8u;
-// Threads per weight row, and per workgroup: two weight rows per workgroup (the SwiGLU
-// epilogue pairs a gate and an up row). (64 threads per row in 128-thread workgroups, one
-// batch of loads per 2048-wide row, measured slower on the H200: 54 us against 25 us for
-// 6144 x 2048.)
+// Threads per weight row: two weight rows per workgroup.
 const LANES: u32 = 32u;
-const WG: u32 = 64u;
 
 // Word `u`'s two weights (low half first).
 fn bf16_pair(u: u32) -> vec2<f32> {

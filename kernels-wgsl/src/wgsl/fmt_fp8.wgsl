@@ -10,7 +10,6 @@ alias Unit = vec4<u32>;
 const UNIT: u32 = 16u;
 // Threads per weight row: two weight rows per workgroup.
 const LANES: u32 = 32u;
-const WG: u32 = 64u;
 
 // Bytes j and j + 2 of `word` as E4M3 values times 2^-8.
 fn e4m3_pair(word: u32, j: u32) -> vec2<f32> {

@@ -1,7 +1,7 @@
 // Linear layers y = x W^T (+ bias), FP32 accumulation, for every weight format.
 //
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
-// fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines WG (threads per workgroup), `Unit` (the storage element of `w`: one
+// fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
 // 16- or 8-byte load; unit k of weight row n is w[n * K / UNIT + k]), UNIT (weights per
 // unit), LANES (threads per weight row), `decode_unit(unit)` (its weights as UNIT / 4
 // vec4s, up to a per-unit factor) and `unit_scale(row, unit)` (that factor). Inputs are
@@ -9,8 +9,7 @@
 //
 // Each thread walks its units four at a time, issuing the four weight loads before
 // decoding any, so enough bytes are in flight to cover memory latency; the sums still run
-// in unit order. LANES is chosen so a thread of the model's common shapes needs a single
-// batch of four: one memory round trip per launch.
+// in unit order.
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
@@ -27,6 +26,7 @@
 // Every output is computed by the same thread partition and reduction tree whatever the
 // number of rows, so a row's result never depends on the other rows in the batch.
 
+const WG: u32 = 64u;
 const ROWS_PER_GROUP: u32 = WG / LANES;  // weight rows per workgroup; LANES comes with the format
 const MAX_ROWS: u32 = 8u;                // activation rows per pass
 const VECS: u32 = UNIT / 4u;             // vec4s of decoded weights per unit
@@ -58,10 +58,10 @@ struct Params {
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 @group(0) @binding(8) var<storage, read> residual: array<f32>;
 
-var<workgroup> partial: array<f32, WG * MAX_ROWS>;        // one per thread and row
-var<workgroup> group_sums: array<f32, WG / 8u * MAX_ROWS>; // one per group and row
+var<workgroup> partial: array<f32, 512>;        // WG * MAX_ROWS: one per thread and row
+var<workgroup> group_sums: array<f32, 64>;      // WG / 8 * MAX_ROWS: one per group and row
 var<workgroup> slot_expert: u32;
-var<workgroup> finished: array<f32, ROWS_PER_GROUP * MAX_ROWS>; // SwiGLU: finished values
+var<workgroup> finished: array<f32, 64>;        // SwiGLU: ROWS_PER_GROUP * MAX_ROWS finished values
 
 // One unit's decoded weights dotted with the activation row at vec4 `x_vec`.
 fn unit_dot(weights: array<vec4<f32>, VECS>, x_vec: u32) -> f32 {
@@ -175,7 +175,7 @@ fn swiglu_combine(plan: RowPlan, local_row: u32, r: u32, value: f32, is_mine: bo
     return v;
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(64)
 fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let local_row = t / LANES;
     let lane = t % LANES;
@@ -189,30 +189,23 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         if (plan.valid) {
             let base = n * units;
             let x0 = row0 * x_row;
-            let last = units - 1u;
-            for (var k = lane; k < units; k += 4u * LANES) {
-                // Four loads issued together (past the end: the last unit, not used).
-                let k1 = min(k + LANES, last);
-                let k2 = min(k + 2u * LANES, last);
-                let k3 = min(k + 3u * LANES, last);
+            var k = lane;
+            for (; k + 3u * LANES < units; k += 4u * LANES) {
                 let u0 = w[base + k];
-                let u1 = w[base + k1];
-                let u2 = w[base + k2];
-                let u3 = w[base + k3];
+                let u1 = w[base + k + LANES];
+                let u2 = w[base + k + 2u * LANES];
+                let u3 = w[base + k + 3u * LANES];
                 let s0 = unit_scale(n, k);
-                let s1 = unit_scale(n, k1);
-                let s2 = unit_scale(n, k2);
-                let s3 = unit_scale(n, k3);
+                let s1 = unit_scale(n, k + LANES);
+                let s2 = unit_scale(n, k + 2u * LANES);
+                let s3 = unit_scale(n, k + 3u * LANES);
                 apply_unit(&acc, decode_unit(u0), s0, x0 + k * VECS, x_row, count);
-                if (k + LANES < units) {
-                    apply_unit(&acc, decode_unit(u1), s1, x0 + k1 * VECS, x_row, count);
-                }
-                if (k + 2u * LANES < units) {
-                    apply_unit(&acc, decode_unit(u2), s2, x0 + k2 * VECS, x_row, count);
-                }
-                if (k + 3u * LANES < units) {
-                    apply_unit(&acc, decode_unit(u3), s3, x0 + k3 * VECS, x_row, count);
-                }
+                apply_unit(&acc, decode_unit(u1), s1, x0 + (k + LANES) * VECS, x_row, count);
+                apply_unit(&acc, decode_unit(u2), s2, x0 + (k + 2u * LANES) * VECS, x_row, count);
+                apply_unit(&acc, decode_unit(u3), s3, x0 + (k + 3u * LANES) * VECS, x_row, count);
+            }
+            for (; k < units; k += LANES) {
+                apply_unit(&acc, decode_unit(w[base + k]), unit_scale(n, k), x0 + k * VECS, x_row, count);
             }
         }
         for (var r = 0u; r < MAX_ROWS; r++) {
@@ -238,7 +231,7 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(64)
 fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let local_row = t / LANES;
     let lane = t % LANES;
@@ -258,30 +251,23 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     var acc = 0.0;
     if (plan.valid) {
         let base = row * units;
-        let last = units - 1u;
-        for (var k = lane; k < units; k += 4u * LANES) {
-            // Four loads issued together (past the end: the last unit, not used).
-            let k1 = min(k + LANES, last);
-            let k2 = min(k + 2u * LANES, last);
-            let k3 = min(k + 3u * LANES, last);
+        var k = lane;
+        for (; k + 3u * LANES < units; k += 4u * LANES) {
             let u0 = w[base + k];
-            let u1 = w[base + k1];
-            let u2 = w[base + k2];
-            let u3 = w[base + k3];
+            let u1 = w[base + k + LANES];
+            let u2 = w[base + k + 2u * LANES];
+            let u3 = w[base + k + 3u * LANES];
             let s0 = unit_scale(row, k);
-            let s1 = unit_scale(row, k1);
-            let s2 = unit_scale(row, k2);
-            let s3 = unit_scale(row, k3);
+            let s1 = unit_scale(row, k + LANES);
+            let s2 = unit_scale(row, k + 2u * LANES);
+            let s3 = unit_scale(row, k + 3u * LANES);
             acc += unit_dot(decode_unit(u0), x_base + k * VECS) * s0;
-            if (k + LANES < units) {
-                acc += unit_dot(decode_unit(u1), x_base + k1 * VECS) * s1;
-            }
-            if (k + 2u * LANES < units) {
-                acc += unit_dot(decode_unit(u2), x_base + k2 * VECS) * s2;
-            }
-            if (k + 3u * LANES < units) {
-                acc += unit_dot(decode_unit(u3), x_base + k3 * VECS) * s3;
-            }
+            acc += unit_dot(decode_unit(u1), x_base + (k + LANES) * VECS) * s1;
+            acc += unit_dot(decode_unit(u2), x_base + (k + 2u * LANES) * VECS) * s2;
+            acc += unit_dot(decode_unit(u3), x_base + (k + 3u * LANES) * VECS) * s3;
+        }
+        for (; k < units; k += LANES) {
+            acc += unit_dot(decode_unit(w[base + k]), x_base + k * VECS) * unit_scale(row, k);
         }
     }
     partial[t * MAX_ROWS] = acc;
