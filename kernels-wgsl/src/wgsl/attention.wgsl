@@ -63,10 +63,10 @@ fn write_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 
 // Attention runs 256 invocations per (row, head), reading q, keys and values as vec4s
 // (head_dim a multiple of 16, at most 1024; the engine checks): the query is rotated into
-// workgroup memory; each invocation scores whole positions with four independent partial
-// dot products; the weighted sum of values is split over (vec4 column, part of the
-// positions) and the parts added in a fixed order, so a row's result never depends on
-// anything but its own cache.
+// workgroup memory; each invocation scores whole positions with eight key loads in flight
+// (two groups of four partial dot products); the weighted sum of values is split over
+// (vec4 column, part of the positions), eight positions in flight, and the parts added in a
+// fixed order, so a row's result never depends on anything but its own cache.
 const ATTEND_WG: u32 = 256u;
 
 @group(0) @binding(4) var<storage, read> q4: array<vec4<f32>>;
@@ -126,16 +126,25 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var local_max = -3.0e38;
     for (var s = t; s < length; s += ATTEND_WG) {
         let k_base = cache_base + s * kv_row;
+        // Eight key loads in flight per step (the second four past the end: repeated, unused).
         var a = vec4<f32>(0.0);
-        for (var c = 0u; c < columns; c += 4u) {
-            a += vec4<f32>(
-                dot(query[c], k4[k_base + c]),
-                dot(query[c + 1u], k4[k_base + c + 1u]),
-                dot(query[c + 2u], k4[k_base + c + 2u]),
-                dot(query[c + 3u], k4[k_base + c + 3u]),
-            );
+        var b = vec4<f32>(0.0);
+        for (var c = 0u; c < columns; c += 8u) {
+            let d = min(c + 4u, columns - 4u);
+            let k0 = k4[k_base + c];
+            let k1 = k4[k_base + c + 1u];
+            let k2 = k4[k_base + c + 2u];
+            let k3 = k4[k_base + c + 3u];
+            let k5 = k4[k_base + d];
+            let k6 = k4[k_base + d + 1u];
+            let k7 = k4[k_base + d + 2u];
+            let k8 = k4[k_base + d + 3u];
+            a += vec4<f32>(dot(query[c], k0), dot(query[c + 1u], k1), dot(query[c + 2u], k2), dot(query[c + 3u], k3));
+            if (c + 4u < columns) {
+                b += vec4<f32>(dot(query[d], k5), dot(query[d + 1u], k6), dot(query[d + 2u], k7), dot(query[d + 3u], k8));
+            }
         }
-        let score = ((a.x + a.y) + (a.z + a.w)) * p.scale;
+        let score = (((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w))) * p.scale;
         scratch[s_base + s] = score;
         local_max = max(local_max, score);
     }
@@ -156,6 +165,25 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var acc = vec4<f32>(0.0);
     if (part < parts) {
         var s = part;
+        for (; s + 7u * parts < length; s += 8u * parts) {
+            let e0 = scratch[s_base + s];
+            let e1 = scratch[s_base + s + parts];
+            let e2 = scratch[s_base + s + 2u * parts];
+            let e3 = scratch[s_base + s + 3u * parts];
+            let e4 = scratch[s_base + s + 4u * parts];
+            let e5 = scratch[s_base + s + 5u * parts];
+            let e6 = scratch[s_base + s + 6u * parts];
+            let e7 = scratch[s_base + s + 7u * parts];
+            let v0 = v4[cache_base + s * kv_row + c];
+            let v1 = v4[cache_base + (s + parts) * kv_row + c];
+            let v2 = v4[cache_base + (s + 2u * parts) * kv_row + c];
+            let v3 = v4[cache_base + (s + 3u * parts) * kv_row + c];
+            let v5 = v4[cache_base + (s + 4u * parts) * kv_row + c];
+            let v6 = v4[cache_base + (s + 5u * parts) * kv_row + c];
+            let v7 = v4[cache_base + (s + 6u * parts) * kv_row + c];
+            let v8 = v4[cache_base + (s + 7u * parts) * kv_row + c];
+            acc += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + ((e4 * v5 + e5 * v6) + (e6 * v7 + e7 * v8));
+        }
         for (; s + 3u * parts < length; s += 4u * parts) {
             let e0 = scratch[s_base + s];
             let e1 = scratch[s_base + s + parts];

@@ -8,8 +8,8 @@
 // BF16-valued f32 (the graph guarantees it), read as vec4s.
 //
 // Each thread walks its units four at a time, issuing the four weight loads before
-// decoding any, so enough bytes are in flight to cover memory latency; the sums still run
-// in unit order.
+// decoding any (the last batch too), so enough bytes are in flight to cover memory
+// latency; the sums still run in unit order.
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
@@ -189,23 +189,30 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         if (plan.valid) {
             let base = n * units;
             let x0 = row0 * x_row;
-            var k = lane;
-            for (; k + 3u * LANES < units; k += 4u * LANES) {
+            let last = units - 1u;
+            for (var k = lane; k < units; k += 4u * LANES) {
+                // Four loads issued together (past the end: the last unit, not used).
+                let k1 = min(k + LANES, last);
+                let k2 = min(k + 2u * LANES, last);
+                let k3 = min(k + 3u * LANES, last);
                 let u0 = w[base + k];
-                let u1 = w[base + k + LANES];
-                let u2 = w[base + k + 2u * LANES];
-                let u3 = w[base + k + 3u * LANES];
+                let u1 = w[base + k1];
+                let u2 = w[base + k2];
+                let u3 = w[base + k3];
                 let s0 = unit_scale(n, k);
-                let s1 = unit_scale(n, k + LANES);
-                let s2 = unit_scale(n, k + 2u * LANES);
-                let s3 = unit_scale(n, k + 3u * LANES);
+                let s1 = unit_scale(n, k1);
+                let s2 = unit_scale(n, k2);
+                let s3 = unit_scale(n, k3);
                 apply_unit(&acc, decode_unit(u0), s0, x0 + k * VECS, x_row, count);
-                apply_unit(&acc, decode_unit(u1), s1, x0 + (k + LANES) * VECS, x_row, count);
-                apply_unit(&acc, decode_unit(u2), s2, x0 + (k + 2u * LANES) * VECS, x_row, count);
-                apply_unit(&acc, decode_unit(u3), s3, x0 + (k + 3u * LANES) * VECS, x_row, count);
-            }
-            for (; k < units; k += LANES) {
-                apply_unit(&acc, decode_unit(w[base + k]), unit_scale(n, k), x0 + k * VECS, x_row, count);
+                if (k + LANES < units) {
+                    apply_unit(&acc, decode_unit(u1), s1, x0 + k1 * VECS, x_row, count);
+                }
+                if (k + 2u * LANES < units) {
+                    apply_unit(&acc, decode_unit(u2), s2, x0 + k2 * VECS, x_row, count);
+                }
+                if (k + 3u * LANES < units) {
+                    apply_unit(&acc, decode_unit(u3), s3, x0 + k3 * VECS, x_row, count);
+                }
             }
         }
         for (var r = 0u; r < MAX_ROWS; r++) {
@@ -251,23 +258,30 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     var acc = 0.0;
     if (plan.valid) {
         let base = row * units;
-        var k = lane;
-        for (; k + 3u * LANES < units; k += 4u * LANES) {
+        let last = units - 1u;
+        for (var k = lane; k < units; k += 4u * LANES) {
+            // Four loads issued together (past the end: the last unit, not used).
+            let k1 = min(k + LANES, last);
+            let k2 = min(k + 2u * LANES, last);
+            let k3 = min(k + 3u * LANES, last);
             let u0 = w[base + k];
-            let u1 = w[base + k + LANES];
-            let u2 = w[base + k + 2u * LANES];
-            let u3 = w[base + k + 3u * LANES];
+            let u1 = w[base + k1];
+            let u2 = w[base + k2];
+            let u3 = w[base + k3];
             let s0 = unit_scale(row, k);
-            let s1 = unit_scale(row, k + LANES);
-            let s2 = unit_scale(row, k + 2u * LANES);
-            let s3 = unit_scale(row, k + 3u * LANES);
+            let s1 = unit_scale(row, k1);
+            let s2 = unit_scale(row, k2);
+            let s3 = unit_scale(row, k3);
             acc += unit_dot(decode_unit(u0), x_base + k * VECS) * s0;
-            acc += unit_dot(decode_unit(u1), x_base + (k + LANES) * VECS) * s1;
-            acc += unit_dot(decode_unit(u2), x_base + (k + 2u * LANES) * VECS) * s2;
-            acc += unit_dot(decode_unit(u3), x_base + (k + 3u * LANES) * VECS) * s3;
-        }
-        for (; k < units; k += LANES) {
-            acc += unit_dot(decode_unit(w[base + k]), x_base + k * VECS) * unit_scale(row, k);
+            if (k + LANES < units) {
+                acc += unit_dot(decode_unit(u1), x_base + k1 * VECS) * s1;
+            }
+            if (k + 2u * LANES < units) {
+                acc += unit_dot(decode_unit(u2), x_base + k2 * VECS) * s2;
+            }
+            if (k + 3u * LANES < units) {
+                acc += unit_dot(decode_unit(u3), x_base + k3 * VECS) * s3;
+            }
         }
     }
     partial[t * MAX_ROWS] = acc;
