@@ -358,3 +358,176 @@ fn gathered_experts_match_reference_across_segments() {
     gathered_case(WeightFormat::Fp8Block, 3, 17, 48, 2, 2, true);
     gathered_case(WeightFormat::Bf16, 3, 9, 24, 3, 2, false);
 }
+
+/// The SwiGLU reference of one feature: gate and up rounded to BF16, silu(gate) * up
+/// rounded, with the error bound one BF16 step of gate, of up and of the output allows.
+fn swiglu_reference(gate_exact: f64, up_exact: f64) -> (f64, f64) {
+    let round = |v: f64| f64::from(drama_engine::numerics::round_to_bf16(v as f32));
+    let (g, u) = (round(gate_exact), round(up_exact));
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let out = silu(g) * u;
+    let slope = 1.0 / (1.0 + (-g).exp()) * (1.0 + g * (1.0 - 1.0 / (1.0 + (-g).exp())));
+    let bound = bf16_ulp(out) + (slope * u).abs() * bf16_ulp(g) + silu(g).abs() * bf16_ulp(u) + 1e-30;
+    (round(out), bound)
+}
+
+fn dot(w: &Weights, n: usize, x: &[f32]) -> f64 {
+    (0..w.cols).map(|c| w.decoded[n * w.cols + c] * f64::from(x[c])).sum()
+}
+
+/// The dense kernel's SwiGLU epilogue: BF16 [gate | up] stacked per segment (two segments),
+/// several activation rows, against the reference; each row alone gives the same bits.
+#[test]
+fn linear_swiglu_epilogue_matches_reference() {
+    let (features, cols, rows) = (37, 72, 5);
+    let mut rng = rng("linear swiglu");
+    let gate = random_weights(&mut rng, WeightFormat::Bf16, features, cols);
+    let up = random_weights(&mut rng, WeightFormat::Bf16, features, cols);
+    let x = bf16_values(&mut rng, rows * cols, 2.0);
+    let gpu = gpu();
+    let run = |x: &[f32], rows: usize| -> Vec<f32> {
+        let xb = gpu.buffer_with("x", &f32_bytes(x));
+        let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
+        let y = poisoned(gpu, "y", rows * features);
+        let split = features / 2;
+        let mut dispatches = Vec::new();
+        let mut keep = Vec::new();
+        for (start, end) in [(0, split), (split, features)] {
+            // A segment holds gate rows start..end, then up rows start..end.
+            let row_bytes = cols * 2;
+            let mut codes = gate.packed[start * row_bytes..end * row_bytes].to_vec();
+            codes.extend_from_slice(&up.packed[start * row_bytes..end * row_bytes]);
+            let params = LinearParams {
+                rows: rows as u32,
+                in_features: cols as u32,
+                out_features: (2 * (end - start)) as u32,
+                out_offset: start as u32,
+                y_stride: features as u32,
+                x_row_div: 1,
+                flags: 2 | 8,
+                tensor_scale: 1.0,
+                ..Default::default()
+            };
+            let p = gpu.uniform("params", &params);
+            let wb = gpu.buffer_with("w", &codes);
+            let grid = [
+                ((end - start) as u32).div_ceil(WeightFormat::Bf16.rows_per_workgroup() / 2),
+                1,
+                1,
+            ];
+            dispatches.push(dispatch(
+                gpu,
+                Kernel::Linear(WeightFormat::Bf16),
+                &[&p, &xb, &wb, &placeholder, &y, &placeholder],
+                grid,
+            ));
+            keep.push((p, wb));
+        }
+        run(gpu, &dispatches);
+        gpu.read_f32(&y).unwrap()
+    };
+    let got = run(&x, rows);
+    let mut want = Vec::new();
+    let mut scale = Vec::new();
+    for r in 0..rows {
+        let xr = &x[r * cols..(r + 1) * cols];
+        for n in 0..features {
+            let (value, bound) = swiglu_reference(dot(&gate, n, xr), dot(&up, n, xr));
+            want.push(value);
+            scale.push(bound / TOL);
+        }
+    }
+    check("linear swiglu", &got, &want, &scale, TOL);
+    for r in [0, rows - 1] {
+        let single = run(&x[r * cols..(r + 1) * cols], 1);
+        assert!(
+            single
+                .iter()
+                .zip(&got[r * features..(r + 1) * features])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "linear swiglu: row {r} differs between a batch of {rows} and alone"
+        );
+    }
+}
+
+/// The gathered kernel's SwiGLU epilogue: NVFP4 experts stacked per expert ([gate | up]
+/// rows, two tensor scales each), a random expert per slot, tokens shared by their k slots.
+#[test]
+fn gathered_swiglu_epilogue_matches_reference() {
+    let (experts, width, cols, tokens, k) = (5, 24, 64, 3, 4);
+    let mut rng = rng("gathered swiglu");
+    let pairs: Vec<(Weights, Weights)> = (0..experts)
+        .map(|_| {
+            let gate = random_weights(&mut rng, WeightFormat::Nvfp4, width, cols);
+            let up = random_weights(&mut rng, WeightFormat::Nvfp4, width, cols);
+            (gate, up)
+        })
+        .collect();
+    let slots = tokens * k;
+    let ids: Vec<u32> = (0..slots).map(|_| rng.next_u32() % experts as u32).collect();
+    let x = bf16_values(&mut rng, tokens * cols, 2.0);
+    let gpu = gpu();
+    let codes: Vec<u8> = pairs
+        .iter()
+        .flat_map(|(g, u)| [g.packed.clone(), u.packed.clone()].concat())
+        .collect();
+    let scales: Vec<u8> = pairs
+        .iter()
+        .flat_map(|(g, u)| [g.scales.clone(), u.scales.clone()].concat())
+        .collect();
+    let tensor_scales: Vec<f32> = pairs
+        .iter()
+        .flat_map(|(g, u)| [g.tensor_scale, u.tensor_scale])
+        .collect();
+    let params = LinearParams {
+        rows: slots as u32,
+        in_features: cols as u32,
+        out_features: (2 * width) as u32,
+        y_stride: width as u32,
+        x_row_div: k as u32,
+        expert_begin: 0,
+        expert_end: experts as u32,
+        flags: 2 | 8,
+        tensor_scale: 1.0,
+        ..Default::default()
+    };
+    let p = gpu.uniform("params", &params);
+    let (xb, wb, sb) = (
+        gpu.buffer_with("x", &f32_bytes(&x)),
+        gpu.buffer_with("w", &codes),
+        gpu.buffer_with("scales", &scales),
+    );
+    let (idb, tb) = (
+        gpu.buffer_with("ids", &u32_bytes(&ids)),
+        gpu.buffer_with("expert_scales", &f32_bytes(&tensor_scales)),
+    );
+    let bias = gpu.buffer_with("bias", &[0; 4]);
+    let y = poisoned(gpu, "y", slots * width);
+    let grid = [
+        (width as u32).div_ceil(WeightFormat::Nvfp4.rows_per_workgroup() / 2),
+        slots as u32,
+        1,
+    ];
+    run(
+        gpu,
+        &[dispatch(
+            gpu,
+            Kernel::Gathered(WeightFormat::Nvfp4),
+            &[&p, &xb, &wb, &sb, &bias, &idb, &y, &tb],
+            grid,
+        )],
+    );
+    let got = gpu.read_f32(&y).unwrap();
+    let mut want = Vec::new();
+    let mut scale = Vec::new();
+    for (s, &id) in ids.iter().enumerate() {
+        let (gate, up) = &pairs[id as usize];
+        let xr = &x[(s / k) * cols..(s / k + 1) * cols];
+        for n in 0..width {
+            let (value, bound) = swiglu_reference(dot(gate, n, xr), dot(up, n, xr));
+            want.push(value);
+            scale.push(bound / TOL);
+        }
+    }
+    check("gathered swiglu", &got, &want, &scale, TOL);
+}
