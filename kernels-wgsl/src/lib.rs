@@ -56,9 +56,8 @@ impl WeightFormat {
     /// gate and an up row).
     pub fn rows_per_workgroup(self) -> u32 {
         match self {
-            WeightFormat::Bf16 => 4,
-            WeightFormat::Fp8Block => 2,
-            WeightFormat::Nvfp4 => 8,
+            WeightFormat::Bf16 | WeightFormat::Fp8Block => 2,
+            WeightFormat::Nvfp4 => 4,
         }
     }
 }

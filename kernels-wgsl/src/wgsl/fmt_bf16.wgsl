@@ -2,8 +2,8 @@
 // input width that is a multiple of 8.
 alias Unit = vec4<u32>;
 const UNIT: u32 = 8u;
-// Threads per weight row: four weight rows per workgroup.
-const LANES: u32 = 16u;
+// Threads per weight row: two weight rows per workgroup.
+const LANES: u32 = 32u;
 
 // Word `u`'s two weights (low half first).
 fn bf16_pair(u: u32) -> vec2<f32> {
