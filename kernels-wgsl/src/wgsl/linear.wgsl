@@ -73,8 +73,8 @@ fn unit_dot(weights: array<vec4<f32>, VECS>, x_vec: u32) -> f32 {
 }
 
 // Adds one unit (decoded weights, factor, column `k`) to the sums of `count` activation
-// rows starting at vec4 `x_vec` (rows `x_row` vec4s apart). A constant trip count guarded
-// by `count`, so the loop unrolls and the sums stay in registers.
+// rows starting at vec4 `x_vec` (rows `x_row` vec4s apart). Written out row by row: only
+// constant indices into `acc`, so the sums stay in registers.
 fn apply_unit(
     acc: ptr<function, array<f32, MAX_ROWS>>,
     weights: array<vec4<f32>, VECS>,
@@ -83,10 +83,27 @@ fn apply_unit(
     x_row: u32,
     count: u32,
 ) {
-    for (var r = 0u; r < MAX_ROWS; r++) {
-        if (r < count) {
-            (*acc)[r] += unit_dot(weights, x_vec + r * x_row) * scale;
-        }
+    (*acc)[0] += unit_dot(weights, x_vec) * scale;
+    if (count > 1u) {
+        (*acc)[1] += unit_dot(weights, x_vec + 1u * x_row) * scale;
+    }
+    if (count > 2u) {
+        (*acc)[2] += unit_dot(weights, x_vec + 2u * x_row) * scale;
+    }
+    if (count > 3u) {
+        (*acc)[3] += unit_dot(weights, x_vec + 3u * x_row) * scale;
+    }
+    if (count > 4u) {
+        (*acc)[4] += unit_dot(weights, x_vec + 4u * x_row) * scale;
+    }
+    if (count > 5u) {
+        (*acc)[5] += unit_dot(weights, x_vec + 5u * x_row) * scale;
+    }
+    if (count > 6u) {
+        (*acc)[6] += unit_dot(weights, x_vec + 6u * x_row) * scale;
+    }
+    if (count > 7u) {
+        (*acc)[7] += unit_dot(weights, x_vec + 7u * x_row) * scale;
     }
 }
 
@@ -215,9 +232,14 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 }
             }
         }
-        for (var r = 0u; r < MAX_ROWS; r++) {
-            partial[t * MAX_ROWS + r] = acc[r];
-        }
+        partial[t * MAX_ROWS + 0u] = acc[0];
+        partial[t * MAX_ROWS + 1u] = acc[1];
+        partial[t * MAX_ROWS + 2u] = acc[2];
+        partial[t * MAX_ROWS + 3u] = acc[3];
+        partial[t * MAX_ROWS + 4u] = acc[4];
+        partial[t * MAX_ROWS + 5u] = acc[5];
+        partial[t * MAX_ROWS + 6u] = acc[6];
+        partial[t * MAX_ROWS + 7u] = acc[7];
         let sum = reduce_lanes(t, count);
         let is_mine = plan.valid && lane < count;
         let value = finish(sum, n, p.tensor_scale);
