@@ -64,10 +64,13 @@ var<workgroup> slot_expert: u32;
 var<workgroup> finished: array<f32, 64>;        // SwiGLU: ROWS_PER_GROUP * MAX_ROWS finished values
 
 // One unit's decoded weights dotted with the activation row at vec4 `x_vec`.
+// Constant indices only (no loop), so the decoded weights stay in registers.
 fn unit_dot(weights: array<vec4<f32>, VECS>, x_vec: u32) -> f32 {
-    var s = 0.0;
-    for (var v = 0u; v < VECS; v++) {
-        s += dot(weights[v], x[x_vec + v]);
+    var s = dot(weights[0], x[x_vec]) + dot(weights[1], x[x_vec + 1u]);
+    if (VECS > 2u) {
+        // Four-vec4 units; the indices stay in bounds for two-vec4 units, where this is dead.
+        s += dot(weights[min(2u, VECS - 1u)], x[x_vec + 2u]);
+        s += dot(weights[min(3u, VECS - 1u)], x[x_vec + 3u]);
     }
     return s;
 }
