@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use drama_graph::drama3::{StepShape, row_source};
-use drama_graph::ir::{Op, Projection, ValueKind};
+use drama_graph::ir::{LinearMember, Op, Projection, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
@@ -153,57 +153,18 @@ impl<'a> Lowering<'a> {
                 residual,
                 swiglu,
             } => {
-                let rows = self.rows(inputs[0]);
-                let x = self.buffer(inputs[0])?;
                 let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
-                let total: usize = members.iter().map(|m| m.out).sum();
-                // A stacked group is one linear: every member's rows in one launch.
-                if *swiglu || stacks(members) {
-                    let key = members.iter().map(|m| m.weight.as_str()).collect::<Vec<_>>().join("+");
-                    let linear = weights
-                        .linears
-                        .get(&key)
-                        .ok_or_else(|| EngineError::Unsupported(format!("{key}: not uploaded as a stack")))?;
-                    if linear.in_features != *in_features {
-                        return Err(EngineError::Unsupported(format!("{key}: input width mismatch")));
-                    }
-                    let io = LinearIo {
-                        x,
-                        y: out,
-                        rows,
-                        column: 0,
-                        y_stride: if *swiglu { linear.out } else { total },
-                        round: *round_output,
-                        residual,
-                        swiglu: *swiglu,
-                    };
-                    let launches = linear_launches(self.gpu, linear, &weights.placeholder, &io)?;
-                    self.dispatches.extend(launches);
-                    return Ok(());
-                }
-                let mut column = 0;
-                for member in members {
-                    let linear = &weights.linears[&member.weight];
-                    if linear.in_features != *in_features {
-                        return Err(EngineError::Unsupported(format!(
-                            "{}: input width mismatch",
-                            member.weight
-                        )));
-                    }
-                    let io = LinearIo {
-                        x,
-                        y: out,
-                        rows,
-                        column,
-                        y_stride: total,
-                        round: *round_output,
-                        residual,
-                        swiglu: false,
-                    };
-                    let launches = linear_launches(self.gpu, linear, &weights.placeholder, &io)?;
-                    self.dispatches.extend(launches);
-                    column += member.out;
-                }
+                let io = LinearIo {
+                    x: self.buffer(inputs[0])?,
+                    y: out,
+                    rows: self.rows(inputs[0]),
+                    column: 0,
+                    y_stride: members.iter().map(|m| m.out).sum(),
+                    round: *round_output,
+                    residual,
+                    swiglu: *swiglu,
+                };
+                self.lower_linear(members, *in_features, io)?;
             }
             Op::WriteKv {
                 heads,
@@ -280,53 +241,14 @@ impl<'a> Lowering<'a> {
                 k,
                 swiglu,
             } => {
-                let slots = self.rows(inputs[1]) * k;
                 let (x, ids) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
-                // One stacked [gate | up] weight with the SwiGLU epilogue, or one weight per
-                // projection written side by side.
-                let stacks: Vec<Vec<Projection>> = if *swiglu {
-                    vec![projections.iter().map(|(p, _)| *p).collect()]
-                } else {
-                    projections.iter().map(|(p, _)| vec![*p]).collect()
+                let shape = ExpertShape {
+                    slots: self.rows(inputs[1]) * k,
+                    k: *k,
+                    width: *width,
+                    in_features: *in_features,
                 };
-                let y_stride = if *swiglu { *width } else { width * projections.len() };
-                for (index, stack) in stacks.into_iter().enumerate() {
-                    let x_row_div = if stack == [Projection::Down] { 1 } else { *k };
-                    let key = (*layer, stack);
-                    let linear = weights
-                        .experts
-                        .get(&key)
-                        .ok_or_else(|| EngineError::Unsupported(format!("layer {layer}: no experts {:?}", key.1)))?;
-                    let rows_per_group = linear.format.rows_per_workgroup() / if *swiglu { 2 } else { 1 };
-                    for segment in &linear.segments {
-                        let params = LinearParams {
-                            rows: slots as u32,
-                            in_features: *in_features as u32,
-                            out_features: linear.out as u32,
-                            out_offset: (index * width) as u32,
-                            y_stride: y_stride as u32,
-                            x_row_div: x_row_div as u32,
-                            expert_begin: segment.range.start as u32,
-                            expert_end: segment.range.end as u32,
-                            flags: 2 | if *swiglu { 8 } else { 0 },
-                            tensor_scale: 1.0,
-                            bias_offset: 0,
-                            pad: 0,
-                        };
-                        let expert_scales = segment.expert_scales.as_ref().expect("expert segment");
-                        let mut resources = vec![x, &segment.codes];
-                        if linear.format != WeightFormat::Bf16 {
-                            resources.push(&segment.scales);
-                        }
-                        resources.extend([&weights.placeholder, ids, out, expert_scales]);
-                        self.launch(
-                            Kernel::Gathered(linear.format),
-                            &params,
-                            &resources,
-                            [(*width as u32).div_ceil(rows_per_group), slots as u32, 1],
-                        )?;
-                    }
-                }
+                self.lower_experts(*layer, projections, *swiglu, shape, [x, ids, out])?;
             }
             Op::Swiglu { round_output } => {
                 let shape = &self.graph.value(node.outputs[0]).shape;
@@ -380,6 +302,107 @@ impl<'a> Lowering<'a> {
         Ok(())
     }
 
+    /// A linear node: one launch per segment of its stacked weight (a SwiGLU pair or a
+    /// [`stacks`] group), else of each member's weight, written side by side.
+    fn lower_linear(
+        &mut self,
+        members: &[LinearMember],
+        in_features: usize,
+        io: LinearIo<'_>,
+    ) -> Result<(), EngineError> {
+        let weights = self.bind.weights;
+        let check = |name: &str, linear: &GpuLinear| {
+            if linear.in_features == in_features {
+                Ok(())
+            } else {
+                Err(EngineError::Unsupported(format!("{name}: input width mismatch")))
+            }
+        };
+        if io.swiglu || stacks(members) {
+            let key = members.iter().map(|m| m.weight.as_str()).collect::<Vec<_>>().join("+");
+            let linear = weights
+                .linears
+                .get(&key)
+                .ok_or_else(|| EngineError::Unsupported(format!("{key}: not uploaded as a stack")))?;
+            check(&key, linear)?;
+            // A SwiGLU stack writes one feature per gate/up row pair.
+            let y_stride = if io.swiglu { linear.out } else { io.y_stride };
+            let launches = linear_launches(self.gpu, linear, &weights.placeholder, &LinearIo { y_stride, ..io })?;
+            self.dispatches.extend(launches);
+            return Ok(());
+        }
+        let mut column = 0;
+        for member in members {
+            let linear = &weights.linears[&member.weight];
+            check(&member.weight, linear)?;
+            let launches = linear_launches(self.gpu, linear, &weights.placeholder, &LinearIo { column, ..io })?;
+            self.dispatches.extend(launches);
+            column += member.out;
+        }
+        Ok(())
+    }
+
+    /// An experts node: one stacked [gate | up] weight with the SwiGLU epilogue, or one
+    /// weight per projection written side by side; a launch per weight segment.
+    fn lower_experts(
+        &mut self,
+        layer: usize,
+        projections: &[(Projection, WeightFormat)],
+        swiglu: bool,
+        shape: ExpertShape,
+        [x, ids, out]: [&wgpu::Buffer; 3],
+    ) -> Result<(), EngineError> {
+        let weights = self.bind.weights;
+        let stacks: Vec<Vec<Projection>> = if swiglu {
+            vec![projections.iter().map(|(p, _)| *p).collect()]
+        } else {
+            projections.iter().map(|(p, _)| vec![*p]).collect()
+        };
+        let y_stride = if swiglu {
+            shape.width
+        } else {
+            shape.width * projections.len()
+        };
+        for (index, stack) in stacks.into_iter().enumerate() {
+            let x_row_div = if stack == [Projection::Down] { 1 } else { shape.k };
+            let key = (layer, stack);
+            let linear = weights
+                .experts
+                .get(&key)
+                .ok_or_else(|| EngineError::Unsupported(format!("layer {layer}: no experts {:?}", key.1)))?;
+            let rows_per_group = linear.format.rows_per_workgroup() / if swiglu { 2 } else { 1 };
+            for segment in &linear.segments {
+                let params = LinearParams {
+                    rows: shape.slots as u32,
+                    in_features: shape.in_features as u32,
+                    out_features: linear.out as u32,
+                    out_offset: (index * shape.width) as u32,
+                    y_stride: y_stride as u32,
+                    x_row_div: x_row_div as u32,
+                    expert_begin: segment.range.start as u32,
+                    expert_end: segment.range.end as u32,
+                    flags: 2 | if swiglu { 8 } else { 0 },
+                    tensor_scale: 1.0,
+                    bias_offset: 0,
+                    pad: 0,
+                };
+                let expert_scales = segment.expert_scales.as_ref().expect("expert segment");
+                let mut resources = vec![x, &segment.codes];
+                if linear.format != WeightFormat::Bf16 {
+                    resources.push(&segment.scales);
+                }
+                resources.extend([&weights.placeholder, ids, out, expert_scales]);
+                self.launch(
+                    Kernel::Gathered(linear.format),
+                    &params,
+                    &resources,
+                    [(shape.width as u32).div_ceil(rows_per_group), shape.slots as u32, 1],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     fn attention_params(
         &self,
         rows: usize,
@@ -401,7 +424,20 @@ impl<'a> Lowering<'a> {
     }
 }
 
+/// The sizes of an experts node.
+struct ExpertShape {
+    /// Token rows times experts per token.
+    slots: usize,
+    /// Experts per token.
+    k: usize,
+    /// Output features per expert and projection.
+    width: usize,
+    /// Input features.
+    in_features: usize,
+}
+
 /// Where a dense linear reads and writes.
+#[derive(Clone, Copy)]
 pub struct LinearIo<'a> {
     /// Input [rows, in] (BF16 values).
     pub x: &'a wgpu::Buffer,
