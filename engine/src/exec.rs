@@ -173,14 +173,7 @@ impl<'a> Lowering<'a> {
             } => {
                 let rows = self.rows(inputs[0]);
                 let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, false);
-                let resources = [
-                    self.buffer(inputs[1])?,
-                    self.buffer(inputs[2])?,
-                    self.bind.rope_table,
-                    self.buffer(inputs[0])?,
-                    self.buffer(inputs[3])?,
-                    self.buffer(inputs[4])?,
-                ];
+                let resources = self.attention_resources(inputs)?;
                 let grid = self.elements_grid(rows * kv_heads * head_dim);
                 self.launch(Kernel::WriteKv, &params, &resources, grid)?;
             }
@@ -193,16 +186,8 @@ impl<'a> Lowering<'a> {
                 let rows = self.rows(inputs[0]);
                 let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, *round_output);
                 let scratch = self.scratch.clone();
-                let resources = [
-                    self.buffer(inputs[1])?,
-                    self.buffer(inputs[2])?,
-                    self.bind.rope_table,
-                    self.buffer(inputs[0])?,
-                    self.buffer(inputs[3])?,
-                    self.buffer(inputs[4])?,
-                    out,
-                    &scratch,
-                ];
+                let mut resources = self.attention_resources(inputs)?.to_vec();
+                resources.extend([out, &scratch]);
                 self.launch(Kernel::Attend, &params, &resources, [rows as u32, *heads as u32, 1])?;
             }
             Op::Router(r) => {
@@ -401,6 +386,19 @@ impl<'a> Lowering<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The bindings the KV write and attention share: row lanes, row positions, the RoPE
+    /// table, the [q|k|v] rows, the key and value caches (inputs 1, 2, 0, 3, 4 of both ops).
+    fn attention_resources(&self, inputs: &[ValueId]) -> Result<[&'a wgpu::Buffer; 6], EngineError> {
+        Ok([
+            self.buffer(inputs[1])?,
+            self.buffer(inputs[2])?,
+            self.bind.rope_table,
+            self.buffer(inputs[0])?,
+            self.buffer(inputs[3])?,
+            self.buffer(inputs[4])?,
+        ])
     }
 
     fn attention_params(
