@@ -79,6 +79,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches",
             s.label, s.lanes, s.gpu_ms, s.wall_ms, s.floor_ms, s.ratio_to_floor, s.dispatches
         );
+        if let Some(m) = &s.moe_layer {
+            eprintln!(
+                "  MoE layer {} alone: {:.1} us GPU, floor {:.1} us ({:.2}x), {} launches",
+                m.layer, m.gpu_us, m.floor_us, m.ratio_to_floor, m.dispatches
+            );
+        }
     }
     for s in &report.decode {
         let total: f64 = s.profile.iter().map(|k| k.total_us).sum();

@@ -102,9 +102,29 @@ pub struct StepResult {
     pub floor_ms: f64,
     /// gpu_ms / floor_ms.
     pub ratio_to_floor: f64,
+    /// The first MoE layer's MoE block alone (none in a model without MoE layers).
+    pub moe_layer: Option<MoeLayerResult>,
     /// Where the time goes: each kernel kind's launches and GPU time, one dispatch per pass
     /// (empty without timestamp queries); most time first.
     pub profile: Vec<KernelShare>,
+}
+
+/// One MoE layer's block (router logits through the combine), timed alone as one pass on
+/// the buffers a decode step left.
+#[derive(Debug, Clone, Serialize)]
+pub struct MoeLayerResult {
+    /// Decoder layer.
+    pub layer: usize,
+    /// Kernel launches of the block.
+    pub dispatches: usize,
+    /// Median GPU microseconds.
+    pub gpu_us: f64,
+    /// Bytes it must read: the router, the shared expert and the chosen experts.
+    pub bytes: u64,
+    /// bytes / roofline, in microseconds.
+    pub floor_us: f64,
+    /// gpu_us / floor_us.
+    pub ratio_to_floor: f64,
 }
 
 /// One kernel kind's share of a profiled step.
@@ -406,6 +426,7 @@ pub fn decode_step(
     }
     // Experts actually chosen: one traced step at the next position.
     let traced = session.step(&decode_rows(lanes, options.context + steps, 17 % codes), true)?;
+    let moe_layer = moe_layer(engine, &mut session, lanes, &traced.routes, options, roofline)?;
     let profile = if engine.gpu.caps.timestamps {
         let mut shares: Vec<KernelShare> = Vec::new();
         for (kernel, time) in session.profiled_step(&decode_rows(lanes, options.context + steps + 1, 29 % codes))? {
@@ -450,8 +471,62 @@ pub fn decode_step(
         bytes,
         floor_ms,
         ratio_to_floor: gpu_ms / floor_ms,
+        moe_layer,
         profile,
     })
+}
+
+/// Times the first MoE layer's block of the last `lanes`-row step alone.
+fn moe_layer(
+    engine: &Engine,
+    session: &mut Session<'_>,
+    lanes: usize,
+    routes: &[Option<(Vec<u32>, Vec<f32>)>],
+    options: &BenchOptions,
+    roofline: &Roofline,
+) -> Result<Option<MoeLayerResult>, EngineError> {
+    let Some(layer) = routes.iter().position(Option::is_some) else {
+        return Ok(None);
+    };
+    // Run the plain step of this shape once more so its buffers hold a decode step's values.
+    let codes = engine.checkpoint.config.speech.audio_codes as u32;
+    session.step(&decode_rows(lanes, options.context, 3 % codes), false)?;
+    let (first, last) = (
+        format!("layers.{layer}.router_logits"),
+        format!("layers.{layer}.hidden"),
+    );
+    let dispatches = session.dispatch_span(lanes, &first, &last)?;
+    session.timed_span(lanes, &first, &last)?;
+    let times: Vec<f64> = (0..options.repeats)
+        .map(|_| session.timed_span(lanes, &first, &last).map(|d| d.as_secs_f64() * 1e6))
+        .collect::<Result<_, _>>()?;
+    let prefix = format!("model.layers.{layer}.mlp.");
+    let mut bytes: u64 = engine
+        .weights
+        .linears
+        .iter()
+        .filter(|(name, _)| name.starts_with(&prefix))
+        .map(|(_, l)| {
+            l.segments.iter().map(|s| s.codes.size() + s.scales.size()).sum::<u64>()
+                + l.bias.as_ref().map_or(0, |b| b.size())
+        })
+        .sum();
+    if let Some((ids, _)) = &routes[layer] {
+        let mut unique = ids.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        bytes += unique.len() as u64 * expert_bytes(engine, layer);
+    }
+    let gpu_us = median(times);
+    let floor_us = bytes as f64 / (roofline.gb_per_s * 1e9) * 1e6;
+    Ok(Some(MoeLayerResult {
+        layer,
+        dispatches,
+        gpu_us,
+        bytes,
+        floor_us,
+        ratio_to_floor: gpu_us / floor_us,
+    }))
 }
 
 /// A prefill of `options.prefill_rows` rows on one lane.

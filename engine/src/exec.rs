@@ -27,6 +27,8 @@ pub struct Executable {
     pub shape: StepShape,
     buffers: Vec<wgpu::Buffer>,
     dispatches: Vec<Dispatch>,
+    /// The launches of each node: a range of `dispatches`, in node order.
+    node_dispatches: Vec<std::ops::Range<usize>>,
 }
 
 /// Everything a step binds besides its own buffers.
@@ -538,8 +540,11 @@ impl Executable {
             capacity: shape.capacity,
             dispatches: Vec::new(),
         };
+        let mut node_dispatches = Vec::with_capacity(graph.nodes.len());
         for node in &graph.nodes {
+            let start = lowering.dispatches.len();
             lowering.lower(node)?;
+            node_dispatches.push(start..lowering.dispatches.len());
         }
         let dispatches = lowering.dispatches;
         Ok(Executable {
@@ -548,6 +553,7 @@ impl Executable {
             shape,
             buffers,
             dispatches,
+            node_dispatches,
         })
     }
 
@@ -589,6 +595,30 @@ impl Executable {
     pub fn profile_run(&self, gpu: &Gpu) -> Result<Vec<(Kernel, std::time::Duration)>, EngineError> {
         let times = gpu.profile_submit(&self.dispatches)?;
         Ok(self.dispatches.iter().map(|d| d.kernel).zip(times).collect())
+    }
+
+    /// Launches of the nodes labelled `first` through `last` (in node order).
+    pub fn dispatch_span(&self, first: &str, last: &str) -> Result<std::ops::Range<usize>, EngineError> {
+        let index = |label: &str| {
+            self.graph
+                .nodes
+                .iter()
+                .position(|n| n.label == label)
+                .ok_or_else(|| EngineError::Input(format!("the step has no node {label}")))
+        };
+        let (a, b) = (index(first)?, index(last)?);
+        if a > b {
+            return Err(EngineError::Input(format!("node {first} comes after {last}")));
+        }
+        Ok(self.node_dispatches[a].start..self.node_dispatches[b].end)
+    }
+
+    /// Runs the launches of the nodes labelled `first` through `last` (in node order) as one
+    /// pass on whatever the buffers hold, and returns its GPU time: a part of a step, timed
+    /// alone.
+    pub fn timed_run_span(&self, gpu: &Gpu, first: &str, last: &str) -> Result<std::time::Duration, EngineError> {
+        let span = self.dispatch_span(first, last)?;
+        Ok(gpu.timed_submit(&self.dispatches[span])?)
     }
 
     /// Runs the step and returns its pass's GPU time.

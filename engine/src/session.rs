@@ -193,6 +193,18 @@ impl<'e> Session<'e> {
         Ok(self.executable(rows, false)?.dispatch_count())
     }
 
+    /// The number of launches of the nodes labelled `first` through `last` in a `rows`-row step.
+    pub fn dispatch_span(&mut self, rows: usize, first: &str, last: &str) -> Result<usize, EngineError> {
+        Ok(self.executable(rows, false)?.dispatch_span(first, last)?.len())
+    }
+
+    /// Reruns the launches of the nodes labelled `first` through `last` of the last
+    /// `rows`-row step (its buffers as that step left them) and returns their GPU time.
+    pub fn timed_span(&mut self, rows: usize, first: &str, last: &str) -> Result<std::time::Duration, EngineError> {
+        let gpu = self.engine.gpu.clone();
+        self.executable(rows, false)?.timed_run_span(&gpu, first, last)
+    }
+
     fn executable(&mut self, rows: usize, trace: bool) -> Result<&Executable, EngineError> {
         if !self.steps.contains_key(&(rows, trace)) {
             let c = &self.engine.checkpoint.config;
