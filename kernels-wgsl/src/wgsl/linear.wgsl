@@ -9,26 +9,29 @@
 //
 // Each thread walks its units four at a time, issuing the four weight loads before
 // decoding any (the last batch too), so enough bytes are in flight to cover memory
-// latency; the sums still run in unit order.
+// latency; the sums still run in unit order. Small per-thread arrays (decoded weights, the
+// per-row sums) are only ever indexed by constants: NVIDIA's compiler left loop-indexed
+// ones in local memory (3.87 -> 3.36 ms per H200 decode step when written out).
 //
 // Entry points:
-//   `linear`:   a workgroup computes ROWS_PER_GROUP output features, LANES threads per
-//               feature reading its weight row side by side; each unit is decoded once and
+//   `linear`:   a workgroup computes ROWS_PER_GROUP weight rows, LANES threads per row
+//               reading it side by side; each unit is decoded once and
 //               applied to up to MAX_ROWS activation rows per pass. With flag 4 the
 //               output is added to `residual` (the residual stream) as it is written.
 //               With flag 8 the weight rows are a [gate | up] stack and the output is
 //               silu(gate) * up (each rounded first when flag 2 rounds).
-//   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP features, slot), the slot's expert
-//               read from `expert_ids` on the GPU. Experts outside [expert_begin, expert_end)
-//               live in another weight segment and are skipped. Each expert has its own
-//               tensor scale (`expert_scales`, one per expert of the segment).
+//   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP weight rows, slot), the
+//               slot's expert read from `expert_ids` on the GPU. Experts outside
+//               [expert_begin, expert_end) live in another weight segment and are skipped.
+//               Each expert has its own tensor scale (`expert_scales`: one per expert of
+//               the segment, or gate then up with flag 8).
 //
 // Every output is computed by the same thread partition and reduction tree whatever the
 // number of rows, so a row's result never depends on the other rows in the batch.
 
 const WG: u32 = 64u;
 const ROWS_PER_GROUP: u32 = WG / LANES;  // weight rows per workgroup; LANES comes with the format
-const MAX_ROWS: u32 = 8u;                // activation rows per pass
+const MAX_ROWS: u32 = 8u;                // activation rows per pass (apply_unit writes out 8)
 const VECS: u32 = UNIT / 4u;             // vec4s of decoded weights per unit
 const GROUPS: u32 = LANES / 8u;          // first-level reduction groups per weight row
 
