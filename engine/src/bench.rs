@@ -13,6 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::checkpoint::LayerMlp;
 use crate::error::EngineError;
 use crate::gpu::{Capabilities, Dispatch, Gpu};
 use crate::sampling::SamplingParams;
@@ -426,7 +427,7 @@ pub fn decode_step(
     }
     // Experts actually chosen: one traced step at the next position.
     let traced = session.step(&decode_rows(lanes, options.context + steps, 17 % codes), true)?;
-    let moe_layer = moe_layer(engine, &mut session, lanes, &traced.routes, options, roofline)?;
+    let moe_layer = moe_layer(engine, &mut session, lanes, options, roofline)?;
     let profile = if engine.gpu.caps.timestamps {
         let mut shares: Vec<KernelShare> = Vec::new();
         for (kernel, time) in session.profiled_step(&decode_rows(lanes, options.context + steps + 1, 29 % codes))? {
@@ -481,14 +482,20 @@ fn moe_layer(
     engine: &Engine,
     session: &mut Session<'_>,
     lanes: usize,
-    routes: &[Option<(Vec<u32>, Vec<f32>)>],
     options: &BenchOptions,
     roofline: &Roofline,
 ) -> Result<Option<MoeLayerResult>, EngineError> {
-    let Some(layer) = routes.iter().position(Option::is_some) else {
+    let Some(layer) = engine
+        .checkpoint
+        .layers
+        .iter()
+        .position(|l| matches!(l, LayerMlp::Moe(_)))
+    else {
         return Ok(None);
     };
-    // Run the plain step of this shape once more so its buffers hold a decode step's values.
+    // Run the plain step of this shape once more so its buffers hold a decode step's values
+    // (the block's inputs are whatever later layers left in reused buffers: realistic
+    // activations, and the floor below counts the experts the block chooses on them).
     let codes = engine.checkpoint.config.speech.audio_codes as u32;
     session.step(&decode_rows(lanes, options.context, 3 % codes), false)?;
     let (first, last) = (
@@ -511,12 +518,14 @@ fn moe_layer(
                 + l.bias.as_ref().map_or(0, |b| b.size())
         })
         .sum();
-    if let Some((ids, _)) = &routes[layer] {
-        let mut unique = ids.clone();
-        unique.sort_unstable();
-        unique.dedup();
-        bytes += unique.len() as u64 * expert_bytes(engine, layer);
-    }
+    // The experts the block chooses on these inputs: rerun up to the router (its ids are
+    // then the last thing written to their buffer) and read them.
+    let router = format!("layers.{layer}.router");
+    session.timed_span(lanes, &first, &router)?;
+    let mut unique = session.read_u32_value(lanes, &router)?;
+    unique.sort_unstable();
+    unique.dedup();
+    bytes += unique.len() as u64 * expert_bytes(engine, layer);
     let gpu_us = median(times);
     let floor_us = bytes as f64 / (roofline.gb_per_s * 1e9) * 1e6;
     Ok(Some(MoeLayerResult {

@@ -198,6 +198,18 @@ impl<'e> Session<'e> {
         Ok(self.executable(rows, false)?.dispatch_span(first, last)?.len())
     }
 
+    /// Reads a U32 value (by name) as the last run of the `rows`-row step (or of a span of
+    /// it) left it; a buffer later nodes reuse holds what the last of them wrote.
+    pub fn read_u32_value(&mut self, rows: usize, name: &str) -> Result<Vec<u32>, EngineError> {
+        let gpu = self.engine.gpu.clone();
+        let exe = self.executable(rows, false)?;
+        let id = exe
+            .graph
+            .find(name)
+            .ok_or_else(|| EngineError::Input(format!("the step has no value {name}")))?;
+        exe.read_u32(&gpu, id)
+    }
+
     /// Reruns the launches of the nodes labelled `first` through `last` of the last
     /// `rows`-row step (its buffers as that step left them) and returns their GPU time.
     pub fn timed_span(&mut self, rows: usize, first: &str, last: &str) -> Result<std::time::Duration, EngineError> {

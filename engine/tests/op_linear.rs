@@ -451,7 +451,8 @@ fn linear_swiglu_epilogue_matches_reference() {
 }
 
 /// The gathered kernel's SwiGLU epilogue: NVFP4 experts stacked per expert ([gate | up]
-/// rows, two tensor scales each), a random expert per slot, tokens shared by their k slots.
+/// rows, two tensor scales each) over two weight segments, a random expert per slot, tokens
+/// shared by their k slots.
 #[test]
 fn gathered_swiglu_epilogue_matches_reference() {
     let (experts, width, cols, tokens, k) = (5, 24, 64, 3, 4);
@@ -467,39 +468,9 @@ fn gathered_swiglu_epilogue_matches_reference() {
     let ids: Vec<u32> = (0..slots).map(|_| rng.next_u32() % experts as u32).collect();
     let x = bf16_values(&mut rng, tokens * cols, 2.0);
     let gpu = gpu();
-    let codes: Vec<u8> = pairs
-        .iter()
-        .flat_map(|(g, u)| [g.packed.clone(), u.packed.clone()].concat())
-        .collect();
-    let scales: Vec<u8> = pairs
-        .iter()
-        .flat_map(|(g, u)| [g.scales.clone(), u.scales.clone()].concat())
-        .collect();
-    let tensor_scales: Vec<f32> = pairs
-        .iter()
-        .flat_map(|(g, u)| [g.tensor_scale, u.tensor_scale])
-        .collect();
-    let params = LinearParams {
-        rows: slots as u32,
-        in_features: cols as u32,
-        out_features: (2 * width) as u32,
-        y_stride: width as u32,
-        x_row_div: k as u32,
-        expert_begin: 0,
-        expert_end: experts as u32,
-        flags: 2 | 8,
-        tensor_scale: 1.0,
-        ..Default::default()
-    };
-    let p = gpu.uniform("params", &params);
-    let (xb, wb, sb) = (
+    let (xb, idb) = (
         gpu.buffer_with("x", &f32_bytes(&x)),
-        gpu.buffer_with("w", &codes),
-        gpu.buffer_with("scales", &scales),
-    );
-    let (idb, tb) = (
         gpu.buffer_with("ids", &u32_bytes(&ids)),
-        gpu.buffer_with("expert_scales", &f32_bytes(&tensor_scales)),
     );
     let bias = gpu.buffer_with("bias", &[0; 4]);
     let y = poisoned(gpu, "y", slots * width);
@@ -508,15 +479,48 @@ fn gathered_swiglu_epilogue_matches_reference() {
         slots as u32,
         1,
     ];
-    run(
-        gpu,
-        &[dispatch(
+    // Two weight segments (as past the binding limit): experts 0..2 and 2..5.
+    let mut dispatches = Vec::new();
+    let mut keep = Vec::new();
+    for (begin, end) in [(0, 2), (2, experts)] {
+        let segment = &pairs[begin..end];
+        let codes: Vec<u8> = segment
+            .iter()
+            .flat_map(|(g, u)| [g.packed.clone(), u.packed.clone()].concat())
+            .collect();
+        let scales: Vec<u8> = segment
+            .iter()
+            .flat_map(|(g, u)| [g.scales.clone(), u.scales.clone()].concat())
+            .collect();
+        let tensor_scales: Vec<f32> = segment
+            .iter()
+            .flat_map(|(g, u)| [g.tensor_scale, u.tensor_scale])
+            .collect();
+        let params = LinearParams {
+            rows: slots as u32,
+            in_features: cols as u32,
+            out_features: (2 * width) as u32,
+            y_stride: width as u32,
+            x_row_div: k as u32,
+            expert_begin: begin as u32,
+            expert_end: end as u32,
+            flags: 2 | 8,
+            tensor_scale: 1.0,
+            ..Default::default()
+        };
+        let p = gpu.uniform("params", &params);
+        let wb = gpu.buffer_with("w", &codes);
+        let sb = gpu.buffer_with("scales", &scales);
+        let tb = gpu.buffer_with("expert_scales", &f32_bytes(&tensor_scales));
+        dispatches.push(dispatch(
             gpu,
             Kernel::Gathered(WeightFormat::Nvfp4),
             &[&p, &xb, &wb, &sb, &bias, &idb, &y, &tb],
             grid,
-        )],
-    );
+        ));
+        keep.push((p, wb, sb, tb));
+    }
+    run(gpu, &dispatches);
     let got = gpu.read_f32(&y).unwrap();
     let mut want = Vec::new();
     let mut scale = Vec::new();

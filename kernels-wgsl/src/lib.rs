@@ -12,7 +12,8 @@
 mod params;
 
 pub use params::{
-    AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, LinearParams, MoeParams, NormParams, RouterParams,
+    AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, LinearParams, MoeParams, NormParams, ProbeParams,
+    RouterParams,
 };
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
@@ -47,6 +48,8 @@ pub enum Module {
     Codec,
     /// `bandwidth.wgsl`: the read-bandwidth roofline.
     Bandwidth,
+    /// `probe.wgsl`: device behaviour checked when the device opens.
+    Probe,
 }
 
 impl WeightFormat {
@@ -64,7 +67,7 @@ impl WeightFormat {
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 10] = [
+    pub const ALL: [Module; 11] = [
         Module::Linear(WeightFormat::Bf16),
         Module::Linear(WeightFormat::Nvfp4),
         Module::Linear(WeightFormat::Fp8Block),
@@ -75,6 +78,7 @@ impl Module {
         Module::Moe,
         Module::Codec,
         Module::Bandwidth,
+        Module::Probe,
     ];
 
     /// The assembled WGSL source.
@@ -97,6 +101,7 @@ impl Module {
             Module::Moe => include_str!("wgsl/moe.wgsl"),
             Module::Codec => include_str!("wgsl/codec.wgsl"),
             Module::Bandwidth => include_str!("wgsl/bandwidth.wgsl"),
+            Module::Probe => include_str!("wgsl/probe.wgsl"),
         };
         format!("{COMMON}\n{family}")
     }
@@ -153,6 +158,8 @@ pub enum Kernel {
     MeanRows,
     /// Streams a buffer: the bandwidth roofline.
     ReadBandwidth,
+    /// Converts f16 pairs to f32 (the subnormal probe).
+    UnpackF16,
 }
 
 impl Kernel {
@@ -180,6 +187,7 @@ impl Kernel {
             Kernel::Gelu,
             Kernel::MeanRows,
             Kernel::ReadBandwidth,
+            Kernel::UnpackF16,
         ]);
         all
     }
@@ -202,6 +210,7 @@ impl Kernel {
             | Kernel::ShiftHistory
             | Kernel::Copy => Module::Codec,
             Kernel::ReadBandwidth => Module::Bandwidth,
+            Kernel::UnpackF16 => Module::Probe,
         }
     }
 
@@ -228,6 +237,7 @@ impl Kernel {
             Kernel::Gelu => "gelu",
             Kernel::MeanRows => "mean_rows",
             Kernel::ReadBandwidth => "read_bandwidth",
+            Kernel::UnpackF16 => "unpack_f16",
         }
     }
 
@@ -262,7 +272,7 @@ impl Kernel {
             // params, a, out
             Kernel::Gelu | Kernel::MeanRows => &[0, 1, 8],
             // params, data, sink
-            Kernel::ReadBandwidth => &[0, 1, 2],
+            Kernel::ReadBandwidth | Kernel::UnpackF16 => &[0, 1, 2],
             // params, x, hist, w, bias, y
             Kernel::Conv1d | Kernel::ConvTranspose => &[0, 1, 2, 3, 4, 5],
             // params, x, alpha, y

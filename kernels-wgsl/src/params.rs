@@ -154,6 +154,16 @@ pub struct CodecParams {
     pub count: u32,
 }
 
+/// `probe.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct ProbeParams {
+    /// Words to convert.
+    pub count: u32,
+    /// Padding.
+    pub pad: [u32; 3],
+}
+
 /// `bandwidth.wgsl` parameters.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]

@@ -6,7 +6,7 @@ mod capabilities;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use drama_kernels::Kernel;
+use drama_kernels::{Kernel, ProbeParams};
 use wgpu::util::DeviceExt;
 
 pub use capabilities::Capabilities;
@@ -181,12 +181,47 @@ impl Gpu {
             reason: e.to_string(),
         })?;
         let caps = Capabilities::read(&info, adapter.features(), &limits);
-        Ok(Gpu {
+        let gpu = Gpu {
             device,
             queue,
             caps,
             pipelines: Mutex::new(HashMap::new()),
-        })
+        };
+        gpu.probe_f16_subnormals()?;
+        Ok(gpu)
+    }
+
+    /// Converts f16 bit patterns the weight decoders produce (subnormals among them) on the
+    /// device and refuses it unless every value comes back exact: a driver that flushed
+    /// f16 subnormals would decode E2M1 +-0.5 and every E4M3 subnormal weight as 0.
+    fn probe_f16_subnormals(&self) -> Result<(), GpuError> {
+        // (low half, high half): E2M1 +0.5 and -0.5 as the NVFP4 decoder places them
+        // (2^-15), the smallest and largest f16 subnormals, and a normal pair.
+        let cases: [(u16, u16); 3] = [(0x0200, 0x8200), (0x0001, 0x03ff), (0x3c00, 0xc000)];
+        let words: Vec<u32> = cases
+            .iter()
+            .map(|&(lo, hi)| u32::from(lo) | (u32::from(hi) << 16))
+            .collect();
+        let input = self.buffer_with("f16 probe input", bytemuck::cast_slice(&words));
+        let output = self.buffer("f16 probe output", (cases.len() * 8) as u64);
+        let params = ProbeParams {
+            count: cases.len() as u32,
+            pad: [0; 3],
+        };
+        let probe = self.dispatch(Kernel::UnpackF16, &params, &[&input, &output], [1, 1, 1])?;
+        self.submit(std::slice::from_ref(&probe));
+        let got = self.read_f32(&output)?;
+        let want: Vec<f32> = cases
+            .iter()
+            .flat_map(|&(lo, hi)| [half::f16::from_bits(lo).to_f32(), half::f16::from_bits(hi).to_f32()])
+            .collect();
+        if got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()) {
+            Ok(())
+        } else {
+            Err(GpuError::Capability(
+                "exact f16 subnormals in unpack2x16float (this adapter flushes them to zero)",
+            ))
+        }
     }
 
     /// The compute pipeline of a kernel, built on first use and cached.
