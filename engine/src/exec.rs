@@ -35,7 +35,8 @@ pub struct Executable {
 pub struct Bindings<'a> {
     /// Weights.
     pub weights: &'a GpuWeights,
-    /// KV caches by state name (`layers.{i}.k_cache`).
+    /// Session state by name: the KV caches (`layers.{i}.k_cache`) and the voice-prefix
+    /// table (`prefixes`).
     pub states: &'a HashMap<String, wgpu::Buffer>,
     /// RoPE cos/sin table.
     pub rope_table: &'a wgpu::Buffer,

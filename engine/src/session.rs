@@ -99,9 +99,9 @@ pub struct Session<'e> {
     engine: &'e Engine,
     lanes: usize,
     capacity: usize,
+    /// KV caches and the voice-prefix table, by the graph's state names.
     states: HashMap<String, wgpu::Buffer>,
     rope_table: wgpu::Buffer,
-    prefixes: Vec<f32>,
     steps: HashMap<(usize, bool), Executable>,
     /// The next step's commands, recorded while the GPU ran the last one (keyed like
     /// `steps`): a repeated step shape costs no recording time between steps.
@@ -151,6 +151,11 @@ impl<'e> Session<'e> {
             .flat_map(|_| default_prefix.iter().map(|&v| v as f32))
             .collect::<Vec<_>>();
         debug_assert_eq!(prefixes.len(), lanes * p * h);
+        // The voice-prefix table is state the steps bind, written only when a prefix is set.
+        states.insert(
+            "prefixes".to_string(),
+            gpu.buffer_with("prefixes", bytemuck::cast_slice(&prefixes)),
+        );
         let moe_kept = engine
             .checkpoint
             .layers
@@ -166,7 +171,6 @@ impl<'e> Session<'e> {
             capacity,
             states,
             rope_table,
-            prefixes,
             steps: HashMap::new(),
             prepared: None,
             moe_kept,
@@ -184,7 +188,12 @@ impl<'e> Session<'e> {
                 self.lanes
             )));
         }
-        self.prefixes[lane * size..(lane + 1) * size].copy_from_slice(prefix);
+        // Queued writes land before the next submitted step, prepared commands included.
+        self.engine.gpu.queue.write_buffer(
+            &self.states["prefixes"],
+            (lane * size * 4) as u64,
+            bytemuck::cast_slice(prefix),
+        );
         Ok(())
     }
 
@@ -306,8 +315,7 @@ impl<'e> Session<'e> {
 
     fn run_step(&mut self, rows: &[Row], trace: bool, timing: Timing) -> Result<(StepOutput, StepTiming), EngineError> {
         self.validate(rows)?;
-        let c = self.engine.checkpoint.config.clone();
-        let p = c.speech.voice_prefix_len;
+        let p = self.engine.checkpoint.config.speech.voice_prefix_len;
         let mut table = Vec::with_capacity(rows.len());
         let mut index = Vec::with_capacity(rows.len());
         for row in rows {
@@ -321,7 +329,6 @@ impl<'e> Session<'e> {
         }
         let lanes: Vec<u32> = rows.iter().map(|r| r.lane as u32).collect();
         let positions: Vec<u32> = rows.iter().map(|r| r.pos as u32).collect();
-        let prefixes = self.prefixes.clone();
         let gpu = self.engine.gpu.clone();
         let moe_kept = if trace { self.moe_kept.clone() } else { Vec::new() };
         let key = (rows.len(), trace);
@@ -331,7 +338,6 @@ impl<'e> Session<'e> {
         exe.write_input(&gpu, "row_index", bytemuck::cast_slice(&index))?;
         exe.write_input(&gpu, "row_lane", bytemuck::cast_slice(&lanes))?;
         exe.write_input(&gpu, "row_pos", bytemuck::cast_slice(&positions))?;
-        exe.write_input(&gpu, "prefixes", bytemuck::cast_slice(&prefixes))?;
         let time = match timing {
             Timing::None => {
                 let commands = match self.prepared.take() {

@@ -126,8 +126,9 @@ pub struct StepShape {
     pub trace: bool,
 }
 
-/// Names of the host-written inputs, in the order the engine fills them.
-pub const STEP_INPUTS: [&str; 5] = ["row_table", "row_index", "row_lane", "row_pos", "prefixes"];
+/// Names of the host-written inputs, in the order the engine fills them. (The voice-prefix
+/// table, `prefixes`, is session state like the KV caches: written when a prefix is set.)
+pub const STEP_INPUTS: [&str; 4] = ["row_table", "row_index", "row_lane", "row_pos"];
 
 /// Where an embedded row comes from (the values of `row_table`).
 pub mod row_source {
@@ -246,7 +247,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         "prefixes",
         vec![shape.prefix_rows.max(1), h],
         DType::F32,
-        ValueKind::Input,
+        ValueKind::State,
     );
     let embed = Op::Embed {
         text: names.global(GlobalWeight::EmbedTokens),
