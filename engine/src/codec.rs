@@ -411,8 +411,6 @@ impl CodecDecoder {
             .queue
             .write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
         self.weights.gpu.submit(&program.dispatches);
-        let mut pcm = self.weights.gpu.read_f32(&program.output)?;
-        pcm.truncate(program.samples);
-        Ok(pcm)
+        Ok(self.weights.gpu.read_f32_first(&program.output, program.samples)?)
     }
 }

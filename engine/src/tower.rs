@@ -167,8 +167,6 @@ impl VoiceTower {
         launches.push(self.elementwise(Kernel::MeanRows, average, &[&normed, &mean])?);
         self.linear(&self.out_proj, &mean, &prefix, 1, &mut launches)?;
         gpu.submit(&launches);
-        let mut values = gpu.read_f32(&prefix)?;
-        values.truncate(self.out_proj.out);
-        Ok(values)
+        Ok(gpu.read_f32_first(&prefix, self.out_proj.out)?)
     }
 }

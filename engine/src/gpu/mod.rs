@@ -422,7 +422,7 @@ impl Gpu {
             }
             encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
             self.queue.submit([encoder.finish()]);
-            let bytes = self.read_bytes(&resolved)?;
+            let bytes = self.read_bytes(&resolved, resolved.size())?;
             let ticks: &[u64] = bytemuck::cast_slice(&bytes);
             let period = f64::from(self.queue.get_timestamp_period());
             times.extend(
@@ -470,7 +470,7 @@ impl Gpu {
         }
         encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
         self.queue.submit([encoder.finish()]);
-        let bytes = self.read_bytes(&resolved)?;
+        let bytes = self.read_bytes(&resolved, resolved.size())?;
         let ticks: &[u64] = bytemuck::cast_slice(&bytes);
         let nanos = ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period());
         Ok(std::time::Duration::from_nanos(nanos as u64))
@@ -478,17 +478,29 @@ impl Gpu {
 
     /// Copies `buffer` back to the host as f32 values (blocking).
     pub fn read_f32(&self, buffer: &wgpu::Buffer) -> Result<Vec<f32>, GpuError> {
-        Ok(bytemuck::cast_slice(&self.read_bytes(buffer)?).to_vec())
+        Ok(bytemuck::cast_slice(&self.read_bytes(buffer, buffer.size())?).to_vec())
+    }
+
+    /// Copies the first `count` f32 values of `buffer` back to the host (blocking); only
+    /// those bytes are copied (a planned buffer is often larger than the value it holds).
+    pub fn read_f32_first(&self, buffer: &wgpu::Buffer, count: usize) -> Result<Vec<f32>, GpuError> {
+        Ok(bytemuck::cast_slice(&self.read_bytes(buffer, count as u64 * 4)?).to_vec())
     }
 
     /// Copies `buffer` back to the host as u32 values (blocking).
     pub fn read_u32(&self, buffer: &wgpu::Buffer) -> Result<Vec<u32>, GpuError> {
-        Ok(bytemuck::cast_slice(&self.read_bytes(buffer)?).to_vec())
+        Ok(bytemuck::cast_slice(&self.read_bytes(buffer, buffer.size())?).to_vec())
     }
 
-    /// Copies `buffer` back to the host (blocking).
-    pub fn read_bytes(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>, GpuError> {
-        let size = buffer.size();
+    /// Copies the first `count` u32 values of `buffer` back to the host (blocking).
+    pub fn read_u32_first(&self, buffer: &wgpu::Buffer, count: usize) -> Result<Vec<u32>, GpuError> {
+        Ok(bytemuck::cast_slice(&self.read_bytes(buffer, count as u64 * 4)?).to_vec())
+    }
+
+    /// Copies the first `size` bytes of `buffer` (a multiple of 4) back to the host
+    /// (blocking).
+    fn read_bytes(&self, buffer: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
+        let size = size.min(buffer.size());
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size,
