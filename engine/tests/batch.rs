@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use drama_engine::batch::Batcher;
-use drama_engine::checkpoint::{Checkpoint, Provenance};
 use drama_engine::sampling::SamplingParams;
 use drama_engine::session::Engine;
 use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
@@ -32,10 +31,8 @@ fn request(text: Vec<u32>, gamma: f32, guidance: GuidanceMode, seed: u64) -> Syn
 #[test]
 fn batched_jobs_equal_solo_runs() {
     let mut rng = rng("batch");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny");
-    drama_fixtures::write_preset("tiny", rng.next_u64(), &path).unwrap();
-    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let checkpoint = fixture.open();
     let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
     let requests = [
         request(vec![5, 17, 42, 99], 1.5, GuidanceMode::Paired, rng.next_u64()),
@@ -95,10 +92,8 @@ fn batched_jobs_equal_solo_runs() {
 
 #[test]
 fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny");
-    drama_fixtures::write_preset("tiny", 5, &path).unwrap();
-    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
+    let fixture = Fixture::preset("tiny", 5);
+    let checkpoint = fixture.open();
     let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
     let mut r = request(vec![1, 2, 3], 1.5, GuidanceMode::Paired, 9);
     r.sampling.temperature = 0.7;

@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use drama_engine::checkpoint::{Checkpoint, Provenance};
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::reference::codec::decode;
 use drama_engine::reference::ops::Rounding;
@@ -19,10 +18,8 @@ fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
 #[test]
 fn codec_matches_reference_and_streams_exactly() {
     let mut rng = rng("codec");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny");
-    drama_fixtures::write_preset("tiny", rng.next_u64(), &path).unwrap();
-    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let checkpoint = fixture.open();
     let codes: Vec<u32> = (0..17)
         .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
         .collect();

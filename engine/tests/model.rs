@@ -8,31 +8,12 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use drama_engine::checkpoint::{Checkpoint, Provenance, names};
+use drama_engine::checkpoint::{Checkpoint, names};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::reference::ops::Rounding;
 use drama_engine::reference::{ForcedRoutes, ReferenceModel, weights};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use rand_core::Rng;
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    checkpoint_dir: std::path::PathBuf,
-}
-
-fn fixture(preset: &str, seed: u64) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let checkpoint_dir = dir.path().join(preset);
-    drama_fixtures::write_preset(preset, seed, &checkpoint_dir).unwrap();
-    Fixture {
-        _dir: dir,
-        checkpoint_dir,
-    }
-}
-
-fn open(f: &Fixture) -> Checkpoint {
-    Checkpoint::open(&f.checkpoint_dir, Provenance::Local(f.checkpoint_dir.clone())).unwrap()
-}
 
 /// A random utterance: text ids and audio ids (audio_bos first, then codes).
 fn utterance(
@@ -76,8 +57,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// within 5e-3, and at least one matching the contract-rounding reference to f32 precision.
 fn trace_against_reference(preset: &str) {
     let mut rng = rng(&format!("model {preset}"));
-    let f = fixture(preset, rng.next_u64());
-    let checkpoint = open(&f);
+    let f = Fixture::preset(preset, rng.next_u64());
+    let checkpoint = f.open();
     let reference = ReferenceModel::load(&checkpoint);
     let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
     let mut errors: Vec<f64> = (0..5)
@@ -228,8 +209,8 @@ fn tiny_fp8_trace_matches_reference() {
 #[test]
 fn paired_equals_separate() {
     let mut rng = rng("paired");
-    let f = fixture("tiny", rng.next_u64());
-    let checkpoint = open(&f);
+    let f = Fixture::preset("tiny", rng.next_u64());
+    let checkpoint = f.open();
     let c = checkpoint.config.clone();
     let null = weights::values(&checkpoint, names::NULL_PREFIX)
         .iter()
@@ -271,8 +252,8 @@ fn paired_equals_separate() {
 #[test]
 fn chunked_equals_whole() {
     let mut rng = rng("chunked");
-    let f = fixture("tiny-sigmoid", rng.next_u64());
-    let checkpoint = open(&f);
+    let f = Fixture::preset("tiny-sigmoid", rng.next_u64());
+    let checkpoint = f.open();
     let p = checkpoint.config.speech.voice_prefix_len;
     let v = checkpoint.config.speech.audio_vocab_size;
     let (text, audio) = utterance(&checkpoint, &mut rng, 6, 5);
@@ -298,9 +279,9 @@ fn chunked_equals_whole() {
 #[test]
 fn split_weights_equal_unsplit() {
     let mut rng = rng("split");
-    let f = fixture("tiny-fp8", rng.next_u64());
-    let (text, audio) = utterance(&open(&f), &mut rng, 5, 4);
-    let p = open(&f).config.speech.voice_prefix_len;
+    let f = Fixture::preset("tiny-fp8", rng.next_u64());
+    let (text, audio) = utterance(&f.open(), &mut rng, 5, 4);
+    let p = f.open().config.speech.voice_prefix_len;
     let rows = rows_for(0, p, &text, &audio);
     let small = Gpu::new(&GpuOptions {
         max_storage_binding: Some(32768),
@@ -308,8 +289,8 @@ fn split_weights_equal_unsplit() {
     })
     .unwrap();
     assert_eq!(small.caps.max_storage_binding, 32768);
-    let split_engine = Engine::load(Arc::new(small), open(&f)).unwrap();
-    let plain_engine = Engine::load(shared_gpu(), open(&f)).unwrap();
+    let split_engine = Engine::load(Arc::new(small), f.open()).unwrap();
+    let plain_engine = Engine::load(shared_gpu(), f.open()).unwrap();
     let count = |e: &Engine| -> usize {
         let w = &e.weights;
         w.linears
@@ -341,8 +322,8 @@ fn split_weights_equal_unsplit() {
 /// dimension is refused with an error naming the limit, never a panic.
 #[test]
 fn an_oversized_step_is_refused_not_a_panic() {
-    let f = fixture("tiny", 2);
-    let engine = Engine::load(shared_gpu(), open(&f)).unwrap();
+    let f = Fixture::preset("tiny", 2);
+    let engine = Engine::load(shared_gpu(), f.open()).unwrap();
     // 4100 lanes x 4 prefix rows = 16400 rows; x top-4 = 65600 expert slots per layer.
     let lanes = 4100;
     let rows: Vec<Row> = (0..lanes)

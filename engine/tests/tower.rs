@@ -3,7 +3,6 @@
 mod common;
 
 use common::*;
-use drama_engine::checkpoint::{Checkpoint, Provenance};
 use drama_engine::reference::ops::Rounding;
 use drama_engine::reference::tower::encode;
 use drama_engine::tower::VoiceTower;
@@ -12,10 +11,8 @@ use rand_core::Rng;
 #[test]
 fn tower_matches_reference() {
     let mut rng = rng("tower");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny");
-    drama_fixtures::write_preset("tiny", rng.next_u64(), &path).unwrap();
-    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let checkpoint = fixture.open();
     let n_mels = checkpoint.config.voice_tower.n_mels;
     for frames in [1usize, 13] {
         // Log-mel values: ln of powers, between ln(1e-5) and a few units.

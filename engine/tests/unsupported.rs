@@ -3,10 +3,9 @@
 
 mod common;
 
-use common::{rng, shared_gpu};
-use drama_engine::checkpoint::{Checkpoint, Provenance};
+use common::{Fixture, rng, shared_gpu};
 use drama_engine::session::Engine;
-use drama_fixtures::{Preset, generate};
+use drama_fixtures::Preset;
 use rand_core::Rng;
 
 /// Writes the tiny preset with `change` applied to its architecture, opens it (the
@@ -14,10 +13,7 @@ use rand_core::Rng;
 fn load_error(label: &str, change: fn(&mut Preset)) -> String {
     let mut preset = Preset::by_name("tiny").expect("tiny preset");
     change(&mut preset);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("checkpoint");
-    generate(&preset, rng(label).next_u64()).unwrap().write(&path).unwrap();
-    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).expect("a valid checkpoint");
+    let checkpoint = Fixture::generated(&preset, rng(label).next_u64()).open();
     match Engine::load(shared_gpu(), checkpoint) {
         Ok(_) => panic!("the engine loaded a checkpoint its kernels cannot run"),
         Err(e) => e.to_string(),

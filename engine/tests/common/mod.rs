@@ -31,6 +31,38 @@ pub fn gpu() -> &'static Gpu {
 
 pub use drama_engine::test_support::{rng, uniform};
 
+/// A generated checkpoint in a temporary directory (removed when dropped).
+pub struct Fixture {
+    _dir: tempfile::TempDir,
+    /// The checkpoint directory.
+    pub path: std::path::PathBuf,
+}
+
+impl Fixture {
+    /// A named preset with `seed`.
+    pub fn preset(name: &str, seed: u64) -> Fixture {
+        let preset = drama_fixtures::Preset::by_name(name).expect("a fixture preset");
+        Fixture::generated(&preset, seed)
+    }
+
+    /// Any preset (perhaps altered) with `seed`.
+    pub fn generated(preset: &drama_fixtures::Preset, seed: u64) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(preset.name);
+        drama_fixtures::generate(preset, seed).unwrap().write(&path).unwrap();
+        Fixture { _dir: dir, path }
+    }
+
+    /// The checkpoint, opened and validated.
+    pub fn open(&self) -> drama_engine::checkpoint::Checkpoint {
+        drama_engine::checkpoint::Checkpoint::open(
+            &self.path,
+            drama_engine::checkpoint::Provenance::Local(self.path.clone()),
+        )
+        .unwrap()
+    }
+}
+
 /// Uniform values rounded to BF16 (what every linear input is).
 pub fn bf16_values(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
     uniform(rng, n, scale).into_iter().map(round_to_bf16).collect()
