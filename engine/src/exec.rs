@@ -15,7 +15,7 @@ use drama_kernels::{
 
 use crate::error::EngineError;
 use crate::gpu::{Dispatch, Gpu};
-use crate::weights::{GpuLinear, GpuWeights};
+use crate::weights::{GpuLinear, GpuWeights, stack_key};
 
 /// A compiled step: planned buffers and the recorded launches.
 pub struct Executable {
@@ -307,7 +307,7 @@ impl<'a> Lowering<'a> {
             }
         };
         if io.swiglu || stacks(members) {
-            let key = members.iter().map(|m| m.weight.as_str()).collect::<Vec<_>>().join("+");
+            let key = stack_key(members);
             let linear = weights
                 .linears
                 .get(&key)

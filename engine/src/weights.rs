@@ -54,7 +54,7 @@ pub struct GpuTable {
 /// Every backbone weight on the GPU.
 pub struct GpuWeights {
     /// Dense linears and 2-D matrices used as linears, by weight name, or stacked groups by
-    /// their names joined with `+`.
+    /// [`stack_key`].
     pub linears: HashMap<String, GpuLinear>,
     /// Routed experts by (layer, projections stacked per expert): `[Gate, Up]` when stacked
     /// for the SwiGLU epilogue, else one projection each.
@@ -373,6 +373,12 @@ impl Uploader<'_> {
     }
 }
 
+/// The key a stacked group of linears is found under in [`GpuWeights::linears`]: its
+/// members' weight names joined by `+`.
+pub fn stack_key(members: &[LinearMember]) -> String {
+    members.iter().map(|m| m.weight.as_str()).collect::<Vec<_>>().join("+")
+}
+
 fn codes_tensor(module: &str, format: LinearFormat, is_module: bool) -> String {
     match (is_module, format) {
         (false, _) => module.to_string(),
@@ -476,11 +482,11 @@ impl GpuWeights {
         for (group, swiglu) in linear_groups {
             let names: Vec<String> = group.iter().map(|m| m.weight.clone()).collect();
             if *swiglu {
-                linears.insert(names.join("+"), up.stacked_swiglu(&names[0], &names[1])?);
+                linears.insert(stack_key(group), up.stacked_swiglu(&names[0], &names[1])?);
                 continue;
             }
             if stacks(group) {
-                linears.insert(names.join("+"), up.stacked(&names)?);
+                linears.insert(stack_key(group), up.stacked(&names)?);
                 continue;
             }
             for weight in names {
