@@ -411,6 +411,6 @@ impl CodecDecoder {
             .queue
             .write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
         self.weights.gpu.submit(&program.dispatches);
-        Ok(self.weights.gpu.read_f32_first(&program.output, program.samples)?)
+        Ok(self.weights.gpu.read_first(&program.output, program.samples)?)
     }
 }

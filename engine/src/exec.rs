@@ -630,12 +630,12 @@ impl Executable {
     /// Reads a value back as f32 (its first `elements`).
     pub fn read_f32(&self, gpu: &Gpu, id: ValueId) -> Result<Vec<f32>, EngineError> {
         let n: usize = self.graph.value(id).shape.iter().product();
-        Ok(gpu.read_f32_first(self.value_buffer(id), n)?)
+        Ok(gpu.read_first(self.value_buffer(id), n)?)
     }
 
     /// Reads a value back as u32.
     pub fn read_u32(&self, gpu: &Gpu, id: ValueId) -> Result<Vec<u32>, EngineError> {
         let n: usize = self.graph.value(id).shape.iter().product();
-        Ok(gpu.read_u32_first(self.value_buffer(id), n)?)
+        Ok(gpu.read_first(self.value_buffer(id), n)?)
     }
 }

@@ -167,6 +167,6 @@ impl VoiceTower {
         launches.push(self.elementwise(Kernel::MeanRows, average, &[&normed, &mean])?);
         self.linear(&self.out_proj, &mean, &prefix, 1, &mut launches)?;
         gpu.submit(&launches);
-        Ok(gpu.read_f32_first(&prefix, self.out_proj.out)?)
+        Ok(gpu.read_first(&prefix, self.out_proj.out)?)
     }
 }

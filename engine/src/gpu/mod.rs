@@ -422,8 +422,7 @@ impl Gpu {
             }
             encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
             self.queue.submit([encoder.finish()]);
-            let bytes = self.read_bytes(&resolved, resolved.size())?;
-            let ticks: &[u64] = bytemuck::cast_slice(&bytes);
+            let ticks: Vec<u64> = self.read_first(&resolved, count as usize)?;
             let period = f64::from(self.queue.get_timestamp_period());
             times.extend(
                 ticks
@@ -470,37 +469,26 @@ impl Gpu {
         }
         encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
         self.queue.submit([encoder.finish()]);
-        let bytes = self.read_bytes(&resolved, resolved.size())?;
-        let ticks: &[u64] = bytemuck::cast_slice(&bytes);
+        let ticks: Vec<u64> = self.read_first(&resolved, 2)?;
         let nanos = ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period());
         Ok(std::time::Duration::from_nanos(nanos as u64))
     }
 
     /// Copies `buffer` back to the host as f32 values (blocking).
     pub fn read_f32(&self, buffer: &wgpu::Buffer) -> Result<Vec<f32>, GpuError> {
-        Ok(bytemuck::cast_slice(&self.read_bytes(buffer, buffer.size())?).to_vec())
-    }
-
-    /// Copies the first `count` f32 values of `buffer` back to the host (blocking); only
-    /// those bytes are copied (a planned buffer is often larger than the value it holds).
-    pub fn read_f32_first(&self, buffer: &wgpu::Buffer, count: usize) -> Result<Vec<f32>, GpuError> {
-        Ok(bytemuck::cast_slice(&self.read_bytes(buffer, count as u64 * 4)?).to_vec())
+        self.read_first(buffer, (buffer.size() / 4) as usize)
     }
 
     /// Copies `buffer` back to the host as u32 values (blocking).
     pub fn read_u32(&self, buffer: &wgpu::Buffer) -> Result<Vec<u32>, GpuError> {
-        Ok(bytemuck::cast_slice(&self.read_bytes(buffer, buffer.size())?).to_vec())
+        self.read_first(buffer, (buffer.size() / 4) as usize)
     }
 
-    /// Copies the first `count` u32 values of `buffer` back to the host (blocking).
-    pub fn read_u32_first(&self, buffer: &wgpu::Buffer, count: usize) -> Result<Vec<u32>, GpuError> {
-        Ok(bytemuck::cast_slice(&self.read_bytes(buffer, count as u64 * 4)?).to_vec())
-    }
-
-    /// Copies the first `size` bytes of `buffer` (a multiple of 4) back to the host
-    /// (blocking).
-    fn read_bytes(&self, buffer: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
-        let size = size.min(buffer.size());
+    /// Copies the first `count` values of `buffer` back to the host (blocking); only those
+    /// bytes are copied (a planned buffer is often larger than the value it holds), and they
+    /// are cast straight from the mapped range.
+    pub fn read_first<T: bytemuck::Pod>(&self, buffer: &wgpu::Buffer, count: usize) -> Result<Vec<T>, GpuError> {
+        let size = (count * std::mem::size_of::<T>()) as u64;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size,
@@ -524,12 +512,14 @@ impl Gpu {
             .recv()
             .map_err(|e| GpuError::Readback(e.to_string()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
-        let bytes = staging
-            .get_mapped_range(..)
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .to_vec();
+        let values = bytemuck::cast_slice(
+            &staging
+                .get_mapped_range(..)
+                .map_err(|e| GpuError::Readback(e.to_string()))?,
+        )
+        .to_vec();
         staging.unmap();
-        Ok(bytes)
+        Ok(values)
     }
 }
 
