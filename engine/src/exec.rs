@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use drama_graph::drama3::{StepShape, row_source};
+use drama_graph::drama3::{STEP_INPUTS, StepShape, row_source};
 use drama_graph::ir::{LinearMember, Op, Projection, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
@@ -29,6 +29,10 @@ pub struct Executable {
     dispatches: Vec<Dispatch>,
     /// The launches of each node: a range of `dispatches`, in node order.
     node_dispatches: Vec<std::ops::Range<usize>>,
+    /// The host-written inputs, in [`STEP_INPUTS`] order.
+    inputs: [ValueId; STEP_INPUTS.len()],
+    /// The audio logits (the step's output).
+    logits: ValueId,
 }
 
 /// Everything a step binds besides its own buffers.
@@ -541,6 +545,18 @@ impl Executable {
             capacity: shape.capacity,
             dispatches: Vec::new(),
         };
+        let find = |name: &str| {
+            graph
+                .find(name)
+                .ok_or_else(|| EngineError::Unsupported(format!("the step graph has no value {name}")))
+        };
+        let inputs = [
+            find(STEP_INPUTS[0])?,
+            find(STEP_INPUTS[1])?,
+            find(STEP_INPUTS[2])?,
+            find(STEP_INPUTS[3])?,
+        ];
+        let logits = find("logits")?;
         let mut node_dispatches = Vec::with_capacity(graph.nodes.len());
         for node in &graph.nodes {
             let start = lowering.dispatches.len();
@@ -555,6 +571,8 @@ impl Executable {
             buffers,
             dispatches,
             node_dispatches,
+            inputs,
+            logits,
         })
     }
 
@@ -568,22 +586,27 @@ impl Executable {
         &self.buffers[self.plan.value_buffer[id.0].expect("planned value")]
     }
 
-    /// Writes a host input (`row_table`, ... `prefixes`) for the next run.
-    pub fn write_input(&self, gpu: &Gpu, name: &str, bytes: &[u8]) -> Result<(), EngineError> {
-        let id = self
-            .graph
-            .find(name)
-            .ok_or_else(|| EngineError::Input(format!("the step has no input {name}")))?;
-        let buffer = self.value_buffer(id);
-        if bytes.len() as u64 > buffer.size() {
-            return Err(EngineError::Input(format!(
-                "{name}: {} bytes for a {}-byte input",
-                bytes.len(),
-                buffer.size()
-            )));
+    /// Writes the host inputs (one u32 per row each, in [`STEP_INPUTS`] order) for the next
+    /// run.
+    pub fn write_inputs(&self, gpu: &Gpu, values: [&[u32]; STEP_INPUTS.len()]) -> Result<(), EngineError> {
+        for ((name, &id), values) in STEP_INPUTS.iter().zip(&self.inputs).zip(values) {
+            let bytes: &[u8] = bytemuck::cast_slice(values);
+            let buffer = self.value_buffer(id);
+            if bytes.len() as u64 > buffer.size() {
+                return Err(EngineError::Input(format!(
+                    "{name}: {} bytes for a {}-byte input",
+                    bytes.len(),
+                    buffer.size()
+                )));
+            }
+            gpu.queue.write_buffer(buffer, 0, bytes);
         }
-        gpu.queue.write_buffer(buffer, 0, bytes);
         Ok(())
+    }
+
+    /// Reads the audio logits of the last run.
+    pub fn read_logits(&self, gpu: &Gpu) -> Result<Vec<f32>, EngineError> {
+        self.read_f32(gpu, self.logits)
     }
 
     /// Records every launch into one pass of a command buffer; submitting it runs the step

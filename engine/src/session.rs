@@ -330,14 +330,10 @@ impl<'e> Session<'e> {
         let lanes: Vec<u32> = rows.iter().map(|r| r.lane as u32).collect();
         let positions: Vec<u32> = rows.iter().map(|r| r.pos as u32).collect();
         let gpu = self.engine.gpu.clone();
-        let moe_kept = if trace { self.moe_kept.clone() } else { Vec::new() };
         let key = (rows.len(), trace);
         self.executable(rows.len(), trace)?;
         let exe = &self.steps[&key];
-        exe.write_input(&gpu, "row_table", bytemuck::cast_slice(&table))?;
-        exe.write_input(&gpu, "row_index", bytemuck::cast_slice(&index))?;
-        exe.write_input(&gpu, "row_lane", bytemuck::cast_slice(&lanes))?;
-        exe.write_input(&gpu, "row_pos", bytemuck::cast_slice(&positions))?;
+        exe.write_inputs(&gpu, [&table, &index, &lanes, &positions])?;
         let time = match timing {
             Timing::None => {
                 let commands = match self.prepared.take() {
@@ -357,11 +353,11 @@ impl<'e> Session<'e> {
                 .find(name)
                 .ok_or_else(|| EngineError::Unsupported(format!("the step graph has no value {name}")))
         };
-        let logits = exe.read_f32(&gpu, find("logits")?)?;
+        let logits = exe.read_logits(&gpu)?;
         let mut hidden = Vec::new();
         let mut routes = Vec::new();
         if trace {
-            for (i, kept) in moe_kept.iter().enumerate() {
+            for (i, kept) in self.moe_kept.iter().enumerate() {
                 hidden.push(exe.read_f32(&gpu, find(&format!("layers.{i}.hidden"))?)?);
                 routes.push(match kept {
                     None => None,
