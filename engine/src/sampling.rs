@@ -62,16 +62,21 @@ impl Sampler {
             return Err(EngineError::Unsupported(format!("logit {i} is NaN")));
         }
         let mut order: Vec<usize> = (0..logits.len()).filter(|&i| i != forbidden).collect();
-        // Most likely first; ties toward the lower id.
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        // Most likely first; ties toward the lower id (a total order, so partial selections
+        // below pick exactly the ids a full sort would put first).
+        let rank = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
         // One draw per token whatever the settings, so the stream stays aligned.
         let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         if self.params.temperature == 0.0 {
-            return Ok(order[0] as u32);
+            let best = order.iter().min_by(|a, b| rank(a, b)).expect("at least one candidate");
+            return Ok(*best as u32);
         }
-        if self.params.top_k > 0 {
+        // Only the top k need ordering.
+        if self.params.top_k > 0 && self.params.top_k < order.len() {
+            order.select_nth_unstable_by(self.params.top_k - 1, rank);
             order.truncate(self.params.top_k);
         }
+        order.sort_by(rank);
         let t = f64::from(self.params.temperature);
         let best = f64::from(logits[order[0]]);
         let weights: Vec<f64> = order
@@ -159,5 +164,67 @@ mod tests {
                 .to_string()
                 .contains("top_p")
         );
+    }
+
+    /// The choice with every candidate fully sorted first (the selection's oracle).
+    fn full_sort_choice(logits: &[f32], forbidden: usize, p: &SamplingParams, draw: f64) -> u32 {
+        let mut order: Vec<usize> = (0..logits.len()).filter(|&i| i != forbidden).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if p.temperature == 0.0 {
+            return order[0] as u32;
+        }
+        if p.top_k > 0 {
+            order.truncate(p.top_k);
+        }
+        let best = f64::from(logits[order[0]]);
+        let t = f64::from(p.temperature);
+        let weights: Vec<f64> = order
+            .iter()
+            .map(|&i| libm::exp((f64::from(logits[i]) - best) / t))
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let mut keep = weights.len();
+        let mut cumulative = 0.0;
+        for (n, w) in weights.iter().enumerate() {
+            cumulative += w / total;
+            if p.top_p < 1.0 && cumulative >= f64::from(p.top_p) {
+                keep = n + 1;
+                break;
+            }
+        }
+        let target = draw * weights[..keep].iter().sum::<f64>();
+        let mut cumulative = 0.0;
+        for (n, w) in weights[..keep].iter().enumerate() {
+            cumulative += w;
+            if target < cumulative {
+                return order[n] as u32;
+            }
+        }
+        order[keep - 1] as u32
+    }
+
+    #[test]
+    fn partial_selection_picks_what_a_full_sort_picks() {
+        let mut rng = crate::test_support::rng("sampling selection");
+        for case in 0..60u64 {
+            // Quantised logits, so ties are common.
+            let logits: Vec<f32> = (0..200).map(|_| ((rng.next_u32() % 40) as f32 - 20.0) * 0.25).collect();
+            let p = params(
+                [0.0, 0.7, 1.3][case as usize % 3],
+                [0, 1, 5, 50][case as usize % 4],
+                [1.0, 0.9, 0.3][(case / 3) as usize % 3],
+                case,
+            );
+            let mut sampler = Sampler::new(p).unwrap();
+            let mut oracle_rng = ChaCha8Rng::seed_from_u64(case);
+            for _ in 0..5 {
+                let draw = (oracle_rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                assert_eq!(
+                    sampler.sample(&logits, 7).unwrap(),
+                    full_sort_choice(&logits, 7, &p, draw),
+                    "{p:?}"
+                );
+            }
+        }
     }
 }
