@@ -57,6 +57,8 @@ pub struct Batcher<'e> {
     capacity: usize,
     null_prefix: Vec<f32>,
     default_prefix: Vec<f32>,
+    /// Decoders of finished jobs, kept with their compiled chunk programs for the next.
+    idle_decoders: Vec<CodecDecoder>,
 }
 
 impl<'e> Batcher<'e> {
@@ -77,6 +79,7 @@ impl<'e> Batcher<'e> {
             capacity,
             null_prefix: to_f32(names::NULL_PREFIX),
             default_prefix: to_f32(names::DEFAULT_PREFIX),
+            idle_decoders: Vec::new(),
             engine,
         })
     }
@@ -150,8 +153,13 @@ impl<'e> Batcher<'e> {
         if let Some(lane) = uncond_lane {
             self.session.set_prefix(lane, &self.null_prefix)?;
         }
-        let mut codec = CodecDecoder::new(self.codec.clone());
-        codec.reset();
+        let codec = match self.idle_decoders.pop() {
+            Some(mut decoder) => {
+                decoder.reset();
+                decoder
+            }
+            None => CodecDecoder::new(self.codec.clone()),
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.jobs.push(Job {
@@ -259,14 +267,7 @@ impl<'e> Batcher<'e> {
                     job.last_token = None;
                     index += 1;
                 }
-                Next::Finished(stop) => {
-                    let mut job = self.jobs.remove(index);
-                    job.stats.stop = stop;
-                    job.stats.wall = job.started.elapsed();
-                    self.free.push(job.cond_lane);
-                    self.free.extend(job.uncond_lane);
-                    finished.push((job.id, job.stats));
-                }
+                Next::Finished(stop) => finished.push(self.release(index, stop)),
             }
         }
         Ok(finished)
@@ -313,11 +314,17 @@ impl<'e> Batcher<'e> {
     /// Cancels a job (its lanes free at once).
     pub fn cancel(&mut self, id: JobId) -> Option<SynthesisStats> {
         let index = self.jobs.iter().position(|j| j.id == id)?;
+        Some(self.release(index, Stop::Cancelled).1)
+    }
+
+    /// Ends job `index`: its lanes are free, its decoder kept for the next job.
+    fn release(&mut self, index: usize, stop: Stop) -> (JobId, SynthesisStats) {
         let mut job = self.jobs.remove(index);
+        job.stats.stop = stop;
+        job.stats.wall = job.started.elapsed();
         self.free.push(job.cond_lane);
         self.free.extend(job.uncond_lane);
-        job.stats.stop = Stop::Cancelled;
-        job.stats.wall = job.started.elapsed();
-        Some(job.stats)
+        self.idle_decoders.push(job.codec);
+        (job.id, job.stats)
     }
 }

@@ -160,7 +160,6 @@ pub fn trace(engine: &Engine, request: &TraceRequest<'_>) -> Result<Trace, Engin
         }
     }
     let mut decoder = CodecDecoder::new(CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?);
-    decoder.reset();
     let pcm = decoder.decode(request.codes)?;
     tensors.push(f32_tensor("pcm".into(), vec![pcm.len()], &pcm));
     Ok(Trace { tensors })
