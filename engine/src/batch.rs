@@ -230,7 +230,9 @@ impl<'e> Batcher<'e> {
             });
             last.push((c, u));
         }
-        let (cond_logits, uncond_logits) = if separate {
+        // Paired: one step, its logits split in place; separate: a step per kind of lane.
+        let n = cond_rows.len();
+        let (first, second) = if separate {
             let c = self.session.step(&cond_rows, false)?.logits;
             let u = if uncond_rows.is_empty() {
                 Vec::new()
@@ -239,22 +241,28 @@ impl<'e> Batcher<'e> {
             };
             (c, u)
         } else {
-            let n = cond_rows.len();
             let mut all = cond_rows;
             all.extend(uncond_rows);
-            let logits = self.session.step(&all, false)?.logits;
-            (logits[..n * vocab].to_vec(), logits[n * vocab..].to_vec())
+            (self.session.step(&all, false)?.logits, Vec::new())
+        };
+        let (cond_logits, uncond_logits) = if separate {
+            (&first[..], &second[..])
+        } else {
+            first.split_at(n * vocab)
         };
         let mut finished = Vec::new();
         let mut index = 0;
         let mut outcomes = Vec::new();
         for (job, (c, u)) in self.jobs.iter_mut().zip(&last) {
             let cond = &cond_logits[c * vocab..(c + 1) * vocab];
-            let logits = match u {
-                Some(u) => mix(cond, &uncond_logits[u * vocab..(u + 1) * vocab], job.request.gamma),
-                None => cond.to_vec(),
+            let outcome = match u {
+                Some(u) => {
+                    let mixed = mix(cond, &uncond_logits[u * vocab..(u + 1) * vocab], job.request.gamma);
+                    Self::advance(self.engine, job, &mixed)?
+                }
+                None => Self::advance(self.engine, job, cond)?,
             };
-            outcomes.push(Self::advance(self.engine, job, &logits)?);
+            outcomes.push(outcome);
         }
         for outcome in outcomes {
             let job = &mut self.jobs[index];
