@@ -11,7 +11,6 @@ use crate::checkpoint::names;
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::guidance::mix;
-use crate::reference::weights;
 use crate::sampling::Sampler;
 use crate::session::{Engine, Row, RowSource, Session};
 use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats};
@@ -64,12 +63,6 @@ pub struct Batcher<'e> {
 impl<'e> Batcher<'e> {
     /// A batcher over `lanes` lanes of `capacity` positions each.
     pub fn new(engine: &'e Engine, lanes: usize, capacity: usize) -> Result<Self, EngineError> {
-        let to_f32 = |name: &str| {
-            weights::values(&engine.checkpoint, name)
-                .iter()
-                .map(|&v| v as f32)
-                .collect()
-        };
         Ok(Batcher {
             session: Session::new(engine, lanes, capacity)?,
             codec: CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?,
@@ -77,8 +70,8 @@ impl<'e> Batcher<'e> {
             jobs: Vec::new(),
             next_id: 0,
             capacity,
-            null_prefix: to_f32(names::NULL_PREFIX),
-            default_prefix: to_f32(names::DEFAULT_PREFIX),
+            null_prefix: engine.checkpoint.float_tensor(names::NULL_PREFIX),
+            default_prefix: engine.checkpoint.float_tensor(names::DEFAULT_PREFIX),
             idle_decoders: Vec::new(),
             engine,
         })

@@ -391,11 +391,7 @@ pub fn decode_step(
     let capacity = options.context + steps + 2;
     let mut session = Session::new(engine, lanes, capacity)?;
     if lanes == 2 {
-        let null: Vec<f32> =
-            crate::reference::weights::values(&engine.checkpoint, crate::checkpoint::names::NULL_PREFIX)
-                .iter()
-                .map(|&v| v as f32)
-                .collect();
+        let null = engine.checkpoint.float_tensor(crate::checkpoint::names::NULL_PREFIX);
         session.set_prefix(1, &null)?;
     }
     let codes = c.speech.audio_codes as u32;

@@ -13,7 +13,6 @@ use drama_kernels::{CodecParams, ElementwiseParams, Kernel};
 use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
 use crate::gpu::{Dispatch, Gpu};
-use crate::reference::weights;
 
 /// A stream history: the frames the next chunk needs, and a scratch for updating it.
 struct History {
@@ -249,10 +248,7 @@ impl CodecWeights {
         }
         let config = checkpoint.config.codec.clone();
         Ok(Arc::new(CodecWeights {
-            codebook: weights::values(checkpoint, names::CODEBOOK)
-                .iter()
-                .map(|&v| v as f32)
-                .collect(),
+            codebook: checkpoint.float_tensor(names::CODEBOOK),
             codebook_dim: config.codebook_dim,
             codes: checkpoint.config.speech.audio_codes,
             gpu,

@@ -53,6 +53,25 @@ pub fn round_to_bf16(value: f32) -> f32 {
     bf16_to_f32(f32_to_bf16_bits(value))
 }
 
+/// Little-endian BF16 or F32 tensor bytes as f32 values (exact); `None` for another dtype.
+pub fn float_values(bytes: &[u8], dtype: safetensors::Dtype) -> Option<Vec<f32>> {
+    match dtype {
+        safetensors::Dtype::BF16 => Some(
+            bytes
+                .chunks_exact(2)
+                .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+        ),
+        safetensors::Dtype::F32 => Some(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,11 +145,8 @@ impl<'e> Session<'e> {
         let rope_table = gpu.buffer_with("rope table", bytemuck::cast_slice(&table));
         let p = c.speech.voice_prefix_len;
         let h = c.hidden_size;
-        let default_prefix =
-            crate::reference::weights::values(&engine.checkpoint, crate::checkpoint::names::DEFAULT_PREFIX);
-        let prefixes = (0..lanes)
-            .flat_map(|_| default_prefix.iter().map(|&v| v as f32))
-            .collect::<Vec<_>>();
+        let default_prefix = engine.checkpoint.float_tensor(crate::checkpoint::names::DEFAULT_PREFIX);
+        let prefixes = default_prefix.repeat(lanes);
         debug_assert_eq!(prefixes.len(), lanes * p * h);
         // The voice-prefix table is state the steps bind, written only when a prefix is set.
         states.insert(

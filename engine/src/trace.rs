@@ -9,7 +9,6 @@ use crate::checkpoint::names;
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::guidance::mix;
-use crate::reference::weights;
 use crate::session::{Engine, Row, RowSource, Session};
 
 /// How the two guidance lanes run.
@@ -79,10 +78,7 @@ pub fn trace(engine: &Engine, request: &TraceRequest<'_>) -> Result<Trace, Engin
     let s = cond_rows.len();
     let t = audio.len();
     let guided = request.gamma != 1.0;
-    let null: Vec<f32> = weights::values(&engine.checkpoint, names::NULL_PREFIX)
-        .iter()
-        .map(|&x| x as f32)
-        .collect();
+    let null = engine.checkpoint.float_tensor(names::NULL_PREFIX);
     let (cond, uncond) = match (guided, request.lanes) {
         (false, _) => {
             let mut session = Session::new(engine, 1, s)?;

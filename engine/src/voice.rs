@@ -6,7 +6,7 @@ use safetensors::Dtype;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::EngineError;
-use crate::numerics::bf16_to_f32;
+use crate::numerics::float_values;
 
 /// The `format` metadata value of a voice file.
 pub const VOICE_FORMAT: &str = "drama-voice";
@@ -45,18 +45,8 @@ pub fn read_voice_file(bytes: &[u8], checkpoint: &Checkpoint) -> Result<Vec<f32>
             want
         )));
     }
-    let values: Vec<f32> = match prefix.dtype() {
-        Dtype::BF16 => prefix
-            .data()
-            .chunks_exact(2)
-            .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        Dtype::F32 => prefix
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        other => return Err(bad(format!("prefix dtype {other:?}, expected BF16 or F32"))),
+    let Some(values) = float_values(prefix.data(), prefix.dtype()) else {
+        return Err(bad(format!("prefix dtype {:?}, expected BF16 or F32", prefix.dtype())));
     };
     if let Some(i) = values.iter().position(|v| !v.is_finite()) {
         return Err(bad(format!("prefix element {i} is not finite")));

@@ -271,6 +271,16 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// A validated BF16 or F32 tensor (norms, prefixes, codebooks) as f32 values.
+    pub fn float_tensor(&self, name: &str) -> Vec<f32> {
+        let entry = self
+            .weights
+            .entry(name)
+            .unwrap_or_else(|| panic!("validated checkpoint lacks {name}"));
+        crate::numerics::float_values(self.weights.bytes(entry), entry.dtype)
+            .unwrap_or_else(|| panic!("{name}: {:?} is not a float tensor", entry.dtype))
+    }
+
     /// The validated description of a linear module.
     pub fn linear(&self, module: &str) -> Option<&LinearInfo> {
         self.linears.get(module)

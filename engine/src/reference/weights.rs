@@ -6,7 +6,7 @@ use safetensors::Dtype;
 use super::ops::Matrix;
 use crate::checkpoint::linear::{FP8_BLOCK, NVFP4_BLOCK};
 use crate::checkpoint::{Checkpoint, LinearFormat};
-use crate::numerics::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32};
+use crate::numerics::{e2m1_to_f32, e4m3_to_f32};
 
 fn tensor<'a>(checkpoint: &'a Checkpoint, name: &str) -> (&'a [u8], Dtype, Vec<usize>) {
     let entry = checkpoint
@@ -18,18 +18,7 @@ fn tensor<'a>(checkpoint: &'a Checkpoint, name: &str) -> (&'a [u8], Dtype, Vec<u
 
 /// A BF16 or F32 tensor as f64 values.
 pub fn values(checkpoint: &Checkpoint, name: &str) -> Vec<f64> {
-    let (bytes, dtype, _) = tensor(checkpoint, name);
-    match dtype {
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| f64::from(bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))))
-            .collect(),
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .collect(),
-        other => panic!("{name}: {other:?} is not a float tensor"),
-    }
+    checkpoint.float_tensor(name).into_iter().map(f64::from).collect()
 }
 
 /// An I32 tensor.
