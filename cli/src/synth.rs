@@ -9,7 +9,7 @@ use drama_engine::audio::wav::{write_wav_f32, write_wav_pcm16};
 use drama_engine::sampling::SamplingParams;
 use drama_engine::session::Engine;
 use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
-use drama_engine::text::TextFrontEnd;
+use drama_engine::text::{TextFrontEnd, text_budget};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::checkpoint_arg::CheckpointArg;
@@ -97,11 +97,12 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let max_audio_tokens = args.max_audio_tokens.unwrap_or(config.speech.max_audio_tokens);
     anyhow::ensure!(max_audio_tokens >= 1, "--max-audio-tokens must be at least 1");
     let front = TextFrontEnd::load(&checkpoint)?;
-    let budget = config
-        .max_position_embeddings
-        .checked_sub(config.speech.voice_prefix_len + 1 + max_audio_tokens)
-        .filter(|&b| b > 0)
-        .with_context(|| format!("--max-audio-tokens {max_audio_tokens} leaves no room for text in the context"))?;
+    let budget = text_budget(
+        config.max_position_embeddings,
+        config.speech.voice_prefix_len,
+        max_audio_tokens,
+    )
+    .with_context(|| format!("--max-audio-tokens {max_audio_tokens} leaves no room for text in the context"))?;
     let segments = front.segments(&text, budget)?;
     let seed = args.seed.unwrap_or_else(random_seed);
     eprintln!(

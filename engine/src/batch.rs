@@ -77,9 +77,9 @@ impl<'e> Batcher<'e> {
         })
     }
 
-    /// Lanes a request needs: two with guidance, one without.
-    pub fn lanes_needed(request: &SynthesisRequest) -> usize {
-        if request.gamma == 1.0 { 1 } else { 2 }
+    /// Lanes a request with guidance scale `gamma` needs: two with guidance, one without.
+    pub fn lanes_needed(gamma: f32) -> usize {
+        if gamma == 1.0 { 1 } else { 2 }
     }
 
     /// Lanes not held by a job.
@@ -132,7 +132,7 @@ impl<'e> Batcher<'e> {
     /// Admits a job if its lanes are free; its PCM goes to `sink`.
     pub fn admit(&mut self, request: SynthesisRequest, sink: Sink) -> Result<JobId, EngineError> {
         self.check(&request)?;
-        let needed = Self::lanes_needed(&request);
+        let needed = Self::lanes_needed(request.gamma);
         if self.free.len() < needed {
             return Err(EngineError::Input(format!(
                 "{needed} free lanes needed, {} free",

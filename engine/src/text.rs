@@ -17,6 +17,14 @@ pub struct TextFrontEnd {
     vocab: usize,
 }
 
+/// Text tokens one segment may hold: the context (`max_positions`) less the voice prefix,
+/// `audio_bos` and up to `max_audio_tokens` audio tokens; `None` when nothing is left.
+pub fn text_budget(max_positions: usize, prefix_len: usize, max_audio_tokens: usize) -> Option<usize> {
+    max_positions
+        .checked_sub(prefix_len + 1 + max_audio_tokens)
+        .filter(|&budget| budget > 0)
+}
+
 impl TextFrontEnd {
     /// Loads `tokenizer.json` and checks its ids fit the text vocabulary.
     pub fn load(checkpoint: &Checkpoint) -> Result<TextFrontEnd, EngineError> {
@@ -54,43 +62,51 @@ impl TextFrontEnd {
         if text.trim().is_empty() {
             return Err(EngineError::Input("the text is empty".into()));
         }
-        let mut segments: Vec<String> = Vec::new();
+        // The segment being filled and its tokens (each text is tokenized once, when tried).
+        let mut segments: Vec<Vec<u32>> = Vec::new();
         let mut current = String::new();
+        let mut current_ids: Vec<u32> = Vec::new();
         for sentence in sentences(text) {
             let candidate = format!("{current}{sentence}");
-            if self.encode(candidate.trim())?.len() <= budget {
-                current = candidate;
+            let ids = self.encode(candidate.trim())?;
+            if ids.len() <= budget {
+                (current, current_ids) = (candidate, ids);
                 continue;
             }
             if !current.trim().is_empty() {
-                segments.push(std::mem::take(&mut current));
+                segments.push(std::mem::take(&mut current_ids));
+                current.clear();
             }
-            if self.encode(sentence.trim())?.len() <= budget {
-                current = sentence;
+            let ids = self.encode(sentence.trim())?;
+            if ids.len() <= budget {
+                (current, current_ids) = (sentence, ids);
                 continue;
             }
             for word in sentence.split_inclusive(char::is_whitespace) {
                 let candidate = format!("{current}{word}");
-                if self.encode(candidate.trim())?.len() <= budget {
-                    current = candidate;
+                let ids = self.encode(candidate.trim())?;
+                if ids.len() <= budget {
+                    (current, current_ids) = (candidate, ids);
                     continue;
                 }
                 if !current.trim().is_empty() {
-                    segments.push(std::mem::take(&mut current));
+                    segments.push(std::mem::take(&mut current_ids));
+                    current.clear();
                 }
-                if self.encode(word.trim())?.len() > budget {
+                let ids = self.encode(word.trim())?;
+                if ids.len() > budget {
                     return Err(EngineError::Input(format!(
                         "the word {:?} alone needs more than the {budget} tokens that fit the context",
                         word.trim()
                     )));
                 }
-                current = word.to_string();
+                (current, current_ids) = (word.to_string(), ids);
             }
         }
         if !current.trim().is_empty() {
-            segments.push(current);
+            segments.push(current_ids);
         }
-        segments.iter().map(|s| self.encode(s.trim())).collect()
+        Ok(segments)
     }
 }
 

@@ -9,9 +9,11 @@ use std::time::Instant;
 use base64::Engine as _;
 use bytes::Bytes;
 use drama_engine::audio::{SampleFormat, encode_samples, streaming_wav_header, write_wav_pcm16};
+use drama_engine::batch::Batcher;
 use drama_engine::sampling::SamplingParams;
 use drama_engine::synth::{Stop, SynthesisRequest};
 use drama_engine::text::TextFrontEnd;
+use drama_engine::text::text_budget;
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
@@ -201,21 +203,17 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     let speech = parse_speech(&body, &policy)?;
     let gamma = speech.gamma.unwrap_or(state.config.gamma);
     let max_audio_tokens = speech.max_audio_tokens.unwrap_or(state.default_max_audio_tokens);
-    let budget = state
-        .max_positions
-        .saturating_sub(state.prefix_len + 1 + max_audio_tokens);
-    if budget == 0 {
+    let Some(budget) = text_budget(state.max_positions, state.prefix_len, max_audio_tokens) else {
         return Err(ApiError::invalid(
             "max_audio_tokens",
             "leaves no room for text in the context",
         ));
-    }
+    };
     let segments = state
         .text
         .segments(&speech.input, budget)
         .map_err(|e| ApiError::invalid("input", e.to_string()))?;
-    let lanes_per_request = if gamma == 1.0 { 1 } else { 2 };
-    let limit = state.config.queue + (state.config.max_lanes / lanes_per_request).max(1);
+    let limit = state.config.queue + (state.config.max_lanes / Batcher::lanes_needed(gamma)).max(1);
     if state.in_flight.fetch_add(1, Ordering::SeqCst) >= limit {
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
         return Err(ApiError::status(

@@ -139,7 +139,7 @@ pub fn run(
         }
         // Admit waiting jobs, in order, while their lanes are free.
         while let Some(job) = waiting.front() {
-            let needed = Batcher::lanes_needed(&job.request);
+            let needed = Batcher::lanes_needed(job.request.gamma);
             if batcher.free_lanes() < needed {
                 break;
             }
