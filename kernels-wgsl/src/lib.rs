@@ -53,14 +53,14 @@ pub enum Module {
 }
 
 impl WeightFormat {
-    /// Weight rows one workgroup of the linear kernels computes for this format (64 / the
-    /// format file's LANES): a launch covering N rows needs `N.div_ceil(rows_per_workgroup())`
-    /// workgroups along x (half as many features with the SwiGLU epilogue, which pairs a
-    /// gate and an up row).
+    /// Weight rows one workgroup of the linear kernels computes for this format (two per
+    /// thread row of the format file's LANES threads, 64 threads in all): a launch covering
+    /// N rows needs `N.div_ceil(rows_per_workgroup())` workgroups along x (half as many
+    /// features with the SwiGLU epilogue, which pairs a gate and an up row).
     pub fn rows_per_workgroup(self) -> u32 {
         match self {
-            WeightFormat::Bf16 | WeightFormat::Fp8Block => 2,
-            WeightFormat::Nvfp4 => 4,
+            WeightFormat::Bf16 | WeightFormat::Fp8Block => 4,
+            WeightFormat::Nvfp4 => 8,
         }
     }
 }

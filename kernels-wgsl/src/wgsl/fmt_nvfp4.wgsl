@@ -8,9 +8,10 @@
 // two nibbles at once. The 2^14 is folded into the block scale (a power of two: exact).
 alias Unit = vec2<u32>;
 const UNIT: u32 = 16u;
-// Threads per weight row: four weight rows per workgroup. (32 threads per row, with the
-// tail of each row's blocks loaded in one batch, measured faster alone but slower in the
-// H200 decode step: 3.97 ms against 3.87 ms for one lane, 12.6 against 11.1 ms for 8.)
+// Threads per thread row: four thread rows (eight weight rows) per workgroup. (32 threads
+// per row, with the tail of each row's blocks loaded in one batch, measured faster alone
+// but slower in the H200 decode step: 3.97 ms against 3.87 ms for one lane, 12.6 against
+// 11.1 ms for 8.)
 const LANES: u32 = 16u;
 
 // Nibbles j and j + 4 of `word` as E2M1 values times 2^-14.

@@ -12,7 +12,11 @@
 // computes every expert's ranking score and weight in parallel into workgroup memory (the
 // softmax max and denominator by fixed reduction trees); then every eligible expert counts
 // the eligible experts that outrank it (a higher score, or the same score and a lower
-// index), which is its rank: ranks below K are chosen.
+// index), which is its rank: ranks below K are chosen. The counting compares four scores
+// at a time without branches, and the chosen set is a bit mask whose popcounts give each
+// chosen expert its output position (with short-circuit conditions in the counting loop
+// and one invocation sorting the chosen experts, a route took about twice as long on the
+// H200: 23 routes 517 -> 248 us of a decode step's profile).
 
 const MAX_KEPT: u32 = 512u;
 const MAX_K: u32 = 16u;
@@ -55,7 +59,9 @@ var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, o
 var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
 var<workgroup> reduction: array<f32, 256>;      // max and sum trees
-var<workgroup> by_rank: array<u32, MAX_K>;      // chosen kept index by its rank
+var<workgroup> ranking: array<vec4<f32>, 128>;  // MAX_KEPT / 4: eligible ranking scores, else -inf
+var<workgroup> chosen: array<atomic<u32>, 16>;  // MAX_KEPT / 32: bit i set when expert i is among the top K
+var<workgroup> by_position: array<u32, MAX_K>;  // chosen kept index by output position
 
 const WG: u32 = 256u;
 
@@ -167,42 +173,60 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
-    for (var i = t; i < p.kept; i += WG) {
-        let mine = rank[i];
-        var above = 0u;
-        for (var j = 0u; j < p.kept; j++) {
-            let other = rank[j];
-            above += select(0u, 1u, eligible[j] != 0u && (other > mine || (other == mine && j < i)));
+    // Ranking scores as vec4s for the counting below: ineligible experts and the padding
+    // past `kept` score -inf, so they never outrank an eligible expert.
+    let lowest = bitcast<f32>(0xff800000u);
+    for (var i = t; i < MAX_KEPT; i += WG) {
+        var v = lowest;
+        if (i < p.kept && eligible[i] != 0u) {
+            v = rank[i];
         }
-        if (eligible[i] != 0u && above < p.k) {
-            by_rank[above] = i;
+        ranking[i / 4u][i % 4u] = v;
+    }
+    workgroupBarrier();
+    // An eligible expert's rank: the experts with a higher score, or the same score and a
+    // lower index (branch-free, four at a time). Ranks below K are chosen.
+    let quads = (p.kept + 3u) / 4u;
+    for (var i = t; i < p.kept; i += WG) {
+        let mine = vec4<f32>(rank[i]);
+        var above = vec4<u32>(0u);
+        for (var q = 0u; q < quads; q++) {
+            let other = ranking[q];
+            let lower = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(i);
+            above += select(vec4<u32>(0u), vec4<u32>(1u), (other > mine) | ((other == mine) & lower));
+        }
+        if (eligible[i] != 0u && above.x + above.y + above.z + above.w < p.k) {
+            atomicOr(&chosen[i / 32u], 1u << (i % 32u));
         }
     }
     workgroupBarrier();
-    if (t != 0u) {
-        return;
-    }
-    // Ascending original id = ascending kept index (kept ids are sorted).
-    var picked = array<u32, MAX_K>();
-    for (var a = 0u; a < p.k; a++) {
-        let v = by_rank[a];
-        var b = a;
-        while (b > 0u && picked[b - 1u] > v) {
-            picked[b] = picked[b - 1u];
-            b -= 1u;
+    // A chosen expert's output position: the chosen experts below it (ascending kept index
+    // = ascending original id, kept ids are sorted).
+    for (var i = t; i < p.kept; i += WG) {
+        let word = atomicLoad(&chosen[i / 32u]);
+        if (((word >> (i % 32u)) & 1u) != 0u) {
+            var below = countOneBits(word & ((1u << (i % 32u)) - 1u));
+            for (var w = 0u; w < i / 32u; w++) {
+                below += countOneBits(atomicLoad(&chosen[w]));
+            }
+            if (below < MAX_K) {
+                by_position[below] = i;
+            }
         }
-        picked[b] = v;
     }
-    var chosen_sum = 0.0;
-    for (var j = 0u; j < p.k; j++) {
-        chosen_sum += value[picked[j]];
-    }
-    for (var j = 0u; j < p.k; j++) {
-        var v = value[picked[j]];
+    workgroupBarrier();
+    if (t < p.k) {
+        // Every writer sums the chosen weights in the same (position) order.
+        var chosen_sum = 0.0;
+        for (var j = 0u; j < p.k; j++) {
+            chosen_sum += value[by_position[j]];
+        }
+        let i = by_position[t];
+        var v = value[i];
         if ((p.flags & 8u) != 0u) {
             v = v / chosen_sum;
         }
-        chosen_ids[row * p.k + j] = picked[j];
-        chosen_weights[row * p.k + j] = v * p.scaling;
+        chosen_ids[row * p.k + t] = i;
+        chosen_weights[row * p.k + t] = v * p.scaling;
     }
 }
