@@ -194,8 +194,11 @@ impl<'a> Lowering<'a> {
                 let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, *round_output);
                 let scratch = self.scratch.clone();
                 let mut resources = self.attention_resources(inputs)?.to_vec();
-                resources.extend([out, &scratch]);
-                self.launch(Kernel::Attend, &params, &resources, [rows as u32, *heads as u32, 1])?;
+                resources.push(&scratch);
+                let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
+                self.launch(Kernel::Attend, &params, &resources, [rows as u32, *heads as u32, chunks])?;
+                let combine = [self.buffer(inputs[2])?, out, &scratch];
+                self.launch(Kernel::AttendCombine, &params, &combine, [rows as u32, *heads as u32, 1])?;
             }
             Op::Router(r) => {
                 let rows = self.rows(inputs[0]);
@@ -512,15 +515,16 @@ impl Executable {
     pub fn compile(gpu: &Gpu, graph: Graph, shape: StepShape, bind: &Bindings<'_>) -> Result<Executable, EngineError> {
         let plan = plan(&graph);
         let limit = gpu.caps.max_storage_binding;
-        let heads = graph
+        let (heads, head_dim) = graph
             .nodes
             .iter()
             .find_map(|n| match n.op {
-                Op::Attention { heads, .. } => Some(heads),
+                Op::Attention { heads, head_dim, .. } => Some((heads, head_dim)),
                 _ => None,
             })
-            .unwrap_or(1);
-        let scratch_bytes = (shape.rows * heads * shape.capacity * 4) as u64;
+            .unwrap_or((1, 1));
+        let scratch_floats = drama_kernels::attention_scratch_floats(shape.rows, heads, head_dim, shape.capacity);
+        let scratch_bytes = (scratch_floats * 4) as u64;
         let largest = plan.buffers.iter().copied().max().unwrap_or(0).max(scratch_bytes);
         if largest > limit {
             return Err(EngineError::Unsupported(format!(

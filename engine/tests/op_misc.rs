@@ -54,13 +54,29 @@ fn rms_norm_matches_reference() {
 /// (RoPE on q, RoPE + cache write of k/v, attention) against the reference.
 #[test]
 fn rope_kv_and_attention_match_reference() {
-    let (heads, kv_heads, head_dim, capacity) = (6usize, 2usize, 16usize, 40usize);
-    let label = "attention";
+    attention_case("attention", 6, 2, 16, 40, [5, 1, 33]);
+}
+
+/// The same over several attention chunks: lengths one short of, exactly at and past chunk
+/// boundaries, and a head width whose key columns do not fill the kernel's load batches.
+#[test]
+fn attention_across_chunks_matches_reference() {
+    let chunk = drama_kernels::ATTENTION_CHUNK;
+    attention_case("attention-chunks", 4, 2, 48, 3 * chunk + 5, [chunk, 2 * chunk + 1, 3 * chunk + 5]);
+}
+
+fn attention_case(
+    label: &str,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    lane_lengths: [usize; 3],
+) {
     let mut rng = rng(label);
     let gpu = gpu();
     let theta = 10000.0;
     let lanes = 3;
-    let lane_lengths = [5usize, 1, 33];
     let kv_width = kv_heads * head_dim;
     // History for every lane (positions before the current one), as rotated keys / values.
     let mut k_cache = vec![0f32; lanes * capacity * kv_width];
@@ -117,7 +133,11 @@ fn rope_kv_and_attention_match_reference() {
     let kc = gpu.buffer_with("k_cache", &f32_bytes(&k_cache));
     let vc = gpu.buffer_with("v_cache", &f32_bytes(&v_cache));
     let out = poisoned(gpu, "out", rows * heads * head_dim);
-    let scratch = gpu.buffer("scratch", (rows * heads * capacity * 4) as u64);
+    let scratch = poisoned(
+        gpu,
+        "scratch",
+        drama_kernels::attention_scratch_floats(rows, heads, head_dim, capacity),
+    );
     let dispatches = [
         dispatch(
             gpu,
@@ -128,9 +148,10 @@ fn rope_kv_and_attention_match_reference() {
         dispatch(
             gpu,
             Kernel::Attend,
-            &[&p, &lane_b, &pos_b, &table_b, &qkv_b, &kc, &vc, &out, &scratch],
-            [rows as u32, heads as u32, 1],
+            &[&p, &lane_b, &pos_b, &table_b, &qkv_b, &kc, &vc, &scratch],
+            [rows as u32, heads as u32, drama_kernels::attention_chunks(capacity) as u32],
         ),
+        dispatch(gpu, Kernel::AttendCombine, &[&p, &pos_b, &out, &scratch], [rows as u32, heads as u32, 1]),
     ];
     run(gpu, &dispatches);
     let got = gpu.read_f32(&out).unwrap();

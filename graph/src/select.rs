@@ -37,7 +37,7 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         Op::Linear { members, .. } if stacks(members) => vec![Kernel::Linear(WeightFormat::Bf16)],
         Op::Linear { members, .. } => members.iter().map(|m| Kernel::Linear(m.format)).collect(),
         Op::WriteKv { .. } => vec![Kernel::WriteKv],
-        Op::Attention { .. } => vec![Kernel::Attend],
+        Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router(_) => vec![Kernel::Route],
         Op::Experts {
             projections,

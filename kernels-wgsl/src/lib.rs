@@ -126,8 +126,11 @@ pub enum Kernel {
     RmsNorm,
     /// RoPE of the keys and the KV-cache writes.
     WriteKv,
-    /// Causal grouped-query attention (queries rotated as they are staged).
+    /// Causal grouped-query attention over one chunk of positions (queries rotated as they
+    /// are staged); writes the chunk's partial results to the scratch buffer.
     Attend,
+    /// Combines a row's attention chunks into its output.
+    AttendCombine,
     /// Top-k routing.
     Route,
     /// silu(gate) * up from [gate | up] rows.
@@ -172,6 +175,7 @@ impl Kernel {
             Kernel::RmsNorm,
             Kernel::WriteKv,
             Kernel::Attend,
+            Kernel::AttendCombine,
             Kernel::Route,
             Kernel::Swiglu,
             Kernel::Add,
@@ -197,7 +201,7 @@ impl Kernel {
         match self {
             Kernel::Linear(f) | Kernel::Gathered(f) => Module::Linear(f),
             Kernel::RmsNorm => Module::Norm,
-            Kernel::WriteKv | Kernel::Attend => Module::Attention,
+            Kernel::WriteKv | Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route => Module::Router,
             Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 | Kernel::Gelu | Kernel::MeanRows => {
                 Module::Elementwise
@@ -222,6 +226,7 @@ impl Kernel {
             Kernel::RmsNorm => "rms_norm",
             Kernel::WriteKv => "write_kv",
             Kernel::Attend => "attend",
+            Kernel::AttendCombine => "attend_combine",
             Kernel::Route => "route",
             Kernel::Swiglu => "swiglu",
             Kernel::Add => "add",
@@ -255,8 +260,10 @@ impl Kernel {
             Kernel::RmsNorm => &[0, 1, 2, 3],
             // params, row_lane, row_pos, rope_table, src, k_cache, v_cache
             Kernel::WriteKv => &[0, 1, 2, 3, 4, 5, 6],
-            // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, dst, scratch
-            Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+            // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, scratch
+            Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 8],
+            // params, row_pos, dst, scratch
+            Kernel::AttendCombine => &[0, 2, 7, 8],
             // params, logits, kept_ids, score_bias, chosen_ids, chosen_weights
             Kernel::Route => &[0, 1, 2, 3, 4, 5],
             // params, a ([gate | up]), out
@@ -291,6 +298,21 @@ impl Kernel {
             _ => 64,
         }
     }
+}
+
+/// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
+/// workgroup per (row, head, chunk), `[rows, heads, attention_chunks(capacity)]`.
+pub const ATTENTION_CHUNK: usize = 64;
+
+/// Chunks of a cache slot of `capacity` positions.
+pub fn attention_chunks(capacity: usize) -> usize {
+    capacity.div_ceil(ATTENTION_CHUNK)
+}
+
+/// Floats of the scratch buffer attention needs for `rows` rows: per (row, head) and chunk,
+/// a head's partial output and the chunk's max and exponential sum.
+pub fn attention_scratch_floats(rows: usize, heads: usize, head_dim: usize, capacity: usize) -> usize {
+    rows * heads * attention_chunks(capacity) * (head_dim + 2)
 }
 
 /// A module that failed to parse, validate or translate.

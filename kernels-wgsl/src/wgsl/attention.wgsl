@@ -6,9 +6,8 @@
 // whole head with cos/sin from a table the host computes in f64
 // (`rope_table[pos * half + i]` = (cos, sin)), so every platform rotates by the same
 // numbers; keys are rotated as they enter the cache, queries as attention stages them.
-// Attention gives each (row, head) one workgroup: scores into `scratch`, max and sum by a
-// fixed tree, then each thread owns output columns. A row's result depends only on its own
-// cache, whatever else is in the batch.
+// Attention is split over fixed chunks of positions and then combined (see `attend`). A
+// row's result depends only on its own cache, whatever else is in the batch.
 
 const WG: u32 = 64u;
 
@@ -61,13 +60,24 @@ fn write_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     v_cache[slot] = src[k_base + width + c];
 }
 
-// Attention runs 256 invocations per (row, head), reading q, keys and values as vec4s
-// (head_dim a multiple of 16, at most 1024; the engine checks): the query is rotated into
-// workgroup memory; each invocation scores whole positions with eight key loads in flight
-// (two groups of four partial dot products); the weighted sum of values is split over
-// (vec4 column, part of the positions), eight positions in flight, and the parts added in a
-// fixed order, so a row's result never depends on anything but its own cache.
+// Attention is split over chunks of CHUNK positions (flash decoding): `attend` gives each
+// (row, head, chunk) a workgroup of 256 invocations that scores the chunk's positions
+// (four invocations per position, each with its share of the key's vec4s in flight at
+// once; the query rotated into workgroup memory), takes the chunk's max m and
+// l = sum exp(score - m) by fixed trees, and the chunk's o = sum exp(score - m) v, split
+// over (vec4 column, part of the positions) with eight positions in flight and the parts
+// added in a fixed order; (o, m, l) go to `scratch`. `attend_combine` then gives each
+// (row, head) a workgroup that rescales the chunks to their common max and normalises.
+// Chunks are fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only
+// on its own cache, never on the batch. (One workgroup per (row, head), scores through
+// global memory, took about 19 us per attention in an H200 decode step, bound by its chain
+// of dependent memory round trips on 16 of 132 SMs.)
+//
+// `scratch` per (row, head): chunk_count * head_dim floats of o, then (m, l) per chunk,
+// chunk_count = ceil(capacity / CHUNK).
 const ATTEND_WG: u32 = 256u;
+const CHUNK: u32 = 64u;              // positions per attention workgroup (ATTEND_WG / 4)
+const COMBINE_WG: u32 = 64u;
 
 @group(0) @binding(4) var<storage, read> q4: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> k4: array<vec4<f32>>;
@@ -76,10 +86,14 @@ const ATTEND_WG: u32 = 256u;
 var<workgroup> partial: array<f32, 256>;
 var<workgroup> query: array<vec4<f32>, 256>;
 var<workgroup> value_parts: array<vec4<f32>, 256>;
+var<workgroup> weights: array<f32, 64>;           // CHUNK: exp(score - m) per position
+var<workgroup> row_length: u32;
 
-fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
+// Reduces one value per invocation of the first `width` by a fixed tree (max or sum);
+// every invocation gets it. Every invocation must call it.
+fn reduce(t: u32, value: f32, is_max: bool, width: u32) -> f32 {
     partial[t] = value;
-    for (var stride = ATTEND_WG / 2u; stride > 0u; stride /= 2u) {
+    for (var stride = width / 2u; stride > 0u; stride /= 2u) {
         workgroupBarrier();
         if (t < stride) {
             let other = partial[t + stride];
@@ -92,27 +106,45 @@ fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
     return result;
 }
 
-// In: [q | k | v] rows (q not yet rotated); out: dst [rows, heads * head_dim].
+fn chunk_count() -> u32 {
+    return (p.capacity + CHUNK - 1u) / CHUNK;
+}
+
+// Where (row, head)'s chunk results start in `scratch`.
+fn scratch_base(r: u32, h: u32) -> u32 {
+    return (r * p.heads + h) * chunk_count() * (p.head_dim + 2u);
+}
+
+const LOWEST: f32 = -3.0e38;
+
+// In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`.
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
     let h = wg.y;
+    let chunk = wg.z;
+    if (t == 0u) {
+        row_length = row_pos[r] + 1u;
+    }
+    let length = workgroupUniformLoad(&row_length);
+    let first = chunk * CHUNK;
+    if (first >= length) {
+        return;
+    }
+    let count = min(CHUNK, length - first);
     let g = h / (p.heads / p.kv_heads);
     let columns = p.head_dim / 4u;                 // vec4s per head
     let kv_row = p.kv_heads * columns;             // vec4s per cache position
-    let length = row_pos[r] + 1u;
     let cache_base = row_lane[r] * p.capacity * kv_row + g * columns;
     let q_base = (r * qkv_width() + h * p.head_dim) / 4u;
-    let out_base = (r * p.heads + h) * p.head_dim;
-    let s_base = (r * p.heads + h) * p.capacity;
     // Column c of the first half pairs with column c + half / 4 of the second.
     let half_columns = columns / 2u;
     let pos = row_pos[r];
     for (var c = t; c < columns; c += ATTEND_WG) {
-        let first = c < half_columns;
+        let first_half = c < half_columns;
         let own = q4[q_base + c];
-        let partner = q4[q_base + select(c - half_columns, c + half_columns, first)];
-        let j = 4u * select(c - half_columns, c, first);
+        let partner = q4[q_base + select(c - half_columns, c + half_columns, first_half)];
+        let j = 4u * select(c - half_columns, c, first_half);
         let t0 = rope_table[pos * (p.head_dim / 2u) + j];
         let t1 = rope_table[pos * (p.head_dim / 2u) + j + 1u];
         let t2 = rope_table[pos * (p.head_dim / 2u) + j + 2u];
@@ -120,44 +152,58 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         let cosine = vec4<f32>(t0.x, t1.x, t2.x, t3.x);
         let sine = vec4<f32>(t0.y, t1.y, t2.y, t3.y);
         // First half: a cos - b sin (a own, b partner); second half: b cos + a sin.
-        query[c] = select(own * cosine + partner * sine, own * cosine - partner * sine, first);
+        query[c] = select(own * cosine + partner * sine, own * cosine - partner * sine, first_half);
     }
     workgroupBarrier();
-    var local_max = -3.0e38;
-    for (var s = t; s < length; s += ATTEND_WG) {
-        let k_base = cache_base + s * kv_row;
-        // Eight key loads in flight per step (the second four past the end: repeated, unused).
+    // Scores: invocation t takes quarter t % 4 (vec4 columns quarter, quarter + 4, ...) of
+    // position first + t / 4, eight key loads in flight (past the end: repeated, unused).
+    let slot = t / 4u;
+    let quarter = t % 4u;
+    var own_part = 0.0;
+    if (slot < count) {
+        let k_base = cache_base + (first + slot) * kv_row;
+        let last = columns - 4u + quarter;
         var a = vec4<f32>(0.0);
         var b = vec4<f32>(0.0);
-        for (var c = 0u; c < columns; c += 8u) {
-            let d = min(c + 4u, columns - 4u);
+        for (var c = quarter; c < columns; c += 32u) {
+            let c1 = min(c + 4u, last);
+            let c2 = min(c + 8u, last);
+            let c3 = min(c + 12u, last);
+            let c4 = min(c + 16u, last);
+            let c5 = min(c + 20u, last);
+            let c6 = min(c + 24u, last);
+            let c7 = min(c + 28u, last);
             let k0 = k4[k_base + c];
-            let k1 = k4[k_base + c + 1u];
-            let k2 = k4[k_base + c + 2u];
-            let k3 = k4[k_base + c + 3u];
-            let k5 = k4[k_base + d];
-            let k6 = k4[k_base + d + 1u];
-            let k7 = k4[k_base + d + 2u];
-            let k8 = k4[k_base + d + 3u];
-            a += vec4<f32>(dot(query[c], k0), dot(query[c + 1u], k1), dot(query[c + 2u], k2), dot(query[c + 3u], k3));
-            if (c + 4u < columns) {
-                b += vec4<f32>(dot(query[d], k5), dot(query[d + 1u], k6), dot(query[d + 2u], k7), dot(query[d + 3u], k8));
-            }
+            let k1 = k4[k_base + c1];
+            let k2 = k4[k_base + c2];
+            let k3 = k4[k_base + c3];
+            let k5 = k4[k_base + c4];
+            let k6 = k4[k_base + c5];
+            let k7 = k4[k_base + c6];
+            let k8 = k4[k_base + c7];
+            let live_a = vec4<bool>(true, c + 4u < columns, c + 8u < columns, c + 12u < columns);
+            let live_b = vec4<bool>(c + 16u < columns, c + 20u < columns, c + 24u < columns, c + 28u < columns);
+            a += select(vec4<f32>(0.0), vec4<f32>(
+                dot(query[c], k0), dot(query[c1], k1), dot(query[c2], k2), dot(query[c3], k3)), live_a);
+            b += select(vec4<f32>(0.0), vec4<f32>(
+                dot(query[c4], k5), dot(query[c5], k6), dot(query[c6], k7), dot(query[c7], k8)), live_b);
         }
-        let score = (((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w))) * p.scale;
-        scratch[s_base + s] = score;
-        local_max = max(local_max, score);
+        own_part = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
     }
-    let m = reduce(t, local_max, true);
-    var local_sum = 0.0;
-    for (var s = t; s < length; s += ATTEND_WG) {
-        let e = exp(scratch[s_base + s] - m);
-        scratch[s_base + s] = e;
-        local_sum += e;
-    }
-    let total = reduce(t, local_sum, false);
-    storageBarrier();
+    partial[t] = own_part;
     workgroupBarrier();
+    var score = LOWEST;
+    if (t < count) {
+        score = ((partial[4u * t] + partial[4u * t + 1u]) + (partial[4u * t + 2u] + partial[4u * t + 3u])) * p.scale;
+    }
+    workgroupBarrier();
+    let m = reduce(t, score, true, CHUNK);
+    var e = 0.0;
+    if (t < count) {
+        e = exp(score - m);
+        weights[t] = e;
+    }
+    let l = reduce(t, e, false, CHUNK);
     // Invocation t owns vec4 column t % columns over positions part, part + parts, ...
     let parts = ATTEND_WG / columns;
     let c = t % columns;
@@ -165,55 +211,80 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var acc = vec4<f32>(0.0);
     if (part < parts) {
         var s = part;
-        for (; s + 7u * parts < length; s += 8u * parts) {
-            let e0 = scratch[s_base + s];
-            let e1 = scratch[s_base + s + parts];
-            let e2 = scratch[s_base + s + 2u * parts];
-            let e3 = scratch[s_base + s + 3u * parts];
-            let e4 = scratch[s_base + s + 4u * parts];
-            let e5 = scratch[s_base + s + 5u * parts];
-            let e6 = scratch[s_base + s + 6u * parts];
-            let e7 = scratch[s_base + s + 7u * parts];
-            let v0 = v4[cache_base + s * kv_row + c];
-            let v1 = v4[cache_base + (s + parts) * kv_row + c];
-            let v2 = v4[cache_base + (s + 2u * parts) * kv_row + c];
-            let v3 = v4[cache_base + (s + 3u * parts) * kv_row + c];
-            let v5 = v4[cache_base + (s + 4u * parts) * kv_row + c];
-            let v6 = v4[cache_base + (s + 5u * parts) * kv_row + c];
-            let v7 = v4[cache_base + (s + 6u * parts) * kv_row + c];
-            let v8 = v4[cache_base + (s + 7u * parts) * kv_row + c];
+        for (; s + 7u * parts < count; s += 8u * parts) {
+            let v_base = cache_base + (first + s) * kv_row + c;
+            let v0 = v4[v_base];
+            let v1 = v4[v_base + parts * kv_row];
+            let v2 = v4[v_base + 2u * parts * kv_row];
+            let v3 = v4[v_base + 3u * parts * kv_row];
+            let v5 = v4[v_base + 4u * parts * kv_row];
+            let v6 = v4[v_base + 5u * parts * kv_row];
+            let v7 = v4[v_base + 6u * parts * kv_row];
+            let v8 = v4[v_base + 7u * parts * kv_row];
+            let e0 = weights[s];
+            let e1 = weights[s + parts];
+            let e2 = weights[s + 2u * parts];
+            let e3 = weights[s + 3u * parts];
+            let e4 = weights[s + 4u * parts];
+            let e5 = weights[s + 5u * parts];
+            let e6 = weights[s + 6u * parts];
+            let e7 = weights[s + 7u * parts];
             acc += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + ((e4 * v5 + e5 * v6) + (e6 * v7 + e7 * v8));
         }
-        for (; s + 3u * parts < length; s += 4u * parts) {
-            let e0 = scratch[s_base + s];
-            let e1 = scratch[s_base + s + parts];
-            let e2 = scratch[s_base + s + 2u * parts];
-            let e3 = scratch[s_base + s + 3u * parts];
-            let v0 = v4[cache_base + s * kv_row + c];
-            let v1 = v4[cache_base + (s + parts) * kv_row + c];
-            let v2 = v4[cache_base + (s + 2u * parts) * kv_row + c];
-            let v3 = v4[cache_base + (s + 3u * parts) * kv_row + c];
-            acc += (e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3);
-        }
-        for (; s < length; s += parts) {
-            acc += scratch[s_base + s] * v4[cache_base + s * kv_row + c];
+        for (; s < count; s += parts) {
+            acc += weights[s] * v4[cache_base + (first + s) * kv_row + c];
         }
     }
     value_parts[t] = acc;
     workgroupBarrier();
+    let base = scratch_base(r, h);
     if (part == 0u) {
         var sum = vec4<f32>(0.0);
         for (var q = 0u; q < parts; q++) {
             sum += value_parts[q * columns + c];
         }
+        let o = base + chunk * p.head_dim + c * 4u;
+        scratch[o] = sum.x;
+        scratch[o + 1u] = sum.y;
+        scratch[o + 2u] = sum.z;
+        scratch[o + 3u] = sum.w;
+    }
+    if (t == 0u) {
+        let stats = base + chunk_count() * p.head_dim + 2u * chunk;
+        scratch[stats] = m;
+        scratch[stats + 1u] = l;
+    }
+}
+
+// out: dst [rows, heads * head_dim] = sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M),
+// M the largest m_c, over the row's chunks (each sum in chunk order).
+@compute @workgroup_size(64)
+fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let r = wg.x;
+    let h = wg.y;
+    let chunks = (row_pos[r] + CHUNK) / CHUNK;     // ceil((pos + 1) / CHUNK)
+    let base = scratch_base(r, h);
+    let stats = base + chunk_count() * p.head_dim;
+    var local_max = LOWEST;
+    for (var c = t; c < chunks; c += COMBINE_WG) {
+        local_max = max(local_max, scratch[stats + 2u * c]);
+    }
+    let m = reduce(t, local_max, true, COMBINE_WG);
+    var local_sum = 0.0;
+    for (var c = t; c < chunks; c += COMBINE_WG) {
+        local_sum += scratch[stats + 2u * c + 1u] * exp(scratch[stats + 2u * c] - m);
+    }
+    let total = reduce(t, local_sum, false, COMBINE_WG);
+    let out_base = (r * p.heads + h) * p.head_dim;
+    for (var i = t; i < p.head_dim; i += COMBINE_WG) {
+        var sum = 0.0;
+        for (var c = 0u; c < chunks; c++) {
+            sum += scratch[base + c * p.head_dim + i] * exp(scratch[stats + 2u * c] - m);
+        }
         var out = sum / total;
         if ((p.flags & 1u) != 0u) {
-            out = vec4<f32>(round_bf16(out.x), round_bf16(out.y), round_bf16(out.z), round_bf16(out.w));
+            out = round_bf16(out);
         }
-        let o = out_base + c * 4u;
-        dst[o] = out.x;
-        dst[o + 1u] = out.y;
-        dst[o + 2u] = out.z;
-        dst[o + 3u] = out.w;
+        dst[out_base + i] = out;
     }
 }
