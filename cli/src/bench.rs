@@ -64,14 +64,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     eprintln!("roofline {:.0} GB/s", report.roofline.gb_per_s);
     for k in &report.kernels {
         eprintln!(
-            "linear {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline)",
+            "linear {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline; streaming its bytes alone: {:.1} us)",
             k.format,
             k.rows,
             k.cols,
             k.lanes,
             k.us,
             k.gb_per_s,
-            100.0 * k.fraction_of_roofline
+            100.0 * k.fraction_of_roofline,
+            k.stream_us
         );
     }
     for s in &report.decode {

@@ -80,6 +80,12 @@ pub struct KernelResult {
     pub gb_per_s: f64,
     /// Achieved / roofline.
     pub fraction_of_roofline: f64,
+    /// Median microseconds per launch of the roofline kernel streaming the same weight
+    /// copies in the same chain of dependent launches: the ceiling at this size, launch and
+    /// ramp costs included.
+    pub stream_us: f64,
+    /// stream_us / us: how close the kernel comes to streaming its bytes and nothing else.
+    pub fraction_of_stream: f64,
 }
 
 /// One decode-step measurement.
@@ -304,8 +310,11 @@ pub fn linear_kernel(
         ..Default::default()
     };
     let mut launches: Vec<Dispatch> = Vec::new();
+    let mut streams: Vec<Dispatch> = Vec::new();
+    let sink = gpu.buffer("stream sink", u64::from(STREAM_GROUPS) * 256 * 4);
     for _ in 0..copies {
         let (wc, ws) = (gpu.buffer_with("w", &codes), gpu.buffer_with("scales", &scales));
+        streams.push(stream_dispatch(gpu, &wc, &sink)?);
         let mut resources = vec![&xb, &wc];
         if format != WeightFormat::Bf16 {
             resources.push(&ws);
@@ -319,14 +328,8 @@ pub fn linear_kernel(
             [(rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1],
         )?);
     }
-    gpu.timed_submit(&launches)?;
-    let times: Vec<f64> = (0..options.repeats)
-        .map(|_| {
-            gpu.timed_submit(&launches)
-                .map(|d| d.as_secs_f64() * 1e6 / copies as f64)
-        })
-        .collect::<Result<_, _>>()?;
-    let us = median(times);
+    let us = per_launch_us(gpu, &launches, options.repeats)?;
+    let stream_us = per_launch_us(gpu, &streams, options.repeats)?;
     let gb_per_s = per_copy as f64 / (us * 1e-6) / 1e9;
     Ok(KernelResult {
         format: format!("{format:?}"),
@@ -337,7 +340,38 @@ pub fn linear_kernel(
         us,
         gb_per_s,
         fraction_of_roofline: gb_per_s / roofline.gb_per_s,
+        stream_us,
+        fraction_of_stream: stream_us / us,
     })
+}
+
+/// Most workgroups (of 256 invocations) a size-matched stream launches: the roofline's best
+/// grid on the H200.
+const STREAM_GROUPS: u32 = 2048;
+
+/// The roofline kernel reading all of `data` once (about four 16-byte loads per invocation,
+/// at most STREAM_GROUPS workgroups), writing `sink`.
+fn stream_dispatch(gpu: &Gpu, data: &wgpu::Buffer, sink: &wgpu::Buffer) -> Result<Dispatch, EngineError> {
+    let words = (data.size() / 16) as u32;
+    let groups = words.div_ceil(4 * 256).clamp(1, STREAM_GROUPS);
+    let params = BandwidthParams {
+        words,
+        stride: groups * 256,
+        pad: [0; 2],
+    };
+    Ok(gpu.dispatch(Kernel::ReadBandwidth, &params, &[data, sink], [groups, 1, 1])?)
+}
+
+/// Median microseconds per launch of `launches` run back to back in one pass.
+fn per_launch_us(gpu: &Gpu, launches: &[Dispatch], repeats: usize) -> Result<f64, EngineError> {
+    gpu.timed_submit(launches)?;
+    let times: Vec<f64> = (0..repeats)
+        .map(|_| {
+            gpu.timed_submit(launches)
+                .map(|d| d.as_secs_f64() * 1e6 / launches.len() as f64)
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(median(times))
 }
 
 /// Bytes of every dense weight (read in full by every step).

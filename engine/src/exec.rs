@@ -196,9 +196,19 @@ impl<'a> Lowering<'a> {
                 let mut resources = self.attention_resources(inputs)?.to_vec();
                 resources.push(&scratch);
                 let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
-                self.launch(Kernel::Attend, &params, &resources, [rows as u32, *heads as u32, chunks])?;
+                self.launch(
+                    Kernel::Attend,
+                    &params,
+                    &resources,
+                    [rows as u32, *heads as u32, chunks],
+                )?;
                 let combine = [self.buffer(inputs[2])?, out, &scratch];
-                self.launch(Kernel::AttendCombine, &params, &combine, [rows as u32, *heads as u32, 1])?;
+                self.launch(
+                    Kernel::AttendCombine,
+                    &params,
+                    &combine,
+                    [rows as u32, *heads as u32, 1],
+                )?;
             }
             Op::Router(r) => {
                 let rows = self.rows(inputs[0]);

@@ -62,7 +62,14 @@ fn rope_kv_and_attention_match_reference() {
 #[test]
 fn attention_across_chunks_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
-    attention_case("attention-chunks", 4, 2, 48, 3 * chunk + 5, [chunk, 2 * chunk + 1, 3 * chunk + 5]);
+    attention_case(
+        "attention-chunks",
+        4,
+        2,
+        48,
+        3 * chunk + 5,
+        [chunk, 2 * chunk + 1, 3 * chunk + 5],
+    );
 }
 
 fn attention_case(
@@ -149,9 +156,18 @@ fn attention_case(
             gpu,
             Kernel::Attend,
             &[&p, &lane_b, &pos_b, &table_b, &qkv_b, &kc, &vc, &scratch],
-            [rows as u32, heads as u32, drama_kernels::attention_chunks(capacity) as u32],
+            [
+                rows as u32,
+                heads as u32,
+                drama_kernels::attention_chunks(capacity) as u32,
+            ],
         ),
-        dispatch(gpu, Kernel::AttendCombine, &[&p, &pos_b, &out, &scratch], [rows as u32, heads as u32, 1]),
+        dispatch(
+            gpu,
+            Kernel::AttendCombine,
+            &[&p, &pos_b, &out, &scratch],
+            [rows as u32, heads as u32, 1],
+        ),
     ];
     run(gpu, &dispatches);
     let got = gpu.read_f32(&out).unwrap();
