@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use drama_kernels::{BandwidthParams, Kernel, LinearParams, WeightFormat};
+use drama_kernels::{BandwidthParams, Kernel, LinearParams, PassRows, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
@@ -322,7 +322,7 @@ pub fn linear_kernel(
         // The 4-byte bias buffer doubles as the unused residual binding.
         resources.extend([&bias, &y, &bias]);
         launches.push(gpu.dispatch(
-            Kernel::Linear(format),
+            Kernel::Linear(format, PassRows::for_rows(lanes)),
             &params,
             &resources,
             [(rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1],

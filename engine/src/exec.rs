@@ -10,7 +10,8 @@ use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    AttentionParams, ElementwiseParams, Kernel, LinearParams, MoeParams, NormParams, RouterParams, WeightFormat,
+    AttentionParams, ElementwiseParams, Kernel, LinearParams, MoeParams, NormParams, PassRows, RouterParams,
+    WeightFormat,
 };
 
 use crate::error::EngineError;
@@ -515,7 +516,8 @@ pub fn linear_launches(
             1,
             1,
         ];
-        launches.push(gpu.dispatch(Kernel::Linear(linear.format), &params, &resources, grid)?);
+        let kernel = Kernel::Linear(linear.format, PassRows::for_rows(io.rows));
+        launches.push(gpu.dispatch(kernel, &params, &resources, grid)?);
     }
     Ok(launches)
 }

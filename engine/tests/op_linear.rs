@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
-use drama_kernels::{Kernel, LinearParams, WeightFormat};
+use drama_kernels::{Kernel, LinearParams, PassRows, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
@@ -127,7 +127,9 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
     let bb = gpu.buffer_with("bias", &bias_bytes);
     let rb = gpu.buffer_with("residual", &f32_bytes(residual.unwrap_or(&[0.0])));
     let y = poisoned(gpu, "y", rows * w.rows);
-    let kernel = Kernel::Linear(w.format);
+    // One or two rows take the two-row kernel, more the eight-row one: the batch-invariance
+    // check below compares the two.
+    let kernel = Kernel::Linear(w.format, PassRows::for_rows(rows));
     let mut dispatches = Vec::new();
     for (start, end) in [(0, split), (split, w.rows)] {
         if start == end {
@@ -249,6 +251,7 @@ fn linear_bf16_matches_reference() {
     linear_case(WeightFormat::Bf16, 11, 23, 248, false, false, false);
     linear_case(WeightFormat::Bf16, 8, 5, 8, true, false, false);
     linear_case(WeightFormat::Bf16, 9, 21, 72, false, true, true);
+    linear_case(WeightFormat::Bf16, 2, 13, 96, true, true, true);
 }
 
 #[test]
@@ -256,6 +259,7 @@ fn linear_nvfp4_matches_reference() {
     linear_case(WeightFormat::Nvfp4, 1, 33, 48, false, true, false);
     linear_case(WeightFormat::Nvfp4, 3, 19, 1040, true, true, true);
     linear_case(WeightFormat::Nvfp4, 11, 7, 16, false, false, false);
+    linear_case(WeightFormat::Nvfp4, 2, 21, 64, false, true, false);
 }
 
 #[test]
@@ -417,7 +421,7 @@ fn linear_swiglu_epilogue_matches_reference() {
             ];
             dispatches.push(dispatch(
                 gpu,
-                Kernel::Linear(WeightFormat::Bf16),
+                Kernel::Linear(WeightFormat::Bf16, PassRows::for_rows(rows)),
                 &[&p, &xb, &wb, &placeholder, &y, &placeholder],
                 grid,
             ));

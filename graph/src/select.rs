@@ -2,7 +2,7 @@
 //! the members are stacked; the engine adds one launch per weight segment when a weight is
 //! split).
 
-use drama_kernels::{Kernel, WeightFormat};
+use drama_kernels::{Kernel, PassRows, WeightFormat};
 
 use crate::ir::{LinearMember, Op};
 
@@ -29,13 +29,15 @@ pub fn stacks(members: &[LinearMember]) -> bool {
             .all(|m| m.format == WeightFormat::Bf16 && m.bias == members[0].bias)
 }
 
-/// The kernels an op launches, in order.
-pub fn kernels_of(op: &Op) -> Vec<Kernel> {
+/// The kernels an op launches, in order, for `rows` activation rows (which pick the dense
+/// linears' pass width).
+pub fn kernels_of(op: &Op, rows: usize) -> Vec<Kernel> {
+    let pass = PassRows::for_rows(rows);
     match op {
         Op::Embed { .. } => vec![Kernel::EmbedF32, Kernel::EmbedBf16, Kernel::EmbedBf16],
         Op::RmsNorm { .. } => vec![Kernel::RmsNorm],
-        Op::Linear { members, .. } if stacks(members) => vec![Kernel::Linear(WeightFormat::Bf16)],
-        Op::Linear { members, .. } => members.iter().map(|m| Kernel::Linear(m.format)).collect(),
+        Op::Linear { members, .. } if stacks(members) => vec![Kernel::Linear(WeightFormat::Bf16, pass)],
+        Op::Linear { members, .. } => members.iter().map(|m| Kernel::Linear(m.format, pass)).collect(),
         Op::WriteKv { .. } => vec![Kernel::WriteKv],
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router(_) => vec![Kernel::Route],

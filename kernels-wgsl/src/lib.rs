@@ -29,11 +29,38 @@ pub enum WeightFormat {
     Fp8Block,
 }
 
+/// Activation rows a dense linear launch applies each decoded weight to per pass over its
+/// weights (`linear.wgsl`'s MAX_ROWS). Two-row passes need fewer registers, which makes
+/// steps of one or two rows faster; larger batches take eight rows per pass. A row's result
+/// is the same bits either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum PassRows {
+    /// Up to two rows per pass.
+    Two,
+    /// Up to eight rows per pass.
+    Eight,
+}
+
+impl PassRows {
+    /// The pass width for a launch over `rows` activation rows.
+    pub fn for_rows(rows: usize) -> PassRows {
+        if rows <= 2 { PassRows::Two } else { PassRows::Eight }
+    }
+
+    /// Rows per pass.
+    pub fn count(self) -> u32 {
+        match self {
+            PassRows::Two => 2,
+            PassRows::Eight => 8,
+        }
+    }
+}
+
 /// A compilable WGSL module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Module {
-    /// `linear.wgsl` with one weight format.
-    Linear(WeightFormat),
+    /// `linear.wgsl` with one weight format and pass width.
+    Linear(WeightFormat, PassRows),
     /// `norm.wgsl`.
     Norm,
     /// `attention.wgsl`: RoPE, KV writes, attention.
@@ -67,10 +94,13 @@ impl WeightFormat {
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 11] = [
-        Module::Linear(WeightFormat::Bf16),
-        Module::Linear(WeightFormat::Nvfp4),
-        Module::Linear(WeightFormat::Fp8Block),
+    pub const ALL: [Module; 14] = [
+        Module::Linear(WeightFormat::Bf16, PassRows::Two),
+        Module::Linear(WeightFormat::Bf16, PassRows::Eight),
+        Module::Linear(WeightFormat::Nvfp4, PassRows::Two),
+        Module::Linear(WeightFormat::Nvfp4, PassRows::Eight),
+        Module::Linear(WeightFormat::Fp8Block, PassRows::Two),
+        Module::Linear(WeightFormat::Fp8Block, PassRows::Eight),
         Module::Norm,
         Module::Attention,
         Module::Router,
@@ -84,7 +114,7 @@ impl Module {
     /// The assembled WGSL source.
     pub fn source(self) -> String {
         let family = match self {
-            Module::Linear(format) => {
+            Module::Linear(format, pass) => {
                 let format_source = match format {
                     WeightFormat::Bf16 => include_str!("wgsl/fmt_bf16.wgsl"),
                     WeightFormat::Nvfp4 => include_str!("wgsl/fmt_nvfp4.wgsl"),
@@ -92,7 +122,11 @@ impl Module {
                 };
                 // The format file refers to the bindings and `Params` declared by linear.wgsl,
                 // which WGSL allows in any order at module scope.
-                return format!("{COMMON}\n{}\n{format_source}", include_str!("wgsl/linear.wgsl"));
+                let max_rows = format!("const MAX_ROWS: u32 = {}u;", pass.count());
+                return format!(
+                    "{COMMON}\n{max_rows}\n{}\n{format_source}",
+                    include_str!("wgsl/linear.wgsl")
+                );
             }
             Module::Norm => include_str!("wgsl/norm.wgsl"),
             Module::Attention => include_str!("wgsl/attention.wgsl"),
@@ -109,7 +143,7 @@ impl Module {
     /// A short name for labels and dumps.
     pub fn name(self) -> String {
         match self {
-            Module::Linear(format) => format!("linear_{format:?}").to_lowercase(),
+            Module::Linear(format, pass) => format!("linear_{format:?}_{}", pass.count()).to_lowercase(),
             other => format!("{other:?}").to_lowercase(),
         }
     }
@@ -118,8 +152,8 @@ impl Module {
 /// One entry point: what the engine dispatches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
-    /// Dense linear, weight rows reused across up to 8 activation rows.
-    Linear(WeightFormat),
+    /// Dense linear, each decoded weight applied to up to the pass width's activation rows.
+    Linear(WeightFormat, PassRows),
     /// Routed-expert linear: expert per slot read on the GPU.
     Gathered(WeightFormat),
     /// RMSNorm.
@@ -169,7 +203,10 @@ impl Kernel {
     /// Every kernel.
     pub fn all() -> Vec<Kernel> {
         let formats = [WeightFormat::Bf16, WeightFormat::Nvfp4, WeightFormat::Fp8Block];
-        let mut all: Vec<Kernel> = formats.iter().map(|&f| Kernel::Linear(f)).collect();
+        let mut all: Vec<Kernel> = formats
+            .iter()
+            .flat_map(|&f| [Kernel::Linear(f, PassRows::Two), Kernel::Linear(f, PassRows::Eight)])
+            .collect();
         all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
         all.extend([
             Kernel::RmsNorm,
@@ -199,7 +236,9 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f) | Kernel::Gathered(f) => Module::Linear(f),
+            Kernel::Linear(f, pass) => Module::Linear(f, pass),
+            // One activation row per slot.
+            Kernel::Gathered(f) => Module::Linear(f, PassRows::Two),
             Kernel::RmsNorm => Module::Norm,
             Kernel::WriteKv | Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route => Module::Router,
@@ -221,7 +260,7 @@ impl Kernel {
     /// The WGSL function name.
     pub fn entry_point(self) -> &'static str {
         match self {
-            Kernel::Linear(_) => "linear",
+            Kernel::Linear(..) => "linear",
             Kernel::Gathered(_) => "gathered",
             Kernel::RmsNorm => "rms_norm",
             Kernel::WriteKv => "write_kv",
@@ -251,8 +290,8 @@ impl Kernel {
     pub fn bindings(self) -> &'static [u32] {
         match self {
             // params, x, w, (scales,) bias, y, residual: BF16 weights have no scales
-            Kernel::Linear(WeightFormat::Bf16) => &[0, 1, 2, 4, 6, 8],
-            Kernel::Linear(_) => &[0, 1, 2, 3, 4, 6, 8],
+            Kernel::Linear(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 6, 8],
+            Kernel::Linear(..) => &[0, 1, 2, 3, 4, 6, 8],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],

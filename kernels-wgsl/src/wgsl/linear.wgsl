@@ -1,5 +1,12 @@
 // Linear layers y = x W^T (+ bias), FP32 accumulation, for every weight format.
 //
+// MAX_ROWS, the activation rows per pass over the weights (2 or 8), is declared ahead of
+// this file when the module is assembled: two-row modules serve steps of one or two rows
+// with half the registers (an H200 decode step: 2.89 -> 2.79 ms for one lane, 3.49 -> 3.34
+// ms for a pair; eight-row passes stay faster for eight lanes, 7.15 against 7.67 ms).
+// Both compute every row with the same partition and reduction tree, so a row's bits do
+// not depend on which one ran.
+//
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
 // fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
 // 16- or 8-byte load; unit k of weight row n is w[n * K / UNIT + k]), UNIT (weights per
@@ -36,7 +43,6 @@
 const WG: u32 = 64u;
 const THREAD_ROWS: u32 = WG / LANES;          // thread rows per workgroup (LANES threads each)
 const ROWS_PER_GROUP: u32 = 2u * THREAD_ROWS; // weight rows per workgroup: two per thread row
-const MAX_ROWS: u32 = 8u;                     // activation rows per pass (apply_pair writes out 8)
 const VECS: u32 = UNIT / 4u;                  // vec4s of decoded weights per unit
 const GROUPS: u32 = LANES / 8u;               // first-level reduction groups per thread row
 
@@ -66,8 +72,8 @@ struct Params {
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 @group(0) @binding(8) var<storage, read> residual: array<f32>;
 
-var<workgroup> partial: array<f32, 1024>;       // 2 planes * WG * MAX_ROWS
-var<workgroup> group_sums: array<f32, 128>;     // 2 planes * WG / 8 * MAX_ROWS
+var<workgroup> partial: array<f32, 2u * WG * MAX_ROWS>;         // two planes
+var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * MAX_ROWS>;
 var<workgroup> slot_expert: u32;
 
 // Two units' decoded weights (rows A and B) dotted with the activation row at `x_vec`;
@@ -104,35 +110,35 @@ fn apply_pair(
         (*acc_a)[1] += d.x;
         (*acc_b)[1] += d.y;
     }
-    if (count > 2u) {
+    if (MAX_ROWS > 2u && count > 2u) {
         d = unit_dot2(a, b, x_vec + 2u * x_row) * scale;
-        (*acc_a)[2] += d.x;
-        (*acc_b)[2] += d.y;
+        (*acc_a)[min(2u, MAX_ROWS - 1u)] += d.x;
+        (*acc_b)[min(2u, MAX_ROWS - 1u)] += d.y;
     }
-    if (count > 3u) {
+    if (MAX_ROWS > 2u && count > 3u) {
         d = unit_dot2(a, b, x_vec + 3u * x_row) * scale;
-        (*acc_a)[3] += d.x;
-        (*acc_b)[3] += d.y;
+        (*acc_a)[min(3u, MAX_ROWS - 1u)] += d.x;
+        (*acc_b)[min(3u, MAX_ROWS - 1u)] += d.y;
     }
-    if (count > 4u) {
+    if (MAX_ROWS > 2u && count > 4u) {
         d = unit_dot2(a, b, x_vec + 4u * x_row) * scale;
-        (*acc_a)[4] += d.x;
-        (*acc_b)[4] += d.y;
+        (*acc_a)[min(4u, MAX_ROWS - 1u)] += d.x;
+        (*acc_b)[min(4u, MAX_ROWS - 1u)] += d.y;
     }
-    if (count > 5u) {
+    if (MAX_ROWS > 2u && count > 5u) {
         d = unit_dot2(a, b, x_vec + 5u * x_row) * scale;
-        (*acc_a)[5] += d.x;
-        (*acc_b)[5] += d.y;
+        (*acc_a)[min(5u, MAX_ROWS - 1u)] += d.x;
+        (*acc_b)[min(5u, MAX_ROWS - 1u)] += d.y;
     }
-    if (count > 6u) {
+    if (MAX_ROWS > 2u && count > 6u) {
         d = unit_dot2(a, b, x_vec + 6u * x_row) * scale;
-        (*acc_a)[6] += d.x;
-        (*acc_b)[6] += d.y;
+        (*acc_a)[min(6u, MAX_ROWS - 1u)] += d.x;
+        (*acc_b)[min(6u, MAX_ROWS - 1u)] += d.y;
     }
-    if (count > 7u) {
+    if (MAX_ROWS > 2u && count > 7u) {
         d = unit_dot2(a, b, x_vec + 7u * x_row) * scale;
-        (*acc_a)[7] += d.x;
-        (*acc_b)[7] += d.y;
+        (*acc_a)[min(7u, MAX_ROWS - 1u)] += d.x;
+        (*acc_b)[min(7u, MAX_ROWS - 1u)] += d.y;
     }
 }
 
@@ -142,20 +148,23 @@ fn store_partials(t: u32, acc_a: array<f32, MAX_ROWS>, acc_b: array<f32, MAX_ROW
     let b = (WG + t) * MAX_ROWS;
     partial[a] = acc_a[0];
     partial[a + 1u] = acc_a[1];
-    partial[a + 2u] = acc_a[2];
-    partial[a + 3u] = acc_a[3];
-    partial[a + 4u] = acc_a[4];
-    partial[a + 5u] = acc_a[5];
-    partial[a + 6u] = acc_a[6];
-    partial[a + 7u] = acc_a[7];
     partial[b] = acc_b[0];
     partial[b + 1u] = acc_b[1];
-    partial[b + 2u] = acc_b[2];
-    partial[b + 3u] = acc_b[3];
-    partial[b + 4u] = acc_b[4];
-    partial[b + 5u] = acc_b[5];
-    partial[b + 6u] = acc_b[6];
-    partial[b + 7u] = acc_b[7];
+    if (MAX_ROWS > 2u) {
+        // Eight-row passes (the indices stay in bounds for two-row passes, where this is dead).
+        partial[a + 2u] = acc_a[min(2u, MAX_ROWS - 1u)];
+        partial[a + 3u] = acc_a[min(3u, MAX_ROWS - 1u)];
+        partial[a + 4u] = acc_a[min(4u, MAX_ROWS - 1u)];
+        partial[a + 5u] = acc_a[min(5u, MAX_ROWS - 1u)];
+        partial[a + 6u] = acc_a[min(6u, MAX_ROWS - 1u)];
+        partial[a + 7u] = acc_a[min(7u, MAX_ROWS - 1u)];
+        partial[b + 2u] = acc_b[min(2u, MAX_ROWS - 1u)];
+        partial[b + 3u] = acc_b[min(3u, MAX_ROWS - 1u)];
+        partial[b + 4u] = acc_b[min(4u, MAX_ROWS - 1u)];
+        partial[b + 5u] = acc_b[min(5u, MAX_ROWS - 1u)];
+        partial[b + 6u] = acc_b[min(6u, MAX_ROWS - 1u)];
+        partial[b + 7u] = acc_b[min(7u, MAX_ROWS - 1u)];
+    }
 }
 
 // Sums the LANES partials of rows A and B of each thread row for activation rows < count
