@@ -319,8 +319,8 @@ pub fn linear_kernel(
         if format != WeightFormat::Bf16 {
             resources.push(&ws);
         }
-        // The 4-byte bias buffer doubles as the unused residual binding.
-        resources.extend([&bias, &y, &bias]);
+        // The 4-byte bias buffer doubles as the unused residual and MoE-combine bindings.
+        resources.extend([&bias, &bias, &y, &bias, &bias, &bias]);
         launches.push(gpu.dispatch(
             Kernel::Linear(format, PassRows::for_rows(lanes)),
             &params,

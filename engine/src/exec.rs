@@ -160,8 +160,19 @@ impl<'a> Lowering<'a> {
                 round_output,
                 residual,
                 swiglu,
+                combine_k,
             } => {
                 let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
+                let combine = match combine_k {
+                    Some(k) => Some(CombineIo {
+                        routed_out: self.buffer(inputs[2])?,
+                        routed_weights: self.buffer(inputs[3])?,
+                        gate_logits: self.buffer(inputs[4])?,
+                        k: *k,
+                        gate_stride: self.graph.value(inputs[4]).shape[1],
+                    }),
+                    None => None,
+                };
                 let io = LinearIo {
                     x: self.buffer(inputs[0])?,
                     y: out,
@@ -171,6 +182,7 @@ impl<'a> Lowering<'a> {
                     round: *round_output,
                     residual,
                     swiglu: *swiglu,
+                    combine,
                 };
                 self.lower_linear(members, *in_features, io)?;
             }
@@ -390,7 +402,9 @@ impl<'a> Lowering<'a> {
                     flags: 2 | if swiglu { 8 } else { 0 },
                     tensor_scale: 1.0,
                     bias_offset: 0,
-                    pad: 0,
+                    combine_k: 0,
+                    gate_stride: 0,
+                    pad: [0; 3],
                 };
                 let expert_scales = segment.expert_scales.as_ref().expect("expert segment");
                 let mut resources = vec![x, &segment.codes];
@@ -475,6 +489,24 @@ pub struct LinearIo<'a> {
     /// The linear is a SwiGLU stack (each segment: gate rows, then the same up rows); the
     /// output is silu(gate) * up, one feature per segment row.
     pub swiglu: bool,
+    /// The linear is a MoE layer's shared-expert down projection that combines the layer
+    /// into `residual` as it writes.
+    pub combine: Option<CombineIo<'a>>,
+}
+
+/// What a MoE layer's combine reads besides the residual stream and the shared expert.
+#[derive(Clone, Copy)]
+pub struct CombineIo<'a> {
+    /// The routed experts' outputs [rows * k, y_stride].
+    pub routed_out: &'a wgpu::Buffer,
+    /// Their weights [rows, k].
+    pub routed_weights: &'a wgpu::Buffer,
+    /// The router logits [rows, gate_stride], the shared expert's gate logit last.
+    pub gate_logits: &'a wgpu::Buffer,
+    /// Routed experts per token.
+    pub k: usize,
+    /// Floats per router-logits row.
+    pub gate_stride: usize,
 }
 
 /// The launches of a dense linear: one per weight segment.
@@ -501,16 +533,30 @@ pub fn linear_launches(
             flags: u32::from(linear.bias.is_some())
                 | if io.round { 2 } else { 0 }
                 | if io.residual.is_some() { 4 } else { 0 }
-                | if io.swiglu { 8 } else { 0 },
+                | if io.swiglu { 8 } else { 0 }
+                | if io.combine.is_some() { 16 } else { 0 },
             tensor_scale: linear.tensor_scale,
             bias_offset: segment.range.start as u32,
-            pad: 0,
+            combine_k: io.combine.map_or(0, |c| c.k as u32),
+            gate_stride: io.combine.map_or(0, |c| c.gate_stride as u32),
+            pad: [0; 3],
         };
         let mut resources = vec![io.x, &segment.codes];
         if linear.format != WeightFormat::Bf16 {
             resources.push(&segment.scales);
         }
-        resources.extend([bias, io.y, io.residual.unwrap_or(placeholder)]);
+        let [routed_weights, routed_out, gate_logits] = match io.combine {
+            Some(c) => [c.routed_weights, c.routed_out, c.gate_logits],
+            None => [placeholder; 3],
+        };
+        resources.extend([
+            bias,
+            routed_weights,
+            io.y,
+            routed_out,
+            io.residual.unwrap_or(placeholder),
+            gate_logits,
+        ]);
         let grid = [
             (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),
             1,

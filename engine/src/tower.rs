@@ -82,6 +82,7 @@ impl VoiceTower {
             round: true,
             residual: None,
             swiglu: false,
+            combine: None,
         };
         out.extend(linear_launches(&self.gpu, linear, &self.placeholder, &io)?);
         Ok(())

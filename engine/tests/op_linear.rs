@@ -161,15 +161,17 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
             flags: u32::from(bias.is_some()) | if round { 2 } else { 0 } | if residual.is_some() { 4 } else { 0 },
             tensor_scale: w.tensor_scale,
             bias_offset: start as u32,
-            pad: 0,
+            ..Default::default()
         };
         let p = gpu.uniform("params", &params);
         let wb = gpu.buffer_with("w", &codes);
         let sb = gpu.buffer_with("scales", &scales);
+        // The MoE combine's bindings are unused here.
+        let none = &bb;
         let buffers: Vec<&wgpu::Buffer> = if w.format == WeightFormat::Bf16 {
-            vec![&p, &xb, &wb, &bb, &y, &rb]
+            vec![&p, &xb, &wb, &bb, none, &y, none, &rb, none]
         } else {
-            vec![&p, &xb, &wb, &sb, &bb, &y, &rb]
+            vec![&p, &xb, &wb, &sb, &bb, none, &y, none, &rb, none]
         };
         dispatches.push(dispatch(
             gpu,
@@ -316,7 +318,7 @@ fn gathered_case(
             flags: 2,
             tensor_scale: 1.0,
             bias_offset: 0,
-            pad: 0,
+            ..Default::default()
         };
         let p = gpu.uniform("params", &params);
         let wb = gpu.buffer_with("w", &packed);
@@ -422,7 +424,17 @@ fn linear_swiglu_epilogue_matches_reference() {
             dispatches.push(dispatch(
                 gpu,
                 Kernel::Linear(WeightFormat::Bf16, PassRows::for_rows(rows)),
-                &[&p, &xb, &wb, &placeholder, &y, &placeholder],
+                &[
+                    &p,
+                    &xb,
+                    &wb,
+                    &placeholder,
+                    &placeholder,
+                    &y,
+                    &placeholder,
+                    &placeholder,
+                    &placeholder,
+                ],
                 grid,
             ));
             keep.push((p, wb));
@@ -450,6 +462,90 @@ fn linear_swiglu_epilogue_matches_reference() {
                 .zip(&got[r * features..(r + 1) * features])
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "linear swiglu: row {r} differs between a batch of {rows} and alone"
+        );
+    }
+}
+
+/// The dense kernel's MoE-combine epilogue (a shared expert's down projection, flag 16):
+/// residual + the routed experts' outputs by their weights + sigmoid(gate logit) times the
+/// linear's own rounded output, against the reference; each row alone gives the same bits.
+#[test]
+fn linear_moe_combine_epilogue_matches_reference() {
+    let (out, cols, rows, k, gate_stride) = (45usize, 64usize, 3usize, 4usize, 7usize);
+    let label = "linear moe combine";
+    let mut rng = rng(label);
+    let gpu = gpu();
+    let w = random_weights(&mut rng, WeightFormat::Bf16, out, cols);
+    let x = bf16_values(&mut rng, rows * cols, 2.0);
+    let residual = uniform(&mut rng, rows * out, 3.0);
+    let routed = uniform(&mut rng, rows * k * out, 2.0);
+    let routed_weights = uniform(&mut rng, rows * k, 1.0);
+    let logits = uniform(&mut rng, rows * gate_stride, 4.0);
+    let run = |rows: usize, first: usize| -> Vec<f32> {
+        let slice = |v: &[f32], width: usize| f32_bytes(&v[first * width..(first + rows) * width]);
+        let params = LinearParams {
+            rows: rows as u32,
+            in_features: cols as u32,
+            out_features: out as u32,
+            y_stride: out as u32,
+            x_row_div: 1,
+            flags: 2 | 4 | 16,
+            tensor_scale: 1.0,
+            combine_k: k as u32,
+            gate_stride: gate_stride as u32,
+            ..Default::default()
+        };
+        let p = gpu.uniform("params", &params);
+        let xb = gpu.buffer_with("x", &slice(&x, cols));
+        let wb = gpu.buffer_with("w", &w.packed);
+        let bias = gpu.buffer_with("bias", &[0; 4]);
+        let weights_b = gpu.buffer_with("routed weights", &slice(&routed_weights, k));
+        let routed_b = gpu.buffer_with("routed", &slice(&routed, k * out));
+        let residual_b = gpu.buffer_with("residual", &slice(&residual, out));
+        let logits_b = gpu.buffer_with("logits", &slice(&logits, gate_stride));
+        let y = poisoned(gpu, "y", rows * out);
+        let launch = dispatch(
+            gpu,
+            Kernel::Linear(WeightFormat::Bf16, PassRows::for_rows(rows)),
+            &[&p, &xb, &wb, &bias, &weights_b, &y, &routed_b, &residual_b, &logits_b],
+            [(out as u32).div_ceil(WeightFormat::Bf16.rows_per_workgroup()), 1, 1],
+        );
+        run(gpu, &[launch]);
+        gpu.read_f32(&y).unwrap()
+    };
+    let got = run(rows, 0);
+    let mut want = Vec::new();
+    let mut scale = Vec::new();
+    for r in 0..rows {
+        let xr = &x[r * cols..(r + 1) * cols];
+        let logit = f64::from(logits[r * gate_stride + gate_stride - 1]);
+        let gate = 1.0 / (1.0 + (-logit).exp());
+        for n in 0..out {
+            let exact = dot(&w, n, xr);
+            let magnitude: f64 = (0..cols)
+                .map(|c| (w.decoded[n * cols + c] * f64::from(xr[c])).abs())
+                .sum();
+            let shared = f64::from(drama_engine::numerics::round_to_bf16(exact as f32));
+            let mut value = f64::from(residual[r * out + n]) + gate * shared;
+            let mut bound = f64::from(residual[r * out + n]).abs() + gate * (magnitude + bf16_ulp(exact) / TOL);
+            for j in 0..k {
+                let term = f64::from(routed_weights[r * k + j]) * f64::from(routed[(r * k + j) * out + n]);
+                value += term;
+                bound += term.abs();
+            }
+            want.push(value);
+            scale.push(bound);
+        }
+    }
+    check(label, &got, &want, &scale, TOL);
+    for r in [0, rows - 1] {
+        let single = run(1, r);
+        assert!(
+            single
+                .iter()
+                .zip(&got[r * out..(r + 1) * out])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label}: row {r} differs between a batch of {rows} and alone"
         );
     }
 }

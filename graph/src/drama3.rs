@@ -194,6 +194,7 @@ impl Build<'_> {
                 round_output: round,
                 residual: residual.is_some(),
                 swiglu,
+                combine_k: None,
             },
             &[x].into_iter().chain(residual).collect::<Vec<_>>(),
         )
@@ -213,18 +214,29 @@ impl Build<'_> {
     ) -> Result<ValueId, GraphError> {
         let h = self.spec.hidden;
         let [gate_m, up_m, down_m] = modules;
-        let members = self.members(&[(gate_m, width, false), (up_m, width, false)]);
-        // Stacked gate/up compute the SwiGLU in their epilogue; otherwise a separate node.
-        let act = if stacks_swiglu(&members) {
-            self.linear_node(&format!("{label}.act"), x, members, true, None, true)?
-        } else {
-            let gate_up = self.linear_node(&format!("{label}.gate_up"), x, members, true, None, false)?;
-            self.b
-                .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate_up])?
-        };
+        let act = self.swiglu_act(label, x, [gate_m, up_m], width)?;
         // The down projection: its label, and the residual stream it adds into (if any).
         let (down_label, residual) = down;
         self.linear(down_label, act, &[(down_m, h, false)], true, residual)
+    }
+
+    /// silu(gate(x)) * up(x), rounded to BF16.
+    fn swiglu_act(
+        &mut self,
+        label: &str,
+        x: ValueId,
+        modules: [String; 2],
+        width: usize,
+    ) -> Result<ValueId, GraphError> {
+        let [gate_m, up_m] = modules;
+        let members = self.members(&[(gate_m, width, false), (up_m, width, false)]);
+        // Stacked gate/up compute the SwiGLU in their epilogue; otherwise a separate node.
+        if stacks_swiglu(&members) {
+            return self.linear_node(&format!("{label}.act"), x, members, true, None, true);
+        }
+        let gate_up = self.linear_node(&format!("{label}.gate_up"), x, members, true, None, false)?;
+        self.b
+            .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate_up])
     }
 }
 
@@ -436,20 +448,21 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
             &[x, down, weights],
         );
     }
-    let modules = [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
-    let shared = g.swiglu_mlp(
-        &at("shared_expert"),
-        normed,
-        modules,
-        s.shared_width,
-        (&at("shared_expert.down"), None),
-    )?;
+    // The shared expert; its down projection combines the layer as it writes.
+    let [gate_m, up_m, down_m] =
+        [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
+    let act = g.swiglu_act(&at("shared_expert"), normed, [gate_m, up_m], s.shared_width)?;
+    let members = g.members(&[(down_m, s.hidden, false)]);
     g.b.node1(
         &at("hidden"),
-        Op::MoeCombine {
-            k: s.top_k,
-            shared: true,
+        Op::Linear {
+            members,
+            in_features: s.shared_width,
+            round_output: true,
+            residual: true,
+            swiglu: false,
+            combine_k: Some(s.top_k),
         },
-        &[x, down, weights, shared, logits],
+        &[act, x, down, weights, logits],
     )
 }

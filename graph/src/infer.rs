@@ -52,8 +52,10 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             round_output,
             residual,
             swiglu,
+            combine_k,
         } => {
-            arity(inputs, if *residual { 2 } else { 1 })?;
+            let combined = if combine_k.is_some() { 3 } else { 0 };
+            arity(inputs, if *residual { 2 } else { 1 } + combined)?;
             let x = inputs[0];
             expect(is_bf16(x.dtype), || {
                 "the input must hold BF16 values (round it where it is made)".into()
@@ -69,6 +71,19 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 })?;
                 let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
                 return Ok(vec![(vec![rows_of(x), members[0].out], dtype)]);
+            }
+            if let Some(k) = combine_k {
+                let rows = rows_of(x);
+                expect(*residual, || "a MoE combine adds into the residual stream".into())?;
+                expect(shape_of(inputs[2]) == [rows * k, out], || {
+                    format!("the routed experts' outputs must be [rows * {k}, {out}]")
+                })?;
+                expect(shape_of(inputs[3]) == [rows, *k], || {
+                    format!("the routing weights must be [rows, {k}]")
+                })?;
+                expect(inputs[4].shape.len() == 2 && rows_of(inputs[4]) == rows, || {
+                    "the router logits must be [rows, width]".into()
+                })?;
             }
             if *residual {
                 expect(shape_of(inputs[1]) == [rows_of(x), out], || {

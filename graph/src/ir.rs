@@ -144,6 +144,12 @@ pub enum Op {
         /// The members are [gate, up] of one width, stacked: the output is
         /// silu(gate) * up, one member wide (see [`crate::select::stacks_swiglu`]).
         swiglu: bool,
+        /// `Some(k)`: a MoE layer's shared-expert down projection that also combines the
+        /// layer into the residual stream (second input) as it writes, from three more
+        /// inputs: the routed experts' outputs [rows * k, out], their weights [rows, k] and
+        /// the router logits whose last column is the shared expert's gate:
+        /// residual + sum_j weight_j * routed_j + sigmoid(gate) * linear.
+        combine_k: Option<usize>,
     },
     /// RoPE of k and the KV-cache writes. Inputs: [q|k|v] (the fused projection's rows),
     /// row_lane, row_pos, k_cache, v_cache. Output: the updated cache token (a dependency

@@ -286,12 +286,13 @@ impl Kernel {
     }
 
     /// The binding numbers of group 0 the entry point uses, in order; binding 0 is always
-    /// the parameter block (uniform), the last is the output (read-write).
+    /// the parameter block (uniform).
     pub fn bindings(self) -> &'static [u32] {
         match self {
-            // params, x, w, (scales,) bias, y, residual: BF16 weights have no scales
-            Kernel::Linear(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 6, 8],
-            Kernel::Linear(..) => &[0, 1, 2, 3, 4, 6, 8],
+            // params, x, w, (scales,) bias, routed_weights, y, routed_out, residual,
+            // gate_logits: BF16 weights have no scales
+            Kernel::Linear(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 8, 9],
+            Kernel::Linear(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],

@@ -22,14 +22,19 @@ pub struct LinearParams {
     pub expert_begin: u32,
     /// Gathered: one past the last.
     pub expert_end: u32,
-    /// 1: add bias; 2: round output to BF16.
+    /// 1: add bias; 2: round output to BF16; 4: add the residual; 8: SwiGLU of stacked
+    /// [gate | up] rows; 16: a MoE layer's combine (see `linear.wgsl`).
     pub flags: u32,
     /// Dense: NVFP4 tensor scale (1 otherwise); gathered kernels read per-expert scales.
     pub tensor_scale: f32,
     /// Bias element of this segment's first output.
     pub bias_offset: u32,
+    /// Combine (flag 16): routed experts per token.
+    pub combine_k: u32,
+    /// Combine (flag 16): floats per row of the router logits, the shared gate's logit last.
+    pub gate_stride: u32,
     /// Padding to 16 bytes.
-    pub pad: u32,
+    pub pad: [u32; 3],
 }
 
 /// `norm.wgsl` parameters.
@@ -148,7 +153,8 @@ pub struct CodecParams {
     pub dilation: u32,
     /// Frames held in the history binding.
     pub history: u32,
-    /// 1: add bias; 2: round output to BF16.
+    /// 1: add bias; 2: round output to BF16; 4: add the residual; 8: SwiGLU of stacked
+    /// [gate | up] rows; 16: a MoE layer's combine (see `linear.wgsl`).
     pub flags: u32,
     /// Output elements.
     pub count: u32,

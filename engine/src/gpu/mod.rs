@@ -125,8 +125,9 @@ pub struct Gpu {
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
 }
 
-/// The storage bindings the engine's largest kernel uses.
-const NEEDED_STORAGE_BUFFERS: u32 = 8;
+/// The storage bindings the engine's largest kernel uses (the NVFP4 and FP8 dense linears:
+/// nine; Metal and Vulkan drivers offer far more).
+const NEEDED_STORAGE_BUFFERS: u32 = 9;
 
 impl Gpu {
     /// Opens the adapter of the chosen backend. Never falls back to another backend.

@@ -30,7 +30,9 @@
 //               output is added to `residual` (the residual stream) as it is written.
 //               With flag 8 the weight rows are a [gate | up] stack and the output is
 //               silu(gate) * up (each rounded first when flag 2 rounds): row A of a thread
-//               row is a gate row, row B the up row of the same feature.
+//               row is a gate row, row B the up row of the same feature. With flag 16 it
+//               is a MoE layer's shared-expert down projection and combines the layer into
+//               the residual stream as it writes (see `combine`).
 //   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP weight rows, slot), the
 //               slot's expert read from `expert_ids` on the GPU. Experts outside
 //               [expert_begin, expert_end) live in another weight segment and are skipped.
@@ -56,10 +58,15 @@ struct Params {
     expert_begin: u32,  // gathered: local expert ids held by this segment
     expert_end: u32,
     flags: u32,         // 1: add bias; 2: round the output to BF16; 4: add `residual`;
-                        // 8: SwiGLU of stacked [gate | up] rows (see `plan_rows`)
+                        // 8: SwiGLU of stacked [gate | up] rows (see `plan_rows`);
+                        // 16: MoE combine (see `combine`)
     tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
     bias_offset: u32,   // bias element of this segment's first output
-    _pad: u32,
+    combine_k: u32,     // combine: routed experts per token
+    gate_stride: u32,   // combine: floats per `gate_logits` row, the shared gate's logit last
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -71,6 +78,11 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 @group(0) @binding(8) var<storage, read> residual: array<f32>;
+// The MoE combine of `linear` (flag 16) reads the routed experts through the bindings the
+// dense kernel does not otherwise use (`expert_ids`, `expert_scales` belong to `gathered`).
+@group(0) @binding(5) var<storage, read> routed_weights: array<f32>;   // [rows * combine_k]
+@group(0) @binding(7) var<storage, read> routed_out: array<f32>;       // [rows * combine_k, y_stride]
+@group(0) @binding(9) var<storage, read> gate_logits: array<f32>;      // [rows, gate_stride]
 
 var<workgroup> partial: array<f32, 2u * WG * MAX_ROWS>;         // two planes
 var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * MAX_ROWS>;
@@ -213,6 +225,32 @@ fn swiglu_mode() -> bool {
     return (p.flags & 8u) != 0u;
 }
 
+// Flag 16: this linear is a MoE layer's shared-expert down projection, and its output
+// `value` (column `column` of activation row `row`, at `index` of y) is combined into the
+// residual stream with the routed experts: residual + sum_j weight_j * routed_j +
+// sigmoid(gate) * value, the K experts summed in the router's order (ascending original id).
+fn combine(row: u32, column: u32, index: u32, value: f32) -> f32 {
+    var sum = 0.0;
+    for (var j = 0u; j < p.combine_k; j++) {
+        let slot = row * p.combine_k + j;
+        sum += routed_weights[slot] * routed_out[slot * p.y_stride + column];
+    }
+    let logit = gate_logits[row * p.gate_stride + p.gate_stride - 1u];
+    sum += (1.0 / (1.0 + exp(-logit))) * value;
+    return residual[index] + sum;
+}
+
+// A plain (not SwiGLU) output with the residual (flag 4) or the MoE combine (flag 16).
+fn epilogue(row: u32, column: u32, index: u32, value: f32) -> f32 {
+    if ((p.flags & 16u) != 0u) {
+        return combine(row, column, index, value);
+    }
+    if ((p.flags & 4u) != 0u) {
+        return residual[index] + value;
+    }
+    return value;
+}
+
 // silu(gate) * up, rounded to BF16 when flag 2 rounds.
 fn swiglu(g: f32, u: f32) -> f32 {
     var v = g / (1.0 + exp(-g)) * u;
@@ -292,19 +330,11 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             } else {
                 if (plan.valid_a) {
                     let index = row_base + plan.feature_a;
-                    var v = value_a;
-                    if ((p.flags & 4u) != 0u) {
-                        v = residual[index] + v;
-                    }
-                    y[index] = v;
+                    y[index] = epilogue(row0 + lane, p.out_offset + plan.feature_a, index, value_a);
                 }
                 if (plan.valid_b) {
                     let index = row_base + plan.feature_b;
-                    var v = value_b;
-                    if ((p.flags & 4u) != 0u) {
-                        v = residual[index] + v;
-                    }
-                    y[index] = v;
+                    y[index] = epilogue(row0 + lane, p.out_offset + plan.feature_b, index, value_b);
                 }
             }
         }
