@@ -17,6 +17,12 @@ fn decode_unit(u: Unit) -> array<vec4<f32>, 2> {
     );
 }
 
-fn unit_scale(row: u32, k: u32) -> f32 {
+// BF16 has no scales.
+fn scale_word(row: u32, k: u32) -> u32 {
+    return 0u;
+}
+
+// BF16 has no scales.
+fn scale_of(word: u32, row: u32, k: u32) -> f32 {
     return 1.0;
 }

@@ -27,11 +27,17 @@ fn decode_unit(u: Unit) -> array<vec4<f32>, 4> {
     return array<vec4<f32>, 4>(e4m3_word(u.x), e4m3_word(u.y), e4m3_word(u.z), e4m3_word(u.w));
 }
 
-fn unit_scale(row: u32, k: u32) -> f32 {
+// The F32 scale of the 128x128 tile holding unit k of `row` (its bits).
+fn scale_word(row: u32, k: u32) -> u32 {
     let tiles_per_row = (p.in_features + 127u) / 128u;
     let tile_rows_per_expert = (p.out_features + 127u) / 128u;
     let expert = row / p.out_features;
     let r = row % p.out_features;
     let tile = (expert * tile_rows_per_expert + r / 128u) * tiles_per_row + (k * 16u) / 128u;
-    return 256.0 * bitcast<f32>(scales[tile]);
+    return scales[tile];
+}
+
+// The tile scale, times the 2^8 the byte decoding leaves out.
+fn scale_of(word: u32, row: u32, k: u32) -> f32 {
+    return 256.0 * bitcast<f32>(word);
 }

@@ -35,7 +35,14 @@ fn decode_unit(u: Unit) -> array<vec4<f32>, 4> {
     return array<vec4<f32>, 4>(lo[0], lo[1], hi[0], hi[1]);
 }
 
-fn unit_scale(row: u32, k: u32) -> f32 {
+// The word of `scales` holding unit k's E4M3 block scale (four per word).
+fn scale_word(row: u32, k: u32) -> u32 {
     let block = row * (p.in_features / 16u) + k;
-    return 16384.0 * e4m3((scales[block / 4u] >> ((block % 4u) * 8u)) & 0xffu);
+    return scales[block / 4u];
+}
+
+// The block scale from its word, times the 2^14 the nibble decoding leaves out.
+fn scale_of(word: u32, row: u32, k: u32) -> f32 {
+    let block = row * (p.in_features / 16u) + k;
+    return 16384.0 * e4m3((word >> ((block % 4u) * 8u)) & 0xffu);
 }
