@@ -388,7 +388,7 @@ impl<'a> Lowering<'a> {
                 .experts
                 .get(&key)
                 .ok_or_else(|| EngineError::Unsupported(format!("layer {layer}: no experts {:?}", key.1)))?;
-            let rows_per_group = linear.format.rows_per_workgroup() / if swiglu { 2 } else { 1 };
+            let rows_per_group = linear.format.gathered_rows_per_workgroup() / if swiglu { 2 } else { 1 };
             for segment in &linear.segments {
                 let params = LinearParams {
                     rows: shape.slots as u32,

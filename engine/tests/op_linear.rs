@@ -334,7 +334,11 @@ fn gathered_case(
             gpu,
             kernel,
             &buffers,
-            [(out as u32).div_ceil(format.rows_per_workgroup()), slots as u32, 1],
+            [
+                (out as u32).div_ceil(format.gathered_rows_per_workgroup()),
+                slots as u32,
+                1,
+            ],
         ));
         keep.push((p, wb, sb, tb));
     }
@@ -575,7 +579,7 @@ fn gathered_swiglu_epilogue_matches_reference() {
     let bias = gpu.buffer_with("bias", &[0; 4]);
     let y = poisoned(gpu, "y", slots * width);
     let grid = [
-        (width as u32).div_ceil(WeightFormat::Nvfp4.rows_per_workgroup() / 2),
+        (width as u32).div_ceil(WeightFormat::Nvfp4.gathered_rows_per_workgroup() / 2),
         slots as u32,
         1,
     ];

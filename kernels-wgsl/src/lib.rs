@@ -90,6 +90,13 @@ impl WeightFormat {
             WeightFormat::Nvfp4 => 8,
         }
     }
+
+    /// Weight rows one workgroup of the gathered (routed-expert) kernel computes: four per
+    /// thread row, twice [`WeightFormat::rows_per_workgroup`] (half as many features with
+    /// the SwiGLU epilogue).
+    pub fn gathered_rows_per_workgroup(self) -> u32 {
+        2 * self.rows_per_workgroup()
+    }
 }
 
 impl Module {

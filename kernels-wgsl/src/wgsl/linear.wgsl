@@ -36,8 +36,9 @@
 //               row is a gate row, row B the up row of the same feature. With flag 16 it
 //               is a MoE layer's shared-expert down projection and combines the layer into
 //               the residual stream as it writes (see `combine`).
-//   `gathered`: routed experts; a workgroup per (ROWS_PER_GROUP weight rows, slot), the
-//               slot's expert read from `expert_ids` on the GPU. Experts outside
+//   `gathered`: routed experts; a workgroup per (GATHERED_ROWS weight rows, slot), four
+//               per thread row (two [gate, up] pairs with SwiGLU), the slot's expert read
+//               from `expert_ids` on the GPU. Experts outside
 //               [expert_begin, expert_end) live in another weight segment and are skipped.
 //               Each expert has its own tensor scale (`expert_scales`: one per expert of
 //               the segment, or gate then up with flag 8).
@@ -377,11 +378,102 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
 }
 
+// Gathered launches give each thread row four weight rows (two [gate, up] pairs with the
+// SwiGLU epilogue): routed NVFP4 experts load 64 activation bytes per 8-byte unit, so
+// sharing each activation load among more rows matters more than for the dense kernel
+// (H200 decode step with two rows per thread row -> four: pair 3.10 -> 2.90 ms, 8 lanes
+// 6.71 -> 5.93 ms, one lane 2.49 -> 2.43 ms).
+const GATHERED_ROWS: u32 = 4u * THREAD_ROWS;   // weight rows per gathered workgroup
+
+// One unit of each of four rows dotted with the activation row at `x_vec`, each activation
+// vec4 loaded once for all four.
+fn unit_dot4(
+    a: array<vec4<f32>, VECS>,
+    b: array<vec4<f32>, VECS>,
+    c: array<vec4<f32>, VECS>,
+    d: array<vec4<f32>, VECS>,
+    x_vec: u32,
+) -> vec4<f32> {
+    let x0 = x[x_vec];
+    let x1 = x[x_vec + 1u];
+    var s = vec4<f32>(
+        dot(a[0], x0) + dot(a[1], x1),
+        dot(b[0], x0) + dot(b[1], x1),
+        dot(c[0], x0) + dot(c[1], x1),
+        dot(d[0], x0) + dot(d[1], x1),
+    );
+    if (VECS > 2u) {
+        let i2 = min(2u, VECS - 1u);
+        let i3 = min(3u, VECS - 1u);
+        let x2 = x[x_vec + 2u];
+        let x3 = x[x_vec + 3u];
+        s += vec4<f32>(dot(a[i2], x2), dot(b[i2], x2), dot(c[i2], x2), dot(d[i2], x2));
+        s += vec4<f32>(dot(a[i3], x3), dot(b[i3], x3), dot(c[i3], x3), dot(d[i3], x3));
+    }
+    return s;
+}
+
+// A gathered thread row's four weight rows (within the expert) and which are valid. Plain:
+// rows group * GATHERED_ROWS + thread_row + i * THREAD_ROWS. SwiGLU: features f0 = group *
+// 2 * THREAD_ROWS + thread_row and f1 = f0 + THREAD_ROWS; rows (gate f0, up f0, gate f1,
+// up f1). Invalid rows name row 0 of the expert (in bounds, never written).
+struct RowQuad {
+    rows: vec4<u32>,
+    valid: vec4<bool>,
+    features: vec2<u32>,   // SwiGLU: the two output features
+}
+
+fn plan_quad(group: u32, thread_row: u32) -> RowQuad {
+    if (!swiglu_mode()) {
+        let first = group * GATHERED_ROWS + thread_row;
+        let rows = vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u) * THREAD_ROWS;
+        let valid = rows < vec4<u32>(p.out_features);
+        return RowQuad(select(vec4<u32>(0u), rows, valid), valid, vec2<u32>(0u));
+    }
+    let width = p.out_features / 2u;
+    let f0 = group * 2u * THREAD_ROWS + thread_row;
+    let f1 = f0 + THREAD_ROWS;
+    let rows = vec4<u32>(f0, f0 + width, f1, f1 + width);
+    let valid = vec4<bool>(f0 < width, f0 < width, f1 < width, f1 < width);
+    return RowQuad(select(vec4<u32>(0u), rows, valid), valid, vec2<u32>(f0, f1));
+}
+
+// Sums the LANES partials of each of a thread row's four weight rows (planes of `partial`,
+// one float per thread) in a fixed order: groups of eight lanes, then the groups. Returns
+// the four sums at lane 0. Every thread must call it.
+fn reduce_quad(t: u32) -> vec4<f32> {
+    let thread_row = t / LANES;
+    let lane = t % LANES;
+    workgroupBarrier();
+    let group = lane % GROUPS;
+    let plane = lane / GROUPS;
+    if (plane < 4u) {
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            s += partial[plane * WG + thread_row * LANES + group * 8u + i];
+        }
+        group_sums[(plane * THREAD_ROWS + thread_row) * GROUPS + group] = s;
+    }
+    workgroupBarrier();
+    var sum = vec4<f32>(0.0);
+    if (lane == 0u) {
+        for (var g = 0u; g < GROUPS; g++) {
+            sum += vec4<f32>(
+                group_sums[(0u * THREAD_ROWS + thread_row) * GROUPS + g],
+                group_sums[(1u * THREAD_ROWS + thread_row) * GROUPS + g],
+                group_sums[(2u * THREAD_ROWS + thread_row) * GROUPS + g],
+                group_sums[(3u * THREAD_ROWS + thread_row) * GROUPS + g],
+            );
+        }
+    }
+    return sum;
+}
+
 @compute @workgroup_size(64)
 fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let thread_row = t / LANES;
     let lane = t % LANES;
-    let plan = plan_rows(wg.x, thread_row);
+    let quad = plan_quad(wg.x, thread_row);
     let slot = wg.y;
     if (t == 0u) {
         slot_expert = expert_ids[slot];
@@ -391,51 +483,68 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         return;
     }
     let local_expert = expert - p.expert_begin;
-    let na = local_expert * p.out_features + plan.row_a;
-    let nb = local_expert * p.out_features + select(plan.row_a, plan.row_b, plan.valid_b);
+    let n = vec4<u32>(local_expert * p.out_features) + quad.rows;
     let x_base = (slot / p.x_row_div) * (p.in_features / 4u);
     let units = p.in_features / UNIT;
-    var acc = vec2<f32>(0.0);
-    if (plan.valid_a) {
-        let base_a = na * units;
-        let base_b = nb * units;
+    var acc = vec4<f32>(0.0);
+    if (quad.valid.x) {
+        let base = n * units;
         let last = units - 1u;
         for (var k = lane; k < units; k += 2u * LANES) {
+            // Eight loads issued together (past the end: the last unit, not used).
             let k1 = min(k + LANES, last);
-            let a0 = w[base_a + k];
-            let b0 = w[base_b + k];
-            let a1 = w[base_a + k1];
-            let b1 = w[base_b + k1];
-            let s0 = vec2<f32>(unit_scale(na, k), unit_scale(nb, k));
-            let s1 = vec2<f32>(unit_scale(na, k1), unit_scale(nb, k1));
-            acc += unit_dot2(decode_unit(a0), decode_unit(b0), x_base + k * VECS) * s0;
+            let a0 = w[base.x + k];
+            let b0 = w[base.y + k];
+            let c0 = w[base.z + k];
+            let d0 = w[base.w + k];
+            let a1 = w[base.x + k1];
+            let b1 = w[base.y + k1];
+            let c1 = w[base.z + k1];
+            let d1 = w[base.w + k1];
+            let s0 = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
+            let s1 = vec4<f32>(unit_scale(n.x, k1), unit_scale(n.y, k1), unit_scale(n.z, k1), unit_scale(n.w, k1));
+            acc += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), x_base + k * VECS) * s0;
             if (k + LANES < units) {
-                acc += unit_dot2(decode_unit(a1), decode_unit(b1), x_base + k1 * VECS) * s1;
+                acc += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), x_base + k1 * VECS) * s1;
             }
         }
     }
-    partial[t * MAX_ROWS] = acc.x;
-    partial[(WG + t) * MAX_ROWS] = acc.y;
-    let sum = reduce_lanes(t, 1u);
-    let swiglu_on = swiglu_mode();
-    // SwiGLU stacks keep two tensor scales per expert: gate, then up.
-    let scale_a = expert_scales[select(local_expert, local_expert * 2u, swiglu_on)];
-    let scale_b = expert_scales[select(local_expert, local_expert * 2u + 1u, swiglu_on)];
-    let value_a = finish(sum.x, plan.row_a, scale_a);
-    let value_b = finish(sum.y, select(plan.row_a, plan.row_b, plan.valid_b), scale_b);
-    if (lane == 0u) {
-        let row_base = slot * p.y_stride + p.out_offset;
-        if (swiglu_on) {
-            if (plan.valid_a) {
-                y[row_base + plan.feature_a] = swiglu(value_a, value_b);
-            }
-        } else {
-            if (plan.valid_a) {
-                y[row_base + plan.feature_a] = value_a;
-            }
-            if (plan.valid_b) {
-                y[row_base + plan.feature_b] = value_b;
-            }
+    partial[t] = acc.x;
+    partial[WG + t] = acc.y;
+    partial[2u * WG + t] = acc.z;
+    partial[3u * WG + t] = acc.w;
+    let sum = reduce_quad(t);
+    if (lane != 0u) {
+        return;
+    }
+    let row_base = slot * p.y_stride + p.out_offset;
+    if (swiglu_mode()) {
+        // SwiGLU stacks keep two tensor scales per expert: gate, then up.
+        let gate_scale = expert_scales[local_expert * 2u];
+        let up_scale = expert_scales[local_expert * 2u + 1u];
+        if (quad.valid.x) {
+            let gate = finish(sum.x, quad.rows.x, gate_scale);
+            let up = finish(sum.y, quad.rows.y, up_scale);
+            y[row_base + quad.features.x] = swiglu(gate, up);
         }
+        if (quad.valid.z) {
+            let gate = finish(sum.z, quad.rows.z, gate_scale);
+            let up = finish(sum.w, quad.rows.w, up_scale);
+            y[row_base + quad.features.y] = swiglu(gate, up);
+        }
+        return;
+    }
+    let scale = expert_scales[local_expert];
+    if (quad.valid.x) {
+        y[row_base + quad.rows.x] = finish(sum.x, quad.rows.x, scale);
+    }
+    if (quad.valid.y) {
+        y[row_base + quad.rows.y] = finish(sum.y, quad.rows.y, scale);
+    }
+    if (quad.valid.z) {
+        y[row_base + quad.rows.z] = finish(sum.z, quad.rows.z, scale);
+    }
+    if (quad.valid.w) {
+        y[row_base + quad.rows.w] = finish(sum.w, quad.rows.w, scale);
     }
 }
