@@ -235,13 +235,22 @@ fn linear_case(
     let residual = with_residual.then(|| uniform(&mut rng, rows * out, 3.0));
     let result = run_linear(&w, &x, rows, bias.as_deref(), round, residual.as_deref());
     check(&label, &result.y, &result.want, &result.scale, TOL);
-    // Batch invariance: each row alone gives the same bits as inside the batch.
-    for r in [0, rows - 1] {
+    assert_rows_alone_match(&label, &result.y, rows, out, |r| {
         let residual_row = residual.as_ref().map(|res| &res[r * out..(r + 1) * out]);
-        let single = run_linear(&w, &x[r * in_..(r + 1) * in_], 1, bias.as_deref(), round, residual_row);
-        let batched = &result.y[r * out..(r + 1) * out];
+        run_linear(&w, &x[r * in_..(r + 1) * in_], 1, bias.as_deref(), round, residual_row).y
+    });
+}
+
+/// Batch invariance: the first and last rows computed alone (`alone(r)`) give the same bits
+/// as inside the batch's output `batched` ([rows, width]).
+fn assert_rows_alone_match(label: &str, batched: &[f32], rows: usize, width: usize, alone: impl Fn(usize) -> Vec<f32>) {
+    for r in [0, rows - 1] {
+        let single = alone(r);
         assert!(
-            single.y.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits()),
+            single
+                .iter()
+                .zip(&batched[r * width..(r + 1) * width])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{label}: row {r} differs between a batch of {rows} and alone"
         );
     }
@@ -458,16 +467,9 @@ fn linear_swiglu_epilogue_matches_reference() {
         }
     }
     check("linear swiglu", &got, &want, &scale, TOL);
-    for r in [0, rows - 1] {
-        let single = run(&x[r * cols..(r + 1) * cols], 1);
-        assert!(
-            single
-                .iter()
-                .zip(&got[r * features..(r + 1) * features])
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "linear swiglu: row {r} differs between a batch of {rows} and alone"
-        );
-    }
+    assert_rows_alone_match("linear swiglu", &got, rows, features, |r| {
+        run(&x[r * cols..(r + 1) * cols], 1)
+    });
 }
 
 /// The dense kernel's MoE-combine epilogue (a shared expert's down projection, flag 16):
@@ -542,16 +544,7 @@ fn linear_moe_combine_epilogue_matches_reference() {
         }
     }
     check(label, &got, &want, &scale, TOL);
-    for r in [0, rows - 1] {
-        let single = run(1, r);
-        assert!(
-            single
-                .iter()
-                .zip(&got[r * out..(r + 1) * out])
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{label}: row {r} differs between a batch of {rows} and alone"
-        );
-    }
+    assert_rows_alone_match(label, &got, rows, out, |r| run(1, r));
 }
 
 /// The gathered kernel's SwiGLU epilogue: NVFP4 experts stacked per expert ([gate | up]
