@@ -283,34 +283,19 @@ impl<'a> Lowering<'a> {
                 let grid = self.elements_grid(count);
                 self.launch(Kernel::Swiglu, &params, &[self.buffer(inputs[0])?, out], grid)?;
             }
-            Op::MoeCombine { k, shared } => {
+            Op::MoeCombine { k } => {
                 let shape = &self.graph.value(node.outputs[0]).shape;
                 let count = shape[0] * shape[1];
-                let gate_stride = if *shared {
-                    self.graph.value(inputs[4]).shape[1]
-                } else {
-                    1
-                };
                 let params = MoeParams {
                     count: count as u32,
                     width: shape[1] as u32,
                     k: *k as u32,
-                    has_shared: u32::from(*shared),
-                    gate_stride: gate_stride as u32,
-                    pad: [0; 3],
-                };
-                let placeholder = &weights.placeholder;
-                let (shared_out, shared_gate) = if *shared {
-                    (self.buffer(inputs[3])?, self.buffer(inputs[4])?)
-                } else {
-                    (placeholder, placeholder)
+                    pad: 0,
                 };
                 let resources = [
                     self.buffer(inputs[0])?,
                     self.buffer(inputs[1])?,
                     self.buffer(inputs[2])?,
-                    shared_out,
-                    shared_gate,
                     out,
                 ];
                 let grid = self.elements_grid(count);

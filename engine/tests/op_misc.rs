@@ -441,37 +441,24 @@ fn elementwise_kernels_match_reference() {
         .map(|c| (0..tokens).map(|t| f64::from(a[t * width + c]).abs()).sum::<f64>() + 1e-6)
         .collect();
     check("mean_rows", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-6);
-    // moe_combine with a shared expert.
+    // moe_combine (a layer without a shared expert).
     let experts = uniform(&mut rng, tokens * k * width, 1.0);
     let weights = uniform(&mut rng, tokens * k, 1.0);
-    let shared = uniform(&mut rng, count, 1.0);
-    // Gate logits as the last of three columns (the router's logits rows).
-    let gates = uniform(&mut rng, tokens, 3.0);
-    let gate_rows: Vec<f32> = gates.iter().flat_map(|&g| [7.0, -7.0, g]).collect();
     let p = gpu.uniform(
         "p",
         &MoeParams {
             count: count as u32,
             width: width as u32,
             k: k as u32,
-            has_shared: 1,
-            gate_stride: 3,
-            pad: [0; 3],
+            pad: 0,
         },
     );
     let eb = gpu.buffer_with("e", &f32_bytes(&experts));
     let wb = gpu.buffer_with("w", &f32_bytes(&weights));
-    let sb = gpu.buffer_with("s", &f32_bytes(&shared));
-    let gb = gpu.buffer_with("g", &f32_bytes(&gate_rows));
     let out = poisoned(gpu, "out", count);
     run(
         gpu,
-        &[dispatch(
-            gpu,
-            Kernel::MoeCombine,
-            &[&p, &ab, &eb, &wb, &sb, &gb, &out],
-            grid,
-        )],
+        &[dispatch(gpu, Kernel::MoeCombine, &[&p, &ab, &eb, &wb, &out], grid)],
     );
     let mut want = Vec::new();
     let mut scale = Vec::new();
@@ -484,9 +471,8 @@ fn elementwise_kernels_match_reference() {
                 sum += term;
                 magnitude += term.abs();
             }
-            let shared_term = ops::sigmoid(f64::from(gates[t])) * f64::from(shared[t * width + h]);
-            want.push(f64::from(a[t * width + h]) + sum + shared_term);
-            scale.push(magnitude + shared_term.abs());
+            want.push(f64::from(a[t * width + h]) + sum);
+            scale.push(magnitude);
         }
     }
     check("moe_combine", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-6);

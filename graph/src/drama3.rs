@@ -439,14 +439,9 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     };
     let down = expert(g, "experts.down", &[Projection::Down], act, s.hidden, false)?;
     if s.shared_width == 0 {
-        return g.b.node1(
-            &at("hidden"),
-            Op::MoeCombine {
-                k: s.top_k,
-                shared: false,
-            },
-            &[x, down, weights],
-        );
+        return g
+            .b
+            .node1(&at("hidden"), Op::MoeCombine { k: s.top_k }, &[x, down, weights]);
     }
     // The shared expert; its down projection combines the layer as it writes.
     let [gate_m, up_m, down_m] =

@@ -198,8 +198,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows_of(inputs[0]), width / 2], dtype)])
         }
-        Op::MoeCombine { k, shared } => {
-            arity(inputs, if *shared { 5 } else { 3 })?;
+        Op::MoeCombine { k } => {
+            arity(inputs, 3)?;
             let residual = inputs[0];
             let tokens = rows_of(residual);
             let width = width_of(residual);
@@ -209,14 +209,6 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(shape_of(inputs[2]) == [tokens, *k], || {
                 "weights must be [tokens, k]".into()
             })?;
-            if *shared {
-                expect(shape_of(inputs[3]) == [tokens, width], || {
-                    "shared output must be [tokens, width]".into()
-                })?;
-                expect(rows_of(inputs[4]) == tokens && width_of(inputs[4]) >= 1, || {
-                    "shared gate logits must be [tokens, >= 1] (the last column)".into()
-                })?;
-            }
             Ok(vec![(residual.shape.clone(), DType::F32)])
         }
     }

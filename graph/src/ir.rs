@@ -198,14 +198,12 @@ pub enum Op {
         /// Round to BF16 (feeds a down projection).
         round_output: bool,
     },
-    /// residual + sum_j w_j expert_j (+ sigmoid(gate) shared). Inputs: residual, expert
-    /// outputs, weights, and with a shared expert its output and rows whose last column is
-    /// its gate logit (the router's logits node).
+    /// residual + sum_j w_j expert_j for a layer without a shared expert (with one, its
+    /// down projection combines: see `Linear::combine_k`). Inputs: residual, expert outputs,
+    /// weights.
     MoeCombine {
         /// Experts per token.
         k: usize,
-        /// Whether a shared expert is present.
-        shared: bool,
     },
 }
 

@@ -178,7 +178,7 @@ pub enum Kernel {
     Swiglu,
     /// Element-wise addition (the tower's and codec's residual connections).
     Add,
-    /// Weighted sum of expert outputs plus the gated shared expert, added to the residual.
+    /// Weighted sum of expert outputs added to the residual (layers without a shared expert).
     MoeCombine,
     /// Rows of a BF16 embedding table.
     EmbedBf16,
@@ -317,8 +317,8 @@ impl Kernel {
             Kernel::Swiglu => &[0, 1, 8],
             // params, a, b, out
             Kernel::Add => &[0, 1, 2, 8],
-            // params, residual, expert_out, weights, shared_out, shared_gate, out
-            Kernel::MoeCombine => &[0, 1, 2, 3, 4, 5, 6],
+            // params, residual, expert_out, weights, out
+            Kernel::MoeCombine => &[0, 1, 2, 3, 4],
             // params, words, row_table, row_index, out
             Kernel::EmbedBf16 => &[0, 5, 6, 7, 8],
             // params, a, row_table, row_index, out

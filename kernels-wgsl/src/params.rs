@@ -129,12 +129,8 @@ pub struct MoeParams {
     pub width: u32,
     /// Experts per token.
     pub k: u32,
-    /// 1: add the gated shared expert.
-    pub has_shared: u32,
-    /// Floats per row of the shared gate input (the logit is the row's last).
-    pub gate_stride: u32,
     /// Padding.
-    pub pad: [u32; 3],
+    pub pad: u32,
 }
 
 /// `codec.wgsl` parameters.
