@@ -314,7 +314,9 @@ pub fn linear_kernel(
     let sink = gpu.buffer("stream sink", u64::from(STREAM_GROUPS) * 256 * 4);
     for _ in 0..copies {
         let (wc, ws) = (gpu.buffer_with("w", &codes), gpu.buffer_with("scales", &scales));
-        streams.push(stream_dispatch(gpu, &wc, &sink)?);
+        // The stream reads a copy of all the bytes the kernel reads: codes and scales.
+        let all = gpu.buffer_with("w+scales", &[codes.as_slice(), scales.as_slice()].concat());
+        streams.push(stream_dispatch(gpu, &all, &sink)?);
         let mut resources = vec![&xb, &wc];
         if format != WeightFormat::Bf16 {
             resources.push(&ws);

@@ -54,25 +54,31 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// round a value to the other BF16 neighbour when f32 arithmetic (a sum, exp) lands within an
 /// f32 ulp of a rounding boundary; the flip (2^-8 of one value) then spreads through the
 /// random weights. So: every utterance within 1e-2 relative L2 (a flip's reach), the median
-/// within 5e-3, and at least one matching the contract-rounding reference to f32 precision.
-/// Five utterances are checked, and up to ten more while none has matched yet: on the FP8
-/// preset a flip somewhere in a 3-layer trace is common enough that five flipped utterances
-/// in a row happen (seed 1796055152865177557 gives 2.6e-4 to 1.9e-3, all five flipped).
+/// within 5e-3, and at least one of five matching the contract-rounding reference to f32
+/// precision. On the FP8 preset a flip somewhere in a 3-layer trace is common enough that
+/// five flipped utterances in a row happen (seed 1796055152865177557 gives 2.6e-4 to 1.9e-3,
+/// all five flipped); then ten more are checked and three of the fifteen must match.
 fn trace_against_reference(preset: &str) {
     let mut rng = rng(&format!("model {preset}"));
     let f = Fixture::preset(preset, rng.next_u64());
     let checkpoint = f.open();
     let reference = ReferenceModel::load(&checkpoint);
     let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
-    let mut errors = Vec::new();
-    while errors.len() < 5 || (errors.len() < 15 && !errors.iter().any(|&e: &f64| e <= 1e-6)) {
-        errors.push(check_utterance(preset, &engine, &reference, &mut rng));
-    }
+    let exact = |errors: &[f64]| errors.iter().filter(|&&e| e <= 1e-6).count();
+    let mut errors: Vec<f64> = (0..5)
+        .map(|_| check_utterance(preset, &engine, &reference, &mut rng))
+        .collect();
+    let needed = if exact(&errors) == 0 {
+        errors.extend((0..10).map(|_| check_utterance(preset, &engine, &reference, &mut rng)));
+        3
+    } else {
+        1
+    };
     errors.sort_by(f64::total_cmp);
     eprintln!("{preset}: logits rel-L2 of {} utterances {errors:?}", errors.len());
     assert!(
-        errors[0] <= 1e-6,
-        "{preset}: no utterance matches to f32 precision: {errors:?}"
+        exact(&errors) >= needed,
+        "{preset}: fewer than {needed} utterances match to f32 precision: {errors:?}"
     );
     assert!(
         errors[errors.len() / 2] <= 5e-3,
@@ -201,10 +207,11 @@ fn check_utterance(
             );
             continue;
         };
-        // Where a BF16 flip has already spread into this layer (its input or output off the
-        // reference by more than f32 precision), the router's logits move with it and so do
-        // the weights, by up to several percent; elsewhere they agree to 2e-2.
-        let flipped = hidden_errors[i.saturating_sub(1)].max(hidden_errors[i]) > 1e-6;
+        // Where BF16 flips have already spread into this layer's input (the previous layer's
+        // output off the reference by more than f32 precision), the router's logits move with
+        // it and so do the weights, by up to several percent; elsewhere they agree to 2e-2
+        // (a single flip inside the layer moves them far less).
+        let flipped = i > 0 && hidden_errors[i - 1] > 1e-6;
         let weight_tol = if flipped { 1e-1 } else { 2e-2 };
         for (pos, chosen) in want.iter().enumerate() {
             let want_ids: Vec<u32> = chosen.iter().map(|c| c.0 as u32).collect();

@@ -149,8 +149,7 @@ pub struct CodecParams {
     pub dilation: u32,
     /// Frames held in the history binding.
     pub history: u32,
-    /// 1: add bias; 2: round output to BF16; 4: add the residual; 8: SwiGLU of stacked
-    /// [gate | up] rows; 16: a MoE layer's combine (see `linear.wgsl`).
+    /// 1: add bias; 2: round output to BF16.
     pub flags: u32,
     /// Output elements.
     pub count: u32,

@@ -59,7 +59,8 @@ var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, o
 var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
 var<workgroup> reduction: array<f32, 256>;      // max and sum trees
-var<workgroup> ranking: array<vec4<f32>, 128>;  // MAX_KEPT / 4: eligible ranking scores, else -inf
+var<workgroup> ranking: array<vec4<f32>, 128>;  // MAX_KEPT / 4: the ranking scores, four at a time
+var<workgroup> ranking_eligible: array<vec4<u32>, 128>;  // MAX_KEPT / 4: `eligible`, four at a time
 var<workgroup> chosen: array<atomic<u32>, 16>;  // MAX_KEPT / 32: bit i set when expert i is among the top K
 var<workgroup> by_position: array<u32, MAX_K>;  // chosen kept index by output position
 
@@ -173,19 +174,25 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
-    // Ranking scores as vec4s for the counting below: ineligible experts and the padding
-    // past `kept` score -inf, so they never outrank an eligible expert.
-    let lowest = bitcast<f32>(0xff800000u);
-    for (var i = t; i < MAX_KEPT; i += WG) {
-        var v = lowest;
-        if (i < p.kept && eligible[i] != 0u) {
-            v = rank[i];
-        }
-        ranking[i / 4u][i % 4u] = v;
+    // Ranking scores and eligibility as vec4s for the counting below, each vec4 written whole
+    // by one invocation (a component write may rewrite the whole vector on some compilers);
+    // the padding past `kept` is never eligible. The chosen mask and positions start clear.
+    for (var q = t; q < MAX_KEPT / 4u; q += WG) {
+        let i = 4u * q;
+        ranking[q] = vec4<f32>(rank[i], rank[i + 1u], rank[i + 2u], rank[i + 3u]);
+        let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.kept);
+        let allowed = vec4<u32>(eligible[i], eligible[i + 1u], eligible[i + 2u], eligible[i + 3u]);
+        ranking_eligible[q] = select(vec4<u32>(0u), allowed, live);
+    }
+    if (t < MAX_KEPT / 32u) {
+        atomicStore(&chosen[t], 0u);
+    }
+    if (t < MAX_K) {
+        by_position[t] = 0u;
     }
     workgroupBarrier();
-    // An eligible expert's rank: the experts with a higher score, or the same score and a
-    // lower index (branch-free, four at a time). Ranks below K are chosen.
+    // An eligible expert's rank: the eligible experts with a higher score, or the same score
+    // and a lower index (branch-free, four at a time). Ranks below K are chosen.
     let quads = (p.kept + 3u) / 4u;
     for (var i = t; i < p.kept; i += WG) {
         let mine = vec4<f32>(rank[i]);
@@ -193,7 +200,8 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         for (var q = 0u; q < quads; q++) {
             let other = ranking[q];
             let lower = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(i);
-            above += select(vec4<u32>(0u), vec4<u32>(1u), (other > mine) | ((other == mine) & lower));
+            let outranks = (other > mine) | ((other == mine) & lower);
+            above += select(vec4<u32>(0u), vec4<u32>(1u), outranks & (ranking_eligible[q] != vec4<u32>(0u)));
         }
         if (eligible[i] != 0u && above.x + above.y + above.z + above.w < p.k) {
             atomicOr(&chosen[i / 32u], 1u << (i % 32u));
