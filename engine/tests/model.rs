@@ -299,7 +299,10 @@ fn chunked_equals_whole() {
     let checkpoint = f.open();
     let p = checkpoint.config.speech.voice_prefix_len;
     let v = checkpoint.config.speech.audio_vocab_size;
-    let (text, audio) = utterance(&checkpoint, &mut rng, 6, 5);
+    // Long enough that attention spans three chunks of positions; the single-row decode
+    // steps also take the two-row linear modules where the whole step takes eight-row ones.
+    let codes = 2 * drama_kernels::ATTENTION_CHUNK + 10;
+    let (text, audio) = utterance(&checkpoint, &mut rng, 6, codes);
     let rows = rows_for(0, p, &text, &audio);
     let s = rows.len();
     let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
