@@ -50,40 +50,39 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// Fresh utterances on one fresh checkpoint of `preset`. Two correct implementations may
+/// Five fresh utterances on a fresh checkpoint of `preset`. Two correct implementations may
 /// round a value to the other BF16 neighbour when f32 arithmetic (a sum, exp) lands within an
 /// f32 ulp of a rounding boundary; the flip (2^-8 of one value) then spreads through the
 /// random weights. So: every utterance within 1e-2 relative L2 (a flip's reach), the median
-/// within 5e-3, and at least one of five matching the contract-rounding reference to f32
-/// precision. On the FP8 preset a flip somewhere in a 3-layer trace is common enough that
-/// five flipped utterances in a row happen (seed 1796055152865177557 gives 2.6e-4 to 1.9e-3,
-/// all five flipped); then ten more are checked and three of the fifteen must match.
+/// within 5e-3, and at least one matching the contract-rounding reference to f32 precision.
+/// When none does, a second fresh checkpoint gets five more utterances, and one of those
+/// must match: every utterance shares the audio BOS row, so a flip in its norm or its k/v
+/// projection flips them all (seed 1796056396483732193: the embeddings agree bit for bit and
+/// every position from the BOS on is off), and on the FP8 preset five independent flips in a
+/// row happen (seed 1796055152865177557). Both fail the same way with the kernels of commit
+/// 6c63369, before this rule.
 fn trace_against_reference(preset: &str) {
     let mut rng = rng(&format!("model {preset}"));
-    let f = Fixture::preset(preset, rng.next_u64());
-    let checkpoint = f.open();
-    let reference = ReferenceModel::load(&checkpoint);
-    let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
-    let exact = |errors: &[f64]| errors.iter().filter(|&&e| e <= 1e-6).count();
-    let mut errors: Vec<f64> = (0..5)
-        .map(|_| check_utterance(preset, &engine, &reference, &mut rng))
-        .collect();
-    let needed = if exact(&errors) == 0 {
-        errors.extend((0..10).map(|_| check_utterance(preset, &engine, &reference, &mut rng)));
-        3
-    } else {
-        1
-    };
-    errors.sort_by(f64::total_cmp);
-    eprintln!("{preset}: logits rel-L2 of {} utterances {errors:?}", errors.len());
-    assert!(
-        exact(&errors) >= needed,
-        "{preset}: fewer than {needed} utterances match to f32 precision: {errors:?}"
-    );
-    assert!(
-        errors[errors.len() / 2] <= 5e-3,
-        "{preset}: median logits rel-L2 above 5e-3: {errors:?}"
-    );
+    for attempt in 0..2 {
+        let f = Fixture::preset(preset, rng.next_u64());
+        let checkpoint = f.open();
+        let reference = ReferenceModel::load(&checkpoint);
+        let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
+        let mut errors: Vec<f64> = (0..5)
+            .map(|_| check_utterance(preset, &engine, &reference, &mut rng))
+            .collect();
+        errors.sort_by(f64::total_cmp);
+        eprintln!("{preset}: logits rel-L2 of 5 utterances {errors:?}");
+        assert!(
+            errors[2] <= 5e-3,
+            "{preset}: median logits rel-L2 above 5e-3: {errors:?}"
+        );
+        if errors[0] <= 1e-6 {
+            return;
+        }
+        eprintln!("{preset}: no utterance of checkpoint {attempt} matches to f32 precision");
+    }
+    panic!("{preset}: no utterance matches to f32 precision on two fresh checkpoints");
 }
 
 /// How far the router's logits moved between the GPU and the reference at one position, seen
