@@ -77,35 +77,42 @@ impl Sampler {
             order.truncate(self.params.top_k);
         }
         order.sort_by(rank);
-        let t = f64::from(self.params.temperature);
-        let best = f64::from(logits[order[0]]);
-        let weights: Vec<f64> = order
-            .iter()
-            .map(|&i| libm::exp((f64::from(logits[i]) - best) / t))
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut keep = weights.len();
-        if self.params.top_p < 1.0 {
-            let mut cumulative = 0.0;
-            for (n, w) in weights.iter().enumerate() {
-                cumulative += w / total;
-                if cumulative >= f64::from(self.params.top_p) {
-                    keep = n + 1;
-                    break;
-                }
-            }
-        }
-        let kept_total: f64 = weights[..keep].iter().sum();
-        let target = draw * kept_total;
-        let mut cumulative = 0.0;
-        for (n, w) in weights[..keep].iter().enumerate() {
-            cumulative += w;
-            if target < cumulative {
-                return Ok(order[n] as u32);
-            }
-        }
-        Ok(order[keep - 1] as u32)
+        Ok(order[choose(&order, logits, &self.params, draw)] as u32)
     }
+}
+
+/// Which of the `order`ed candidates (most likely first, already cut to top-k) a draw in
+/// [0, 1) picks: softmax at the temperature, cut to the top-p nucleus, then the draw's place
+/// in the cumulative weights.
+fn choose(order: &[usize], logits: &[f32], params: &SamplingParams, draw: f64) -> usize {
+    let t = f64::from(params.temperature);
+    let best = f64::from(logits[order[0]]);
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&i| libm::exp((f64::from(logits[i]) - best) / t))
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut keep = weights.len();
+    if params.top_p < 1.0 {
+        let mut cumulative = 0.0;
+        for (n, w) in weights.iter().enumerate() {
+            cumulative += w / total;
+            if cumulative >= f64::from(params.top_p) {
+                keep = n + 1;
+                break;
+            }
+        }
+    }
+    let kept_total: f64 = weights[..keep].iter().sum();
+    let target = draw * kept_total;
+    let mut cumulative = 0.0;
+    for (n, w) in weights[..keep].iter().enumerate() {
+        cumulative += w;
+        if target < cumulative {
+            return n;
+        }
+    }
+    keep - 1
 }
 
 #[cfg(test)]
@@ -176,31 +183,7 @@ mod tests {
         if p.top_k > 0 {
             order.truncate(p.top_k);
         }
-        let best = f64::from(logits[order[0]]);
-        let t = f64::from(p.temperature);
-        let weights: Vec<f64> = order
-            .iter()
-            .map(|&i| libm::exp((f64::from(logits[i]) - best) / t))
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut keep = weights.len();
-        let mut cumulative = 0.0;
-        for (n, w) in weights.iter().enumerate() {
-            cumulative += w / total;
-            if p.top_p < 1.0 && cumulative >= f64::from(p.top_p) {
-                keep = n + 1;
-                break;
-            }
-        }
-        let target = draw * weights[..keep].iter().sum::<f64>();
-        let mut cumulative = 0.0;
-        for (n, w) in weights[..keep].iter().enumerate() {
-            cumulative += w;
-            if target < cumulative {
-                return order[n] as u32;
-            }
-        }
-        order[keep - 1] as u32
+        order[choose(&order, logits, p, draw)] as u32
     }
 
     #[test]
