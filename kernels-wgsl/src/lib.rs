@@ -17,6 +17,9 @@ pub use params::{
 };
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
+/// The fixed-order tree reduction, appended to the modules that combine one value per
+/// invocation.
+const REDUCE: &str = include_str!("wgsl/reduce.wgsl");
 
 /// How a linear's weights are stored on the GPU (exactly as in the checkpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -135,9 +138,11 @@ impl Module {
                     include_str!("wgsl/linear.wgsl")
                 );
             }
-            Module::Norm => include_str!("wgsl/norm.wgsl"),
-            Module::Attention => include_str!("wgsl/attention.wgsl"),
-            Module::Router => include_str!("wgsl/router.wgsl"),
+            Module::Norm => return format!("{COMMON}\n{REDUCE}\n{}", include_str!("wgsl/norm.wgsl")),
+            Module::Attention => {
+                return format!("{COMMON}\n{REDUCE}\n{}", include_str!("wgsl/attention.wgsl"));
+            }
+            Module::Router => return format!("{COMMON}\n{REDUCE}\n{}", include_str!("wgsl/router.wgsl")),
             Module::Elementwise => include_str!("wgsl/elementwise.wgsl"),
             Module::Moe => include_str!("wgsl/moe.wgsl"),
             Module::Codec => include_str!("wgsl/codec.wgsl"),

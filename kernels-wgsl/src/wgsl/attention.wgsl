@@ -83,28 +83,11 @@ const COMBINE_WG: u32 = 64u;
 @group(0) @binding(5) var<storage, read> k4: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> v4: array<vec4<f32>>;
 
-var<workgroup> partial: array<f32, 256>;
+var<workgroup> partial: array<f32, 256>;            // each position's four quarter dot products
 var<workgroup> query: array<vec4<f32>, 256>;
 var<workgroup> value_parts: array<vec4<f32>, 256>;
 var<workgroup> weights: array<f32, 64>;           // CHUNK: exp(score - m) per position
 var<workgroup> row_length: u32;
-
-// Reduces one value per invocation of the first `width` by a fixed tree (max or sum);
-// every invocation gets it. Every invocation must call it.
-fn reduce(t: u32, value: f32, is_max: bool, width: u32) -> f32 {
-    partial[t] = value;
-    for (var stride = width / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (t < stride) {
-            let other = partial[t + stride];
-            partial[t] = select(partial[t] + other, max(partial[t], other), is_max);
-        }
-    }
-    workgroupBarrier();
-    let result = partial[0];
-    workgroupBarrier();
-    return result;
-}
 
 fn chunk_count() -> u32 {
     return (p.capacity + CHUNK - 1u) / CHUNK;
@@ -197,13 +180,13 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         score = ((partial[4u * t] + partial[4u * t + 1u]) + (partial[4u * t + 2u] + partial[4u * t + 3u])) * p.scale;
     }
     workgroupBarrier();
-    let m = reduce(t, score, true, CHUNK);
+    let m = tree_reduce(t, score, true, CHUNK);
     var e = 0.0;
     if (t < count) {
         e = exp(score - m);
         weights[t] = e;
     }
-    let l = reduce(t, e, false, CHUNK);
+    let l = tree_reduce(t, e, false, CHUNK);
     // Invocation t owns vec4 column t % columns over positions part, part + parts, ...
     let parts = ATTEND_WG / columns;
     let c = t % columns;
@@ -269,12 +252,12 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     for (var c = t; c < chunks; c += COMBINE_WG) {
         local_max = max(local_max, scratch[stats + 2u * c]);
     }
-    let m = reduce(t, local_max, true, COMBINE_WG);
+    let m = tree_reduce(t, local_max, true, COMBINE_WG);
     var local_sum = 0.0;
     for (var c = t; c < chunks; c += COMBINE_WG) {
         local_sum += scratch[stats + 2u * c + 1u] * exp(scratch[stats + 2u * c] - m);
     }
-    let total = reduce(t, local_sum, false, COMBINE_WG);
+    let total = tree_reduce(t, local_sum, false, COMBINE_WG);
     let out_base = (r * p.heads + h) * p.head_dim;
     for (var i = t; i < p.head_dim; i += COMBINE_WG) {
         var sum = 0.0;

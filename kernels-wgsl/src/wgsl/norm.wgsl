@@ -18,8 +18,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> weight: array<vec2<u32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<vec4<f32>>;
 
-var<workgroup> partial: array<f32, 256>;
-
 @compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let columns = p.width / 4u;
@@ -29,15 +27,8 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         let v = x[base + i];
         sum += dot(v, v);
     }
-    partial[t] = sum;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (t < stride) {
-            partial[t] += partial[t + stride];
-        }
-    }
-    workgroupBarrier();
-    let inv = 1.0 / sqrt(partial[0] / f32(p.width) + p.eps);
+    let total = tree_reduce(t, sum, false, WG);
+    let inv = 1.0 / sqrt(total / f32(p.width) + p.eps);
     for (var i = t; i < columns; i += WG) {
         let wv = weight[i];
         let scale = vec4<f32>(bf16_half(wv.x, 0u), bf16_half(wv.x, 1u), bf16_half(wv.y, 0u), bf16_half(wv.y, 1u));

@@ -58,30 +58,12 @@ var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probabi
 var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, or sigmoid
 var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
-var<workgroup> reduction: array<f32, 256>;      // max and sum trees
 var<workgroup> ranking: array<vec4<f32>, 128>;  // MAX_KEPT / 4: the ranking scores, four at a time
 var<workgroup> ranking_eligible: array<vec4<u32>, 128>;  // MAX_KEPT / 4: `eligible`, four at a time
 var<workgroup> chosen: array<atomic<u32>, 16>;  // MAX_KEPT / 32: bit i set when expert i is among the top K
 var<workgroup> by_position: array<u32, MAX_K>;  // chosen kept index by output position
 
 const WG: u32 = 256u;
-
-// Reduces one value per invocation by a fixed tree (max or sum); every invocation gets it.
-fn reduce(t: u32, v: f32, is_max: bool) -> f32 {
-    reduction[t] = v;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (t < stride) {
-            let other = reduction[t + stride];
-            reduction[t] = select(reduction[t] + other, max(reduction[t], other), is_max);
-        }
-    }
-    workgroupBarrier();
-    let result = reduction[0];
-    workgroupBarrier();
-    return result;
-}
-
 
 // Sigmoid routers with groups: a group's score is the sum of its best min(2, n) ranking
 // scores; groups without kept experts are never picked; the best `topk_group` groups stay
@@ -146,12 +128,12 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = t; i < p.kept; i += WG) {
         local_max = max(local_max, raw[i]);
     }
-    let max_logit = reduce(t, local_max, true);
+    let max_logit = tree_reduce(t, local_max, true, WG);
     var local_sum = 0.0;
     for (var i = t; i < p.kept; i += WG) {
         local_sum += exp(raw[i] - max_logit);
     }
-    let total = reduce(t, local_sum, false);
+    let total = tree_reduce(t, local_sum, false, WG);
     for (var i = t; i < p.kept; i += WG) {
         if ((p.flags & 1u) == 0u) {
             let probability = exp(raw[i] - max_logit) / total;
