@@ -123,7 +123,8 @@ impl Module {
 
     /// The assembled WGSL source.
     pub fn source(self) -> String {
-        let family = match self {
+        // The helpers a family needs besides COMMON, and its file.
+        let (helpers, family) = match self {
             Module::Linear(format, pass) => {
                 let format_source = match format {
                     WeightFormat::Bf16 => include_str!("wgsl/fmt_bf16.wgsl"),
@@ -138,18 +139,16 @@ impl Module {
                     include_str!("wgsl/linear.wgsl")
                 );
             }
-            Module::Norm => return format!("{COMMON}\n{REDUCE}\n{}", include_str!("wgsl/norm.wgsl")),
-            Module::Attention => {
-                return format!("{COMMON}\n{REDUCE}\n{}", include_str!("wgsl/attention.wgsl"));
-            }
-            Module::Router => return format!("{COMMON}\n{REDUCE}\n{}", include_str!("wgsl/router.wgsl")),
-            Module::Elementwise => include_str!("wgsl/elementwise.wgsl"),
-            Module::Moe => include_str!("wgsl/moe.wgsl"),
-            Module::Codec => include_str!("wgsl/codec.wgsl"),
-            Module::Bandwidth => include_str!("wgsl/bandwidth.wgsl"),
-            Module::Probe => include_str!("wgsl/probe.wgsl"),
+            Module::Norm => (REDUCE, include_str!("wgsl/norm.wgsl")),
+            Module::Attention => (REDUCE, include_str!("wgsl/attention.wgsl")),
+            Module::Router => (REDUCE, include_str!("wgsl/router.wgsl")),
+            Module::Elementwise => ("", include_str!("wgsl/elementwise.wgsl")),
+            Module::Moe => ("", include_str!("wgsl/moe.wgsl")),
+            Module::Codec => ("", include_str!("wgsl/codec.wgsl")),
+            Module::Bandwidth => ("", include_str!("wgsl/bandwidth.wgsl")),
+            Module::Probe => ("", include_str!("wgsl/probe.wgsl")),
         };
-        format!("{COMMON}\n{family}")
+        format!("{COMMON}\n{helpers}\n{family}")
     }
 
     /// A short name for labels and dumps.
