@@ -165,25 +165,10 @@ impl Uploader<'_> {
         }
         let out: usize = stored.iter().map(|s| s.out).sum();
         let per = self.rows_per_segment(&label, row_bytes, 1)?;
-        let mut segments = Vec::new();
-        for start in (0..out).step_by(per) {
-            let range = start..(start + per).min(out);
-            segments.push(Segment {
-                codes: self.buffer(&label, &codes[range.start * row_bytes..range.end * row_bytes]),
-                scales: self.buffer(&label, &[0; 4]),
-                expert_scales: None,
-                range,
-            });
-        }
         let bias = first.has_bias.then(|| self.buffer(&label, &bias));
-        Ok(GpuLinear {
-            format: WeightFormat::Bf16,
-            out,
-            in_features: first.in_,
-            segments,
-            bias,
-            tensor_scale: 1.0,
-        })
+        Ok(self.bf16_stack(&label, out, first.in_, per, bias, |_, rows| {
+            codes[rows.start * row_bytes..rows.end * row_bytes].to_vec()
+        }))
     }
 
     /// A BF16 [gate, up] pair stacked for the SwiGLU epilogue: each segment covers
@@ -211,27 +196,44 @@ impl Uploader<'_> {
             codes_tensor(gate, g.format, is_module(gate)),
             codes_tensor(up, u.format, is_module(up)),
         );
+        Ok(self.bf16_stack(&label, g.out, g.in_, per, None, |uploader, rows| {
+            let bytes = rows.start * row_bytes..rows.end * row_bytes;
+            let mut codes = uploader.raw(&gate_codes)[bytes.clone()].to_vec();
+            codes.extend_from_slice(&uploader.raw(&up_codes)[bytes]);
+            codes
+        }))
+    }
+
+    /// A stacked BF16 linear of `out` rows (features) in segments of `per`: `codes(self,
+    /// rows)` gives the bytes of the segment covering `rows`.
+    fn bf16_stack(
+        &mut self,
+        label: &str,
+        out: usize,
+        in_features: usize,
+        per: usize,
+        bias: Option<wgpu::Buffer>,
+        codes: impl Fn(&Self, std::ops::Range<usize>) -> Vec<u8>,
+    ) -> GpuLinear {
         let mut segments = Vec::new();
-        for start in (0..g.out).step_by(per) {
-            let range = start..(start + per).min(g.out);
-            let bytes = range.start * row_bytes..range.end * row_bytes;
-            let mut codes = self.raw(&gate_codes)[bytes.clone()].to_vec();
-            codes.extend_from_slice(&self.raw(&up_codes)[bytes]);
+        for start in (0..out).step_by(per) {
+            let range = start..(start + per).min(out);
+            let bytes = codes(self, range.clone());
             segments.push(Segment {
-                codes: self.buffer(&label, &codes),
-                scales: self.buffer(&label, &[0; 4]),
+                codes: self.buffer(label, &bytes),
+                scales: self.buffer(label, &[0; 4]),
                 expert_scales: None,
                 range,
             });
         }
-        Ok(GpuLinear {
+        GpuLinear {
             format: WeightFormat::Bf16,
-            out: g.out,
-            in_features: g.in_,
+            out,
+            in_features,
             segments,
-            bias: None,
+            bias,
             tensor_scale: 1.0,
-        })
+        }
     }
 
     /// A dense linear (module) or a 2-D BF16 matrix used as a bias-free linear.
