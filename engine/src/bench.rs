@@ -201,6 +201,25 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The median in milliseconds of `repeats` runs of `run` (each returning its time), after
+/// one untimed run that pays first-use costs.
+fn median_ms(repeats: usize, mut run: impl FnMut() -> Result<Duration, EngineError>) -> Result<f64, EngineError> {
+    run()?;
+    let times: Vec<f64> = (0..repeats).map(|_| run().map(ms)).collect::<Result<_, _>>()?;
+    Ok(median(times))
+}
+
+/// The roofline kernel reading all of `data` with `groups` workgroups of 256 invocations
+/// (grid-stride), writing `sink`.
+fn read_dispatch(gpu: &Gpu, data: &wgpu::Buffer, sink: &wgpu::Buffer, groups: u32) -> Result<Dispatch, EngineError> {
+    let params = BandwidthParams {
+        words: (data.size() / 16) as u32,
+        stride: groups * 256,
+        pad: [0; 2],
+    };
+    Ok(gpu.dispatch(Kernel::ReadBandwidth, &params, &[data, sink], [groups, 1, 1])?)
+}
+
 /// Workgroup counts (of 256 invocations) the roofline tries; the fastest is the ceiling.
 const ROOFLINE_GRIDS: [u32; 5] = [1024, 2048, 4096, 8192, 65535];
 
@@ -209,12 +228,7 @@ const ROOFLINE_GRIDS: [u32; 5] = [1024, 2048, 4096, 8192, 65535];
 fn warm_up(gpu: &Gpu, data: &wgpu::Buffer) -> Result<(), EngineError> {
     let groups = ROOFLINE_GRIDS[0];
     let sink = gpu.buffer("warm-up sink", u64::from(groups) * 256 * 4);
-    let params = BandwidthParams {
-        words: (data.size() / 16) as u32,
-        stride: groups * 256,
-        pad: [0; 2],
-    };
-    let launch = gpu.dispatch(Kernel::ReadBandwidth, &params, &[data, &sink], [groups, 1, 1])?;
+    let launch = read_dispatch(gpu, data, &sink, groups)?;
     let start = std::time::Instant::now();
     while start.elapsed() < Duration::from_secs(1) {
         gpu.timed_submit(std::slice::from_ref(&launch))?;
@@ -230,19 +244,9 @@ pub fn roofline(gpu: &Gpu, repeats: usize) -> Result<Roofline, EngineError> {
     warm_up(gpu, &data)?;
     let mut best: Option<Roofline> = None;
     for groups in ROOFLINE_GRIDS {
-        let threads = groups * 256;
-        let sink = gpu.buffer("roofline sink", u64::from(threads) * 4);
-        let params = BandwidthParams {
-            words: (bytes / 16) as u32,
-            stride: threads,
-            pad: [0; 2],
-        };
-        let launch = gpu.dispatch(Kernel::ReadBandwidth, &params, &[&data, &sink], [groups, 1, 1])?;
-        gpu.timed_submit(std::slice::from_ref(&launch))?;
-        let times: Vec<f64> = (0..repeats)
-            .map(|_| gpu.timed_submit(std::slice::from_ref(&launch)).map(ms))
-            .collect::<Result<_, _>>()?;
-        let t = median(times);
+        let sink = gpu.buffer("roofline sink", u64::from(groups) * 256 * 4);
+        let launch = read_dispatch(gpu, &data, &sink, groups)?;
+        let t = median_ms(repeats, || Ok(gpu.timed_submit(std::slice::from_ref(&launch))?))?;
         let measured = Roofline {
             bytes,
             workgroups: groups,
@@ -354,26 +358,14 @@ const STREAM_GROUPS: u32 = 2048;
 /// The roofline kernel reading all of `data` once (about four 16-byte loads per invocation,
 /// at most STREAM_GROUPS workgroups), writing `sink`.
 fn stream_dispatch(gpu: &Gpu, data: &wgpu::Buffer, sink: &wgpu::Buffer) -> Result<Dispatch, EngineError> {
-    let words = (data.size() / 16) as u32;
-    let groups = words.div_ceil(4 * 256).clamp(1, STREAM_GROUPS);
-    let params = BandwidthParams {
-        words,
-        stride: groups * 256,
-        pad: [0; 2],
-    };
-    Ok(gpu.dispatch(Kernel::ReadBandwidth, &params, &[data, sink], [groups, 1, 1])?)
+    let groups = ((data.size() / 16) as u32).div_ceil(4 * 256).clamp(1, STREAM_GROUPS);
+    read_dispatch(gpu, data, sink, groups)
 }
 
 /// Median microseconds per launch of `launches` run back to back in one pass.
 fn per_launch_us(gpu: &Gpu, launches: &[Dispatch], repeats: usize) -> Result<f64, EngineError> {
-    gpu.timed_submit(launches)?;
-    let times: Vec<f64> = (0..repeats)
-        .map(|_| {
-            gpu.timed_submit(launches)
-                .map(|d| d.as_secs_f64() * 1e6 / launches.len() as f64)
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(median(times))
+    let total_ms = median_ms(repeats, || Ok(gpu.timed_submit(launches)?))?;
+    Ok(total_ms * 1e3 / launches.len() as f64)
 }
 
 /// Bytes of every dense weight (read in full by every step).
@@ -535,10 +527,7 @@ fn moe_layer(
         format!("layers.{layer}.hidden"),
     );
     let dispatches = session.dispatch_span(lanes, &first, &last)?;
-    session.timed_span(lanes, &first, &last)?;
-    let times: Vec<f64> = (0..options.repeats)
-        .map(|_| session.timed_span(lanes, &first, &last).map(|d| d.as_secs_f64() * 1e6))
-        .collect::<Result<_, _>>()?;
+    let gpu_us = median_ms(options.repeats, || session.timed_span(lanes, &first, &last))? * 1e3;
     let prefix = format!("model.layers.{layer}.mlp.");
     let mut bytes: u64 = engine
         .weights
@@ -558,7 +547,6 @@ fn moe_layer(
     unique.sort_unstable();
     unique.dedup();
     bytes += unique.len() as u64 * expert_bytes(engine, layer);
-    let gpu_us = median(times);
     let floor_us = bytes as f64 / (roofline.gb_per_s * 1e9) * 1e6;
     Ok(Some(MoeLayerResult {
         layer,
@@ -581,11 +569,7 @@ pub fn prefill(engine: &Engine, options: &BenchOptions) -> Result<PrefillResult,
             pos,
         })
         .collect();
-    session.timed_step(&rows)?;
-    let times: Vec<f64> = (0..options.repeats.min(5))
-        .map(|_| session.timed_step(&rows).map(|r| ms(r.1)))
-        .collect::<Result<_, _>>()?;
-    let gpu_ms = median(times);
+    let gpu_ms = median_ms(options.repeats.min(5), || Ok(session.timed_step(&rows)?.1))?;
     Ok(PrefillResult {
         rows: options.prefill_rows,
         gpu_ms,
