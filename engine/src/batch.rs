@@ -13,7 +13,7 @@ use crate::error::EngineError;
 use crate::guidance::mix;
 use crate::sampling::Sampler;
 use crate::session::{Engine, Row, RowSource, Session};
-use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats};
+use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats, TimeSplit};
 
 /// Receives a job's PCM as it is produced; returns false to cancel the job.
 pub type Sink = Box<dyn FnMut(&[f32]) -> bool + Send>;
@@ -165,6 +165,7 @@ impl<'e> Batcher<'e> {
                 wall: Duration::ZERO,
                 first_audio: None,
                 stop: Stop::Finished,
+                time_split: TimeSplit::default(),
             },
             request,
             cond_lane,
@@ -225,6 +226,7 @@ impl<'e> Batcher<'e> {
         }
         // Paired: one step, its logits split in place; separate: a step per kind of lane.
         let n = cond_rows.len();
+        let forward_start = Instant::now();
         let (first, second) = if separate {
             let c = self.session.step(&cond_rows, false)?.logits;
             let u = if uncond_rows.is_empty() {
@@ -238,6 +240,10 @@ impl<'e> Batcher<'e> {
             all.extend(uncond_rows);
             (self.session.step(&all, false)?.logits, Vec::new())
         };
+        let forward = forward_start.elapsed();
+        for job in &mut self.jobs {
+            job.stats.time_split.forward += forward;
+        }
         let (cond_logits, uncond_logits) = if separate {
             (&first[..], &second[..])
         } else {
@@ -248,14 +254,8 @@ impl<'e> Batcher<'e> {
         let mut outcomes = Vec::new();
         for (job, (c, u)) in self.jobs.iter_mut().zip(&last) {
             let cond = &cond_logits[c * vocab..(c + 1) * vocab];
-            let outcome = match u {
-                Some(u) => {
-                    let mixed = mix(cond, &uncond_logits[u * vocab..(u + 1) * vocab], job.request.gamma);
-                    Self::advance(self.engine, job, &mixed)?
-                }
-                None => Self::advance(self.engine, job, cond)?,
-            };
-            outcomes.push(outcome);
+            let uncond = u.map(|u| &uncond_logits[u * vocab..(u + 1) * vocab]);
+            outcomes.push(Self::advance(self.engine, job, cond, uncond)?);
         }
         for outcome in outcomes {
             let job = &mut self.jobs[index];
@@ -274,8 +274,12 @@ impl<'e> Batcher<'e> {
         Ok(finished)
     }
 
-    /// Samples a job's next token from its mixed logits and moves it on.
-    fn advance(engine: &Engine, job: &mut Job, logits: &[f32]) -> Result<Next, EngineError> {
+    /// Samples a job's next token from its logits (mixed with the uncond lane's when it has
+    /// one) and moves it on.
+    fn advance(engine: &Engine, job: &mut Job, cond: &[f32], uncond: Option<&[f32]>) -> Result<Next, EngineError> {
+        let sampling_start = Instant::now();
+        let mixed = uncond.map(|uncond| mix(cond, uncond, job.request.gamma));
+        let logits = mixed.as_deref().unwrap_or(cond);
         let c = &engine.checkpoint.config;
         if job.position == 0 {
             job.position = c.speech.voice_prefix_len + job.request.segments[job.segment].len() + 1;
@@ -283,6 +287,7 @@ impl<'e> Batcher<'e> {
             job.position += 1;
         }
         let token = job.sampler.sample(logits, c.speech.audio_bos())?;
+        job.stats.time_split.sampling += sampling_start.elapsed();
         let ended = token as usize == c.speech.audio_eos();
         if !ended {
             job.stats.tokens += 1;
@@ -292,7 +297,9 @@ impl<'e> Batcher<'e> {
         }
         let segment_done = ended || job.generated == job.request.max_audio_tokens;
         if job.pending.len() == CODEC_CHUNK || (segment_done && !job.pending.is_empty()) {
+            let codec_start = Instant::now();
             let pcm = job.codec.decode(&job.pending)?;
+            job.stats.time_split.codec += codec_start.elapsed();
             job.pending.clear();
             if !pcm.is_empty() {
                 job.stats.first_audio.get_or_insert_with(|| job.started.elapsed());

@@ -171,6 +171,12 @@ pub struct SynthesisResult {
     pub first_audio_s: f64,
     /// Tokens per second.
     pub tokens_per_s: f64,
+    /// Seconds in batched forwards (submit until the logits are on the host).
+    pub forward_s: f64,
+    /// Seconds in guidance mixes and sampling.
+    pub sampling_s: f64,
+    /// Seconds in codec chunks (submit until the PCM is on the host).
+    pub codec_s: f64,
 }
 
 /// Everything `drama bench` writes.
@@ -325,8 +331,9 @@ pub fn linear_kernel(
         if format != WeightFormat::Bf16 {
             resources.push(&ws);
         }
-        // The 4-byte bias buffer doubles as the unused residual and MoE-combine bindings.
-        resources.extend([&bias, &bias, &y, &bias, &bias, &bias]);
+        // The 4-byte bias buffer doubles as the unused residual, MoE-combine and cache-write
+        // read bindings, y as the unused cache-write read_write ones.
+        resources.extend([&bias, &bias, &y, &bias, &bias, &bias, &bias, &bias, &bias, &y, &y]);
         launches.push(gpu.dispatch(
             Kernel::Linear(format, PassRows::for_rows(lanes)),
             &params,
@@ -602,6 +609,9 @@ pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisRes
         real_time_factor: wall_s / stats.audio_seconds().max(1e-9),
         first_audio_s: stats.first_audio.map_or(f64::NAN, |d| d.as_secs_f64()),
         tokens_per_s: stats.tokens as f64 / wall_s,
+        forward_s: stats.time_split.forward.as_secs_f64(),
+        sampling_s: stats.time_split.sampling.as_secs_f64(),
+        codec_s: stats.time_split.codec.as_secs_f64(),
     })
 }
 

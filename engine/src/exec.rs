@@ -161,8 +161,22 @@ impl<'a> Lowering<'a> {
                 residual,
                 swiglu,
                 combine_k,
+                cache_write,
             } => {
                 let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
+                let cache = match cache_write {
+                    Some(w) => Some(CacheIo {
+                        row_lane: self.buffer(inputs[1])?,
+                        row_pos: self.buffer(inputs[2])?,
+                        rope_table: self.bind.rope_table,
+                        k_cache: self.buffer(inputs[3])?,
+                        v_cache: self.buffer(inputs[4])?,
+                        head_dim: w.head_dim,
+                        q_width: w.heads * w.head_dim,
+                        capacity: self.capacity,
+                    }),
+                    None => None,
+                };
                 let combine = match combine_k {
                     Some(k) => Some(CombineIo {
                         routed_out: self.buffer(inputs[2])?,
@@ -183,19 +197,9 @@ impl<'a> Lowering<'a> {
                     residual,
                     swiglu: *swiglu,
                     combine,
+                    cache,
                 };
                 self.lower_linear(members, *in_features, io)?;
-            }
-            Op::WriteKv {
-                heads,
-                kv_heads,
-                head_dim,
-            } => {
-                let rows = self.rows(inputs[0]);
-                let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, false);
-                let resources = self.attention_resources(inputs)?;
-                let grid = self.elements_grid(rows * kv_heads * head_dim);
-                self.launch(Kernel::WriteKv, &params, &resources, grid)?;
             }
             Op::Attention {
                 heads,
@@ -206,8 +210,15 @@ impl<'a> Lowering<'a> {
                 let rows = self.rows(inputs[0]);
                 let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, *round_output);
                 let scratch = self.scratch.clone();
-                let mut resources = self.attention_resources(inputs)?.to_vec();
-                resources.push(&scratch);
+                let resources = [
+                    self.buffer(inputs[1])?,
+                    self.buffer(inputs[2])?,
+                    self.bind.rope_table,
+                    self.buffer(inputs[0])?,
+                    self.buffer(inputs[3])?,
+                    self.buffer(inputs[4])?,
+                    &scratch,
+                ];
                 let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
                 self.launch(
                     Kernel::Attend,
@@ -386,10 +397,7 @@ impl<'a> Lowering<'a> {
                     expert_end: segment.range.end as u32,
                     flags: 2 | if swiglu { 8 } else { 0 },
                     tensor_scale: 1.0,
-                    bias_offset: 0,
-                    combine_k: 0,
-                    gate_stride: 0,
-                    pad: [0; 3],
+                    ..Default::default()
                 };
                 let expert_scales = segment.expert_scales.as_ref().expect("expert segment");
                 let mut resources = vec![x, &segment.codes];
@@ -406,19 +414,6 @@ impl<'a> Lowering<'a> {
             }
         }
         Ok(())
-    }
-
-    /// The bindings the KV write and attention share: row lanes, row positions, the RoPE
-    /// table, the [q|k|v] rows, the key and value caches (inputs 1, 2, 0, 3, 4 of both ops).
-    fn attention_resources(&self, inputs: &[ValueId]) -> Result<[&'a wgpu::Buffer; 6], EngineError> {
-        Ok([
-            self.buffer(inputs[1])?,
-            self.buffer(inputs[2])?,
-            self.bind.rope_table,
-            self.buffer(inputs[0])?,
-            self.buffer(inputs[3])?,
-            self.buffer(inputs[4])?,
-        ])
     }
 
     fn attention_params(
@@ -477,6 +472,30 @@ pub struct LinearIo<'a> {
     /// The linear is a MoE layer's shared-expert down projection that combines the layer
     /// into `residual` as it writes.
     pub combine: Option<CombineIo<'a>>,
+    /// The linear is (part of) an attention layer's [q|k|v] projection that writes each
+    /// row's keys and values into the caches.
+    pub cache: Option<CacheIo<'a>>,
+}
+
+/// Where a [q|k|v] projection writes its keys (rotated) and values.
+#[derive(Clone, Copy)]
+pub struct CacheIo<'a> {
+    /// Each row's lane [rows].
+    pub row_lane: &'a wgpu::Buffer,
+    /// Each row's position [rows].
+    pub row_pos: &'a wgpu::Buffer,
+    /// RoPE (cos, sin) per position and pair.
+    pub rope_table: &'a wgpu::Buffer,
+    /// Keys [lanes * capacity, kv_heads * head_dim].
+    pub k_cache: &'a wgpu::Buffer,
+    /// Values, laid out like the keys.
+    pub v_cache: &'a wgpu::Buffer,
+    /// Floats per head.
+    pub head_dim: usize,
+    /// Output columns before the keys (the queries).
+    pub q_width: usize,
+    /// Positions per lane.
+    pub capacity: usize,
 }
 
 /// What a MoE layer's combine reads besides the residual stream and the shared expert.
@@ -506,11 +525,21 @@ pub fn linear_launches(
     // A SwiGLU segment holds two weight rows (gate, up) per output feature.
     let rows_per_feature = if io.swiglu { 2 } else { 1 };
     for segment in &linear.segments {
+        let first = io.column + segment.range.start;
+        if let Some(cache) = io.cache
+            && !(first.is_multiple_of(cache.head_dim) && segment.range.len().is_multiple_of(cache.head_dim))
+        {
+            return Err(EngineError::Unsupported(format!(
+                "a [q|k|v] weight segment at column {first} of {} rows does not hold whole heads of {}",
+                segment.range.len(),
+                cache.head_dim
+            )));
+        }
         let params = LinearParams {
             rows: io.rows as u32,
             in_features: linear.in_features as u32,
             out_features: (segment.range.len() * rows_per_feature) as u32,
-            out_offset: (io.column + segment.range.start) as u32,
+            out_offset: first as u32,
             y_stride: io.y_stride as u32,
             x_row_div: 1,
             expert_begin: 0,
@@ -519,12 +548,15 @@ pub fn linear_launches(
                 | if io.round { 2 } else { 0 }
                 | if io.residual.is_some() { 4 } else { 0 }
                 | if io.swiglu { 8 } else { 0 }
-                | if io.combine.is_some() { 16 } else { 0 },
+                | if io.combine.is_some() { 16 } else { 0 }
+                | if io.cache.is_some() { 32 } else { 0 },
             tensor_scale: linear.tensor_scale,
             bias_offset: segment.range.start as u32,
             combine_k: io.combine.map_or(0, |c| c.k as u32),
             gate_stride: io.combine.map_or(0, |c| c.gate_stride as u32),
-            pad: [0; 3],
+            head_dim: io.cache.map_or(0, |c| c.head_dim as u32),
+            q_width: io.cache.map_or(0, |c| c.q_width as u32),
+            capacity: io.cache.map_or(0, |c| c.capacity as u32),
         };
         let mut resources = vec![io.x, &segment.codes];
         if linear.format != WeightFormat::Bf16 {
@@ -534,6 +566,12 @@ pub fn linear_launches(
             Some(c) => [c.routed_weights, c.routed_out, c.gate_logits],
             None => [placeholder; 3],
         };
+        // Without a cache write the caches' read_write bindings get y, which the kernel
+        // then never touches through them.
+        let [row_lane, row_pos, rope_table, k_cache, v_cache] = match io.cache {
+            Some(c) => [c.row_lane, c.row_pos, c.rope_table, c.k_cache, c.v_cache],
+            None => [placeholder, placeholder, placeholder, io.y, io.y],
+        };
         resources.extend([
             bias,
             routed_weights,
@@ -541,6 +579,11 @@ pub fn linear_launches(
             routed_out,
             io.residual.unwrap_or(placeholder),
             gate_logits,
+            row_lane,
+            row_pos,
+            rope_table,
+            k_cache,
+            v_cache,
         ]);
         let grid = [
             (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),

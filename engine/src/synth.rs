@@ -68,6 +68,20 @@ pub struct SynthesisStats {
     pub first_audio: Option<Duration>,
     /// How it ended.
     pub stop: Stop,
+    /// Where the wall time went.
+    pub time_split: TimeSplit,
+}
+
+/// Where a job's wall time went, each part summed over its steps (the rest is waiting for
+/// other jobs' work and the sink).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TimeSplit {
+    /// The batched forwards the job took part in: submit until the logits are on the host.
+    pub forward: Duration,
+    /// Its guidance mixes and sampling.
+    pub sampling: Duration,
+    /// Its codec chunks: submit until the PCM is on the host.
+    pub codec: Duration,
 }
 
 impl SynthesisStats {

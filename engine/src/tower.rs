@@ -83,6 +83,7 @@ impl VoiceTower {
             residual: None,
             swiglu: false,
             combine: None,
+            cache: None,
         };
         out.extend(linear_launches(&self.gpu, linear, &self.placeholder, &io)?);
         Ok(())

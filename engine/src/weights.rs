@@ -108,11 +108,22 @@ impl Uploader<'_> {
         let rows = fit / align * align;
         if rows == 0 {
             return Err(EngineError::Unsupported(format!(
-                "{what}: one row of {row_bytes} bytes does not fit the device's storage-binding limit of {} bytes",
+                "{what}: {align} row(s) of {row_bytes} bytes (the smallest segment) do not fit the device's storage-binding limit of {} bytes",
                 self.limit
             )));
         }
         Ok(rows)
+    }
+
+    /// The row multiple of a dense linear's segments: whole attention heads (a [q|k|v]
+    /// projection rotates and caches keys head by head) and whole scale tiles of `tile` rows.
+    fn dense_row_align(&self, tile: usize) -> usize {
+        let head = self.checkpoint.config.head_dim;
+        let (mut a, mut b) = (head, tile);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        head / a * tile
     }
 
     /// How a dense linear (module) or a 2-D BF16 matrix (a bias-free linear) is stored.
@@ -164,7 +175,7 @@ impl Uploader<'_> {
             }
         }
         let out: usize = stored.iter().map(|s| s.out).sum();
-        let per = self.rows_per_segment(&label, row_bytes, 1)?;
+        let per = self.rows_per_segment(&label, row_bytes, self.dense_row_align(1))?;
         let bias = first.has_bias.then(|| self.buffer(&label, &bias));
         Ok(self.bf16_stack(&label, out, first.in_, per, bias, |_, rows| {
             codes[rows.start * row_bytes..rows.end * row_bytes].to_vec()
@@ -248,8 +259,8 @@ impl Uploader<'_> {
         check_width(weight, format, in_)?;
         let codes_name = codes_tensor(weight, format, self.checkpoint.linear(weight).is_some());
         let row_bytes = code_bytes_per_row(format, in_);
-        let align = if format == LinearFormat::Fp8Block { FP8_BLOCK } else { 1 };
-        let per = self.rows_per_segment(weight, row_bytes, align)?;
+        let tile = if format == LinearFormat::Fp8Block { FP8_BLOCK } else { 1 };
+        let per = self.rows_per_segment(weight, row_bytes, self.dense_row_align(tile))?;
         let mut segments = Vec::new();
         for start in (0..out).step_by(per) {
             let range = start..(start + per).min(out);

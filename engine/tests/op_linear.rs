@@ -166,13 +166,14 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
         let p = gpu.uniform("params", &params);
         let wb = gpu.buffer_with("w", &codes);
         let sb = gpu.buffer_with("scales", &scales);
-        // The MoE combine's bindings are unused here.
+        // The MoE combine's and the cache write's bindings are unused here (y stands in for
+        // the read_write ones).
         let none = &bb;
-        let buffers: Vec<&wgpu::Buffer> = if w.format == WeightFormat::Bf16 {
-            vec![&p, &xb, &wb, &bb, none, &y, none, &rb, none]
-        } else {
-            vec![&p, &xb, &wb, &sb, &bb, none, &y, none, &rb, none]
-        };
+        let mut buffers: Vec<&wgpu::Buffer> = vec![&p, &xb, &wb];
+        if w.format != WeightFormat::Bf16 {
+            buffers.push(&sb);
+        }
+        buffers.extend([&bb, none, &y, none, &rb, none, none, none, none, &y, &y]);
         dispatches.push(dispatch(
             gpu,
             kernel,
@@ -447,6 +448,11 @@ fn linear_swiglu_epilogue_matches_reference() {
                     &placeholder,
                     &placeholder,
                     &placeholder,
+                    &placeholder,
+                    &placeholder,
+                    &placeholder,
+                    &y,
+                    &y,
                 ],
                 grid,
             ));
@@ -513,7 +519,22 @@ fn linear_moe_combine_epilogue_matches_reference() {
         let launch = dispatch(
             gpu,
             Kernel::Linear(WeightFormat::Bf16, PassRows::for_rows(rows)),
-            &[&p, &xb, &wb, &bias, &weights_b, &y, &routed_b, &residual_b, &logits_b],
+            &[
+                &p,
+                &xb,
+                &wb,
+                &bias,
+                &weights_b,
+                &y,
+                &routed_b,
+                &residual_b,
+                &logits_b,
+                &bias,
+                &bias,
+                &bias,
+                &y,
+                &y,
+            ],
             [(out as u32).div_ceil(WeightFormat::Bf16.rows_per_workgroup()), 1, 1],
         );
         run(gpu, &[launch]);
@@ -631,4 +652,160 @@ fn gathered_swiglu_epilogue_matches_reference() {
         }
     }
     check("gathered swiglu", &got, &want, &scale, TOL);
+}
+
+/// The dense kernel's KV-cache write (flag 32), as the engine lowers an attention layer's
+/// [q | k | v] projection whose members do not stack: one launch per member at its output
+/// column. Outputs against the reference (bias and BF16 rounding included); the keys in the
+/// cache against the FP64 rotation of the kernel's own key outputs at each row's position,
+/// the values equal to its value outputs bit for bit, both at the row's lane and position;
+/// every other cache slot keeps its poison; each row alone gives the same bits.
+#[test]
+fn linear_cache_write_matches_reference() {
+    let (heads, kv_heads, head_dim, cols, lanes, capacity) = (3usize, 2usize, 16usize, 64usize, 2usize, 9usize);
+    let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+    let out = q_width + 2 * kv_width;
+    let theta = 10000.0;
+    let row_lane = [1u32, 0, 1];
+    let row_pos = [7u32, 0, 2];
+    let rows = row_lane.len();
+    let table = drama_engine::reference::ops::rope_table(capacity, head_dim, theta);
+    for format in [WeightFormat::Bf16, WeightFormat::Nvfp4] {
+        let label = format!("linear cache write {format:?}");
+        let mut rng = rng(&label);
+        let gpu = gpu();
+        let members: Vec<Weights> = [q_width, kv_width, kv_width]
+            .iter()
+            .map(|&width| random_weights(&mut rng, format, width, cols))
+            .collect();
+        let bias = bf16_values(&mut rng, out, 1.0);
+        let x = bf16_values(&mut rng, rows * cols, 2.0);
+        // Runs `count` rows starting at row `first`; returns y and both caches.
+        let run = |first: usize, count: usize| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+            let xb = gpu.buffer_with("x", &f32_bytes(&x[first * cols..(first + count) * cols]));
+            let lane_b = gpu.buffer_with("lane", &u32_bytes(&row_lane[first..first + count]));
+            let pos_b = gpu.buffer_with("pos", &u32_bytes(&row_pos[first..first + count]));
+            let table_b = gpu.buffer_with("rope", bytemuck::cast_slice(&table));
+            let kc = poisoned(gpu, "k_cache", lanes * capacity * kv_width);
+            let vc = poisoned(gpu, "v_cache", lanes * capacity * kv_width);
+            let y = poisoned(gpu, "y", count * out);
+            let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
+            let mut dispatches = Vec::new();
+            let mut column = 0;
+            for w in &members {
+                let params = LinearParams {
+                    rows: count as u32,
+                    in_features: cols as u32,
+                    out_features: w.rows as u32,
+                    out_offset: column as u32,
+                    y_stride: out as u32,
+                    x_row_div: 1,
+                    flags: 1 | 2 | 32,
+                    tensor_scale: w.tensor_scale,
+                    bias_offset: column as u32,
+                    head_dim: head_dim as u32,
+                    q_width: q_width as u32,
+                    capacity: capacity as u32,
+                    ..Default::default()
+                };
+                let p = gpu.uniform("params", &params);
+                let wb = gpu.buffer_with("w", &w.packed);
+                let sb = gpu.buffer_with("scales", &w.scales);
+                let bb = gpu.buffer_with("bias", &pack_bf16(&bias));
+                let mut buffers: Vec<&wgpu::Buffer> = vec![&p, &xb, &wb];
+                if format != WeightFormat::Bf16 {
+                    buffers.push(&sb);
+                }
+                buffers.extend([
+                    &bb,
+                    &placeholder,
+                    &y,
+                    &placeholder,
+                    &placeholder,
+                    &placeholder,
+                    &lane_b,
+                    &pos_b,
+                    &table_b,
+                    &kc,
+                    &vc,
+                ]);
+                let grid = [(w.rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1];
+                dispatches.push(dispatch(
+                    gpu,
+                    Kernel::Linear(format, PassRows::for_rows(count)),
+                    &buffers,
+                    grid,
+                ));
+                column += w.rows;
+            }
+            run(gpu, &dispatches);
+            (
+                gpu.read_f32(&y).unwrap(),
+                gpu.read_f32(&kc).unwrap(),
+                gpu.read_f32(&vc).unwrap(),
+            )
+        };
+        let (y, k_cache, v_cache) = run(0, rows);
+        let mut want = Vec::new();
+        let mut scale = Vec::new();
+        for r in 0..rows {
+            let xr = &x[r * cols..(r + 1) * cols];
+            let mut column = 0;
+            for w in &members {
+                for n in 0..w.rows {
+                    let exact = dot(w, n, xr) + f64::from(bias[column + n]);
+                    let magnitude: f64 = (0..cols)
+                        .map(|c| (w.decoded[n * cols + c] * f64::from(xr[c])).abs())
+                        .sum::<f64>()
+                        + f64::from(bias[column + n]).abs();
+                    want.push(f64::from(drama_engine::numerics::round_to_bf16(exact as f32)));
+                    scale.push(magnitude + bf16_ulp(exact) / TOL);
+                }
+                column += w.rows;
+            }
+        }
+        check(&label, &y, &want, &scale, TOL);
+        let mut written = vec![false; lanes * capacity];
+        for r in 0..rows {
+            let slot = row_lane[r] as usize * capacity + row_pos[r] as usize;
+            written[slot] = true;
+            let base = slot * kv_width;
+            let keys = &y[r * out + q_width..r * out + q_width + kv_width];
+            let values = &y[r * out + q_width + kv_width..(r + 1) * out];
+            assert_eq!(
+                v_cache[base..base + kv_width]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{label}: row {r}'s values in the cache"
+            );
+            for g in 0..kv_heads {
+                let head: Vec<f64> = keys[g * head_dim..(g + 1) * head_dim]
+                    .iter()
+                    .map(|&v| f64::from(v))
+                    .collect();
+                let rotated = drama_engine::reference::ops::rope(&head, row_pos[r] as usize, theta);
+                let got = &k_cache[base + g * head_dim..base + (g + 1) * head_dim];
+                // Two f32 products and a sum, with cos/sin rounded to f32 once: a few f32
+                // steps of |a| + |b| (the pair's magnitudes).
+                let half = head_dim / 2;
+                let bounds: Vec<f64> = (0..head_dim)
+                    .map(|i| head[i % half].abs() + head[i % half + half].abs())
+                    .collect();
+                check(&format!("{label} keys row {r} head {g}"), got, &rotated, &bounds, 4e-7);
+            }
+        }
+        for (slot, &was_written) in written.iter().enumerate() {
+            if !was_written {
+                let untouched =
+                    |cache: &[f32]| cache[slot * kv_width..(slot + 1) * kv_width].iter().all(|v| v.is_nan());
+                assert!(
+                    untouched(&k_cache) && untouched(&v_cache),
+                    "{label}: slot {slot} was written"
+                );
+            }
+        }
+        assert_rows_alone_match(&label, &y, rows, out, |r| run(r, 1).0);
+    }
 }

@@ -8,7 +8,7 @@ use drama_kernels::WeightFormat;
 use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
-use crate::ir::{DType, LinearMember, Op, Projection, RouterOp, ValueId, ValueKind};
+use crate::ir::{CacheWrite, DType, LinearMember, Op, Projection, RouterOp, ValueId, ValueKind};
 use crate::select::{stacks_expert_swiglu, stacks_swiglu};
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
@@ -195,6 +195,7 @@ impl Build<'_> {
                 residual: residual.is_some(),
                 swiglu,
                 combine_k: None,
+                cache_write: None,
             },
             &[x].into_iter().chain(residual).collect::<Vec<_>>(),
         )
@@ -283,25 +284,28 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
             },
             &[x],
         )?;
-        let qkv = g.linear(
+        // The [q|k|v] projection also writes this step's keys and values into the caches.
+        let members = g.members(&[
+            (l(LayerWeight::Q), s.heads * s.head_dim, true),
+            (l(LayerWeight::K), kv_width, true),
+            (l(LayerWeight::V), kv_width, true),
+        ]);
+        let qkv = g.b.node1(
             &at("qkv_proj"),
-            normed,
-            &[
-                (l(LayerWeight::Q), s.heads * s.head_dim, true),
-                (l(LayerWeight::K), kv_width, true),
-                (l(LayerWeight::V), kv_width, true),
-            ],
-            true,
-            None,
-        )?;
-        let written = g.b.node1(
-            &at("write_kv"),
-            Op::WriteKv {
-                heads: s.heads,
-                kv_heads: s.kv_heads,
-                head_dim: s.head_dim,
+            Op::Linear {
+                members,
+                in_features: h,
+                round_output: true,
+                residual: false,
+                swiglu: false,
+                combine_k: None,
+                cache_write: Some(CacheWrite {
+                    heads: s.heads,
+                    kv_heads: s.kv_heads,
+                    head_dim: s.head_dim,
+                }),
             },
-            &[qkv, row_lane, row_pos, k_cache, v_cache],
+            &[normed, row_lane, row_pos, k_cache, v_cache],
         )?;
         let attended = g.b.node1(
             &at("attention"),
@@ -311,7 +315,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
                 head_dim: s.head_dim,
                 round_output: true,
             },
-            &[qkv, row_lane, row_pos, k_cache, v_cache, written],
+            &[qkv, row_lane, row_pos, k_cache, v_cache],
         )?;
         // The residual stream after attention: x + o_proj(attended).
         x = g.linear(&at("o_proj"), attended, &[(l(LayerWeight::O), h, false)], true, Some(x))?;
@@ -457,6 +461,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
             residual: true,
             swiglu: false,
             combine_k: Some(s.top_k),
+            cache_write: None,
         },
         &[act, x, down, weights, logits],
     )

@@ -28,6 +28,18 @@ fn row_vector(value: &Value, rows: usize, what: &str) -> Result<(), String> {
     })
 }
 
+/// row_lane, row_pos, k_cache and v_cache of `rows` rows and caches `width` wide.
+fn cache_inputs(inputs: &[&Value], rows: usize, width: usize) -> Result<(), String> {
+    row_vector(inputs[0], rows, "row_lane")?;
+    row_vector(inputs[1], rows, "row_pos")?;
+    for cache in &inputs[2..4] {
+        expect(cache.kind == ValueKind::State && width_of(cache) == width, || {
+            format!("{} must be a cache state of width {width}", cache.name)
+        })?;
+    }
+    Ok(())
+}
+
 /// Checks `inputs` against `op` and returns the output shapes and dtypes.
 pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
     match op {
@@ -53,9 +65,11 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             residual,
             swiglu,
             combine_k,
+            cache_write,
         } => {
             let combined = if combine_k.is_some() { 3 } else { 0 };
-            arity(inputs, if *residual { 2 } else { 1 } + combined)?;
+            let cached = if cache_write.is_some() { 4 } else { 0 };
+            arity(inputs, if *residual { 2 } else { 1 } + combined + cached)?;
             let x = inputs[0];
             expect(is_bf16(x.dtype), || {
                 "the input must hold BF16 values (round it where it is made)".into()
@@ -71,6 +85,17 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 })?;
                 let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
                 return Ok(vec![(vec![rows_of(x), members[0].out], dtype)]);
+            }
+            if let Some(w) = cache_write {
+                let qkv = (w.heads + 2 * w.kv_heads) * w.head_dim;
+                expect(!*residual && !*swiglu && combine_k.is_none() && out == qkv, || {
+                    format!("a KV-cache write needs a plain [q|k|v] projection {qkv} wide")
+                })?;
+                expect(
+                    w.head_dim % 2 == 0 && members.iter().all(|m| m.out % w.head_dim == 0),
+                    || format!("a KV-cache write needs whole heads of an even width {}", w.head_dim),
+                )?;
+                cache_inputs(&inputs[1..5], rows_of(x), w.kv_heads * w.head_dim)?;
             }
             if let Some(k) = combine_k {
                 let rows = rows_of(x);
@@ -94,34 +119,13 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows_of(x), out], dtype)])
         }
-        Op::WriteKv {
-            heads,
-            kv_heads,
-            head_dim,
-        } => {
-            arity(inputs, 5)?;
-            let rows = rows_of(inputs[0]);
-            let width = kv_heads * head_dim;
-            let qkv = (heads + 2 * kv_heads) * head_dim;
-            expect(shape_of(inputs[0]) == [rows, qkv], || {
-                format!("[q|k|v] must be [rows, {qkv}]")
-            })?;
-            row_vector(inputs[1], rows, "row_lane")?;
-            row_vector(inputs[2], rows, "row_pos")?;
-            for cache in &inputs[3..5] {
-                expect(cache.kind == ValueKind::State && width_of(cache) == width, || {
-                    format!("{} must be a cache state of width {width}", cache.name)
-                })?;
-            }
-            Ok(vec![(vec![1], DType::U32)])
-        }
         Op::Attention {
             heads,
             kv_heads,
             head_dim,
             round_output,
         } => {
-            arity(inputs, 6)?;
+            arity(inputs, 5)?;
             let rows = rows_of(inputs[0]);
             expect(heads % kv_heads == 0, || {
                 format!("{heads} heads over {kv_heads} kv heads")
@@ -130,8 +134,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(shape_of(inputs[0]) == [rows, qkv], || {
                 format!("[q|k|v] must be [rows, {qkv}]")
             })?;
-            row_vector(inputs[1], rows, "row_lane")?;
-            row_vector(inputs[2], rows, "row_pos")?;
+            cache_inputs(&inputs[1..5], rows, kv_heads * head_dim)?;
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows, heads * head_dim], dtype)])
         }

@@ -109,6 +109,17 @@ pub struct RouterOp {
     pub gate_column: bool,
 }
 
+/// The attention geometry a [q | k | v] projection writes the KV caches with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CacheWrite {
+    /// Query heads (the width of the q part).
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+}
+
 /// The closed set of operations.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -131,7 +142,8 @@ pub enum Op {
         round_output: bool,
     },
     /// One or more linears over the same input, outputs side by side. Inputs: x (BF16),
-    /// and with `residual` the residual stream (F32), added to the (rounded) outputs.
+    /// and with `residual` the residual stream (F32), added to the (rounded) outputs; with
+    /// `cache_write` row_lane, row_pos, k_cache and v_cache.
     Linear {
         /// The linears, in output-column order.
         members: Vec<LinearMember>,
@@ -150,20 +162,14 @@ pub enum Op {
         /// the router logits whose last column is the shared expert's gate:
         /// residual + sum_j weight_j * routed_j + sigmoid(gate) * linear.
         combine_k: Option<usize>,
-    },
-    /// RoPE of k and the KV-cache writes. Inputs: [q|k|v] (the fused projection's rows),
-    /// row_lane, row_pos, k_cache, v_cache. Output: the updated cache token (a dependency
-    /// marker of shape [1]).
-    WriteKv {
-        /// Query heads (the width of the q part).
-        heads: usize,
-        /// Key/value heads.
-        kv_heads: usize,
-        /// Head width.
-        head_dim: usize,
+        /// `Some`: the members are an attention layer's [q | k | v] projections, and the
+        /// linear also writes each row's keys (rotated by RoPE at the row's position) and
+        /// values into its lane's caches as it computes them.
+        cache_write: Option<CacheWrite>,
     },
     /// Causal grouped-query attention with RoPE of the queries. Inputs: [q|k|v] (q not yet
-    /// rotated), row_lane, row_pos, k_cache, v_cache, the WriteKv marker.
+    /// rotated) as made by the linear that wrote this step's keys and values into the
+    /// caches, row_lane, row_pos, k_cache, v_cache.
     Attention {
         /// Query heads.
         heads: usize,
@@ -214,7 +220,6 @@ impl Op {
             Op::Embed { .. } => "embed",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Linear { .. } => "linear",
-            Op::WriteKv { .. } => "write_kv",
             Op::Attention { .. } => "attention",
             Op::Router(_) => "router",
             Op::Experts { .. } => "experts",

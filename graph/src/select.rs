@@ -38,7 +38,6 @@ pub fn kernels_of(op: &Op, rows: usize) -> Vec<Kernel> {
         Op::RmsNorm { .. } => vec![Kernel::RmsNorm],
         Op::Linear { members, .. } if stacks(members) => vec![Kernel::Linear(WeightFormat::Bf16, pass)],
         Op::Linear { members, .. } => members.iter().map(|m| Kernel::Linear(m.format, pass)).collect(),
-        Op::WriteKv { .. } => vec![Kernel::WriteKv],
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router(_) => vec![Kernel::Route],
         Op::Experts {

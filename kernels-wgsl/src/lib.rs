@@ -169,8 +169,6 @@ pub enum Kernel {
     Gathered(WeightFormat),
     /// RMSNorm.
     RmsNorm,
-    /// RoPE of the keys and the KV-cache writes.
-    WriteKv,
     /// Causal grouped-query attention over one chunk of positions (queries rotated as they
     /// are staged); writes the chunk's partial results to the scratch buffer.
     Attend,
@@ -221,7 +219,6 @@ impl Kernel {
         all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
         all.extend([
             Kernel::RmsNorm,
-            Kernel::WriteKv,
             Kernel::Attend,
             Kernel::AttendCombine,
             Kernel::Route,
@@ -251,7 +248,7 @@ impl Kernel {
             // One activation row per slot.
             Kernel::Gathered(f) => Module::Linear(f, PassRows::Two),
             Kernel::RmsNorm => Module::Norm,
-            Kernel::WriteKv | Kernel::Attend | Kernel::AttendCombine => Module::Attention,
+            Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route => Module::Router,
             Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 | Kernel::Gelu | Kernel::MeanRows => {
                 Module::Elementwise
@@ -274,7 +271,6 @@ impl Kernel {
             Kernel::Linear(..) => "linear",
             Kernel::Gathered(_) => "gathered",
             Kernel::RmsNorm => "rms_norm",
-            Kernel::WriteKv => "write_kv",
             Kernel::Attend => "attend",
             Kernel::AttendCombine => "attend_combine",
             Kernel::Route => "route",
@@ -301,16 +297,15 @@ impl Kernel {
     pub fn bindings(self) -> &'static [u32] {
         match self {
             // params, x, w, (scales,) bias, routed_weights, y, routed_out, residual,
-            // gate_logits: BF16 weights have no scales
-            Kernel::Linear(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 8, 9],
-            Kernel::Linear(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+            // gate_logits, row_lane, row_pos, rope_table, k_cache, v_cache: BF16 weights
+            // have no scales
+            Kernel::Linear(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+            Kernel::Linear(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],
             // params, x, weight, y
             Kernel::RmsNorm => &[0, 1, 2, 3],
-            // params, row_lane, row_pos, rope_table, src, k_cache, v_cache
-            Kernel::WriteKv => &[0, 1, 2, 3, 4, 5, 6],
             // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, scratch
             Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 8],
             // params, row_pos, dst, scratch

@@ -126,8 +126,8 @@ pub struct Gpu {
 }
 
 /// The storage bindings the engine's largest kernel uses (the NVFP4 and FP8 dense linears:
-/// nine; Metal and Vulkan drivers offer far more).
-const NEEDED_STORAGE_BUFFERS: u32 = 9;
+/// fourteen; Metal offers 31, lavapipe 32, NVIDIA far more).
+const NEEDED_STORAGE_BUFFERS: u32 = 14;
 
 impl Gpu {
     /// Opens the adapter of the chosen backend. Never falls back to another backend.

@@ -1,15 +1,14 @@
-// Rotary embedding, KV-cache writes and causal grouped-query attention, all FP32.
+// Causal grouped-query attention with the queries' rotary embedding, all FP32.
 //
 // Rows are tokens; `row_lane[r]` names the KV cache slot of row r and `row_pos[r]` its
-// position. Both entry points read the q/k/v projection's output: rows of
-// (heads + 2 * kv_heads) * head_dim values, [q | k | v]. RoPE is NeoX rotate-half over the
-// whole head with cos/sin from a table the host computes in f64
-// (`rope_table[pos * half + i]` = (cos, sin)), so every platform rotates by the same
-// numbers; keys are rotated as they enter the cache, queries as attention stages them.
+// position. `attend` reads the queries from the q/k/v projection's output (rows of
+// (heads + 2 * kv_heads) * head_dim values, [q | k | v]) and the keys and values from the
+// caches, where that projection wrote them (linear.wgsl, flag 32: keys already rotated).
+// RoPE is NeoX rotate-half over the whole head with cos/sin from a table the host computes
+// in f64 (`rope_table[pos * half + i]` = (cos, sin)), so every platform rotates by the same
+// numbers; queries are rotated as attention stages them.
 // Attention is split over fixed chunks of positions and then combined (see `attend`). A
 // row's result depends only on its own cache, whatever else is in the batch.
-
-const WG: u32 = 64u;
 
 struct Params {
     rows: u32,
@@ -26,38 +25,12 @@ struct Params {
 @group(0) @binding(1) var<storage, read> row_lane: array<u32>;
 @group(0) @binding(2) var<storage, read> row_pos: array<u32>;
 @group(0) @binding(3) var<storage, read> rope_table: array<vec2<f32>>;
-@group(0) @binding(4) var<storage, read> src: array<f32>;
-@group(0) @binding(5) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(8) var<storage, read_write> scratch: array<f32>;
 
 // Floats per row of the [q | k | v] input.
 fn qkv_width() -> u32 {
     return (p.heads + 2u * p.kv_heads) * p.head_dim;
-}
-
-// k (rotated) and v into the caches.
-@compute @workgroup_size(64)
-fn write_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let index = gid.x + gid.y * nwg.x * WG;
-    let width = p.kv_heads * p.head_dim;
-    if (index >= p.rows * width) {
-        return;
-    }
-    let r = index / width;
-    let c = index % width;
-    let i = c % p.head_dim;
-    let pos = row_pos[r];
-    let slot = (row_lane[r] * p.capacity + pos) * width + c;
-    let k_base = r * qkv_width() + p.heads * p.head_dim;
-    let half = p.head_dim / 2u;
-    let j = i % half;
-    let cs = rope_table[pos * half + j];
-    let a = src[k_base + c - i + j];
-    let b = src[k_base + c - i + j + half];
-    k_cache[slot] = select(b * cs.x + a * cs.y, a * cs.x - b * cs.y, i < half);
-    v_cache[slot] = src[k_base + width + c];
 }
 
 // Attention is split over chunks of CHUNK positions (flash decoding): `attend` gives each

@@ -35,7 +35,10 @@
 //               silu(gate) * up (each rounded first when flag 2 rounds): row A of a thread
 //               row is a gate row, row B the up row of the same feature. With flag 16 it
 //               is a MoE layer's shared-expert down projection and combines the layer into
-//               the residual stream as it writes (see `combine`).
+//               the residual stream as it writes (see `combine`). With flag 32 it is (part
+//               of) an attention layer's [q | k | v] projection: a thread row computes the
+//               two halves of a head's rows (j and j + head_dim / 2), so it can rotate its
+//               keys and write them and its values into the KV caches (see `write_cache`).
 //   `gathered`: routed experts; a workgroup per (GATHERED_ROWS weight rows, slot), four
 //               per thread row (two [gate, up] pairs with SwiGLU), the slot's expert read
 //               from `expert_ids` on the GPU. Experts outside
@@ -63,14 +66,15 @@ struct Params {
     expert_end: u32,
     flags: u32,         // 1: add bias; 2: round the output to BF16; 4: add `residual`;
                         // 8: SwiGLU of stacked [gate | up] rows (see `plan_rows`);
-                        // 16: MoE combine (see `combine`)
+                        // 16: MoE combine (see `combine`); 32: KV-cache write
+                        // (see `write_cache`)
     tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
     bias_offset: u32,   // bias element of this segment's first output
     combine_k: u32,     // combine: routed experts per token
     gate_stride: u32,   // combine: floats per `gate_logits` row, the shared gate's logit last
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    head_dim: u32,      // cache write: floats per head
+    q_width: u32,       // cache write: y columns before the keys (the queries)
+    capacity: u32,      // cache write: positions per lane in the caches
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -87,6 +91,12 @@ struct Params {
 @group(0) @binding(5) var<storage, read> routed_weights: array<f32>;   // [rows * combine_k]
 @group(0) @binding(7) var<storage, read> routed_out: array<f32>;       // [rows * combine_k, y_stride]
 @group(0) @binding(9) var<storage, read> gate_logits: array<f32>;      // [rows, gate_stride]
+// The cache write of `linear` (flag 32).
+@group(0) @binding(10) var<storage, read> row_lane: array<u32>;
+@group(0) @binding(11) var<storage, read> row_pos: array<u32>;
+@group(0) @binding(12) var<storage, read> rope_table: array<f32>;      // [position, head_dim / 2] (cos, sin)
+@group(0) @binding(13) var<storage, read_write> k_cache: array<f32>;    // [lane * capacity + position, kv width]
+@group(0) @binding(14) var<storage, read_write> v_cache: array<f32>;
 
 var<workgroup> partial: array<f32, 2u * WG * MAX_ROWS>;         // two planes
 var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * MAX_ROWS>;
@@ -260,6 +270,36 @@ fn epilogue(row: u32, column: u32, index: u32, value: f32) -> f32 {
     return value;
 }
 
+fn cache_mode() -> bool {
+    return (p.flags & 32u) != 0u;
+}
+
+// Flag 32: the values of y columns `column` and `column + head_dim / 2` (one head's rows j
+// and j + head_dim / 2) of activation row `row`. Key columns go into `k_cache` rotated by
+// the row's position (RoPE over the head's halves), value columns into `v_cache`, both at
+// the row's lane and position; query columns stay in y only (attention rotates them).
+fn write_cache(row: u32, column: u32, a: f32, b: f32) {
+    if (column < p.q_width) {
+        return;
+    }
+    let kv_width = (p.y_stride - p.q_width) / 2u;
+    var c = column - p.q_width;
+    let pos = row_pos[row];
+    let half = p.head_dim / 2u;
+    let slot = (row_lane[row] * p.capacity + pos) * kv_width;
+    if (c < kv_width) {
+        let entry = 2u * (pos * half + c % p.head_dim);
+        let cos = rope_table[entry];
+        let sin = rope_table[entry + 1u];
+        k_cache[slot + c] = a * cos - b * sin;
+        k_cache[slot + c + half] = b * cos + a * sin;
+        return;
+    }
+    c -= kv_width;
+    v_cache[slot + c] = a;
+    v_cache[slot + c + half] = b;
+}
+
 // silu(gate) * up, rounded to BF16 when flag 2 rounds.
 fn swiglu(g: f32, u: f32) -> f32 {
     var v = g / (1.0 + exp(-g)) * u;
@@ -272,6 +312,7 @@ fn swiglu(g: f32, u: f32) -> f32 {
 // The two weight rows of a thread row and its output features. Plain: rows
 // group * ROWS_PER_GROUP + thread_row and + THREAD_ROWS. SwiGLU (stacked [gate | up], each
 // half out_features / 2 rows): row A is a gate row, row B the up row of the same feature.
+// Cache write (head_dim-row blocks): row A is row j of a block, row B row j + head_dim / 2.
 struct RowPair {
     feature_a: u32,
     feature_b: u32,
@@ -282,6 +323,13 @@ struct RowPair {
 }
 
 fn plan_rows(group: u32, thread_row: u32) -> RowPair {
+    if (cache_mode()) {
+        let half = p.head_dim / 2u;
+        let pair = group * THREAD_ROWS + thread_row;
+        let a = pair / half * p.head_dim + pair % half;
+        let valid = a < p.out_features;
+        return RowPair(a, a + half, a, a + half, valid, valid);
+    }
     if (!swiglu_mode()) {
         let a = group * ROWS_PER_GROUP + thread_row;
         let b = a + THREAD_ROWS;
@@ -371,6 +419,9 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 if (plan.valid_b) {
                     let index = row_base + plan.feature_b;
                     y[index] = epilogue(row0 + lane, p.out_offset + plan.feature_b, index, value_b);
+                }
+                if (cache_mode() && plan.valid_a) {
+                    write_cache(row0 + lane, p.out_offset + plan.feature_a, value_a, value_b);
                 }
             }
         }
