@@ -79,6 +79,19 @@ impl Builder<'_> {
         Ok(())
     }
 
+    /// A convolution launch over its own grid (see [`conv_grid`]).
+    fn conv_launch(
+        &mut self,
+        kernel: Kernel,
+        params: &CodecParams,
+        resources: &[&wgpu::Buffer],
+        grid: [u32; 3],
+    ) -> Result<(), EngineError> {
+        self.dispatches
+            .push(self.gpu.dispatch(kernel, params, resources, grid)?);
+        Ok(())
+    }
+
     fn tensor(&self, name: &str) -> &wgpu::Buffer {
         &self.tensors[name]
     }
@@ -114,6 +127,7 @@ impl Builder<'_> {
             history: history.frames as u32,
             flags: 0,
             count: count as u32,
+            ..Default::default()
         };
         self.launch(Kernel::ShiftHistory, &params, &[x, &current, &next], count)?;
         self.launch(Kernel::Copy, &params, &[&next, &current], count)
@@ -143,13 +157,16 @@ impl Builder<'_> {
             history: ((k - 1) * d) as u32,
             flags: 3,
             count: (frames * cout) as u32,
+            lanes: conv_lanes(cin) as u32,
+            pad: [0; 3],
         };
+        let grid = conv_grid(cin, cout, frames, 1);
         if k == 1 {
             let none = self.gpu.buffer("no history", 4);
-            self.launch(Kernel::Conv1d, &params, &[x, &none, &w, &b, &y], frames * cout)?;
+            self.conv_launch(Kernel::Conv1d, &params, &[x, &none, &w, &b, &y], grid)?;
         } else {
             self.with_history(x, frames, |me, hist| {
-                me.launch(Kernel::Conv1d, &params, &[x, hist, &w, &b, &y], frames * cout)
+                me.conv_launch(Kernel::Conv1d, &params, &[x, hist, &w, &b, &y], grid)
             })?;
         }
         Ok(y)
@@ -175,14 +192,12 @@ impl Builder<'_> {
             history: 1,
             flags: 3,
             count: (frames * r * cout) as u32,
+            lanes: conv_lanes(cin) as u32,
+            pad: [0; 3],
         };
+        let grid = conv_grid(cin, cout, frames, r);
         self.with_history(x, frames, |me, hist| {
-            me.launch(
-                Kernel::ConvTranspose,
-                &params,
-                &[x, hist, &w, &b, &y],
-                frames * r * cout,
-            )
+            me.conv_launch(Kernel::ConvTranspose, &params, &[x, hist, &w, &b, &y], grid)
         })?;
         Ok(y)
     }
@@ -215,6 +230,26 @@ impl Builder<'_> {
         self.launch(Kernel::Add, &params, &[a, b, &y], count)?;
         Ok(y)
     }
+}
+
+/// Threads per output channel of a convolution over `cin` input channels: the largest power
+/// of two up to 64 that leaves each thread at least eight channels (codec.wgsl).
+fn conv_lanes(cin: usize) -> usize {
+    let wanted = (cin / 8).clamp(1, 64);
+    1 << wanted.ilog2()
+}
+
+/// Frames a convolution workgroup computes (codec.wgsl's FRAMES).
+const CONV_FRAMES: usize = 4;
+
+/// A convolution's workgroups: (output channel groups, tiles of input frames, phases).
+fn conv_grid(cin: usize, cout: usize, frames: usize, phases: usize) -> [u32; 3] {
+    let channels_per_group = 64 / conv_lanes(cin);
+    [
+        cout.div_ceil(channels_per_group) as u32,
+        frames.div_ceil(CONV_FRAMES) as u32,
+        phases as u32,
+    ]
 }
 
 /// The convolutions that carry history, in decoding order: (frames kept, channels).
@@ -388,6 +423,18 @@ impl CodecDecoder {
                 self.weights.codes
             )));
         }
+        // Long inputs run as several chunks (the same samples, bit for bit): a program's
+        // convolutions put their frame tiles in one grid dimension (at most 65535).
+        let per_program = (65535 * CONV_FRAMES / self.weights.config.samples_per_code()).clamp(1, 64);
+        let mut pcm = Vec::with_capacity(codes.len() * self.weights.config.samples_per_code());
+        for piece in codes.chunks(per_program) {
+            pcm.extend(self.decode_piece(piece)?);
+        }
+        Ok(pcm)
+    }
+
+    /// Decodes checked codes with the program of their length.
+    fn decode_piece(&mut self, codes: &[u32]) -> Result<Vec<f32>, EngineError> {
         if !self.programs.contains_key(&codes.len()) {
             let program = self.compile(codes.len())?;
             self.programs.insert(codes.len(), program);

@@ -84,3 +84,24 @@ fn codec_matches_reference_and_streams_exactly() {
     let err = decoder.decode(&[64]).unwrap_err().to_string();
     assert!(err.contains("code 64"), "{err}");
 }
+
+/// An input longer than one chunk program takes (64 codes) runs as several programs and
+/// gives the samples of the same codes streamed eight at a time, bit for bit.
+#[test]
+fn codec_long_input_equals_its_chunks() {
+    let mut rng = rng("codec long");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let checkpoint = fixture.open();
+    let codes: Vec<u32> = (0..150)
+        .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
+        .collect();
+    let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
+    let whole = decoder.decode(&codes).unwrap();
+    assert_eq!(whole.len(), codes.len() * checkpoint.config.codec.samples_per_code());
+    decoder.reset();
+    let streamed: Vec<f32> = codes.chunks(8).flat_map(|c| decoder.decode(c).unwrap()).collect();
+    assert!(
+        streamed.len() == whole.len() && streamed.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "150 codes at once differ from chunks of 8"
+    );
+}

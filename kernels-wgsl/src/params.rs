@@ -158,6 +158,10 @@ pub struct CodecParams {
     pub flags: u32,
     /// Output elements.
     pub count: u32,
+    /// Convolutions: threads per output channel (a power of two dividing 64).
+    pub lanes: u32,
+    /// Padding to 16 bytes.
+    pub pad: [u32; 3],
 }
 
 /// `probe.wgsl` parameters.
