@@ -277,6 +277,10 @@ impl<'e> Batcher<'e> {
     /// Samples a job's next token from its logits (mixed with the uncond lane's when it has
     /// one) and moves it on.
     fn advance(engine: &Engine, job: &mut Job, cond: &[f32], uncond: Option<&[f32]>) -> Result<Next, EngineError> {
+        // The codec chunk submitted last step ran on the GPU before this step's forward.
+        if !Self::deliver(job, |codec| codec.finish())? {
+            return Ok(Next::Finished(Stop::Cancelled));
+        }
         let sampling_start = Instant::now();
         let mixed = uncond.map(|uncond| mix(cond, uncond, job.request.gamma));
         let logits = mixed.as_deref().unwrap_or(cond);
@@ -296,27 +300,48 @@ impl<'e> Batcher<'e> {
             job.last_token = Some(token);
         }
         let segment_done = ended || job.generated == job.request.max_audio_tokens;
+        let last_segment = job.segment + 1 == job.request.segments.len();
         if job.pending.len() == CODEC_CHUNK || (segment_done && !job.pending.is_empty()) {
-            let codec_start = Instant::now();
-            let pcm = job.codec.decode(&job.pending)?;
-            job.stats.time_split.codec += codec_start.elapsed();
-            job.pending.clear();
-            if !pcm.is_empty() {
-                job.stats.first_audio.get_or_insert_with(|| job.started.elapsed());
-                job.stats.samples += pcm.len();
-                if !(job.sink)(&pcm) {
-                    return Ok(Next::Finished(Stop::Cancelled));
+            // Submitted now, read after the next forward: the GPU decodes while the host
+            // samples and records. The request's last chunk is read at once.
+            let pending = std::mem::take(&mut job.pending);
+            let keep_going = Self::deliver(job, |codec| {
+                codec.submit(&pending)?;
+                if segment_done && last_segment {
+                    codec.finish()
+                } else {
+                    Ok(Vec::new())
                 }
+            })?;
+            if !keep_going {
+                return Ok(Next::Finished(Stop::Cancelled));
             }
         }
         if !segment_done {
             return Ok(Next::Continue);
         }
-        if job.segment + 1 < job.request.segments.len() {
-            Ok(Next::Segment)
-        } else {
+        if last_segment {
             Ok(Next::Finished(Stop::Finished))
+        } else {
+            Ok(Next::Segment)
         }
+    }
+
+    /// Runs `codec` work on the job's decoder (timed as codec time) and hands the samples it
+    /// returns to the sink; false when the sink cancels the job.
+    fn deliver(
+        job: &mut Job,
+        codec: impl FnOnce(&mut CodecDecoder) -> Result<Vec<f32>, EngineError>,
+    ) -> Result<bool, EngineError> {
+        let codec_start = Instant::now();
+        let pcm = codec(&mut job.codec)?;
+        job.stats.time_split.codec += codec_start.elapsed();
+        if pcm.is_empty() {
+            return Ok(true);
+        }
+        job.stats.first_audio.get_or_insert_with(|| job.started.elapsed());
+        job.stats.samples += pcm.len();
+        Ok((job.sink)(&pcm))
     }
 
     /// Cancels a job (its lanes free at once).

@@ -12,7 +12,7 @@ use drama_kernels::{CodecParams, ElementwiseParams, Kernel};
 
 use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
-use crate::gpu::{Dispatch, Gpu};
+use crate::gpu::{Dispatch, Gpu, Readback};
 
 /// A stream history: the frames the next chunk needs, and a scratch for updating it.
 struct History {
@@ -26,7 +26,7 @@ struct History {
 struct ChunkProgram {
     input: wgpu::Buffer,
     output: wgpu::Buffer,
-    samples: usize,
+    readback: Readback,
     dispatches: Vec<Dispatch>,
 }
 
@@ -45,6 +45,10 @@ pub struct CodecDecoder {
     weights: Arc<CodecWeights>,
     histories: Vec<History>,
     programs: HashMap<usize, ChunkProgram>,
+    /// The chunk submitted last and not yet read: its program (by code count) and submission.
+    in_flight: Option<(usize, wgpu::SubmissionIndex)>,
+    /// Samples read back and not yet handed out by [`CodecDecoder::finish`].
+    ready: Vec<f32>,
 }
 
 /// A causal convolution's shape: channels in and out, kernel size and dilation.
@@ -313,11 +317,15 @@ impl CodecDecoder {
             weights,
             histories,
             programs: HashMap::new(),
+            in_flight: None,
+            ready: Vec::new(),
         }
     }
 
-    /// Starts a new utterance: every history back to zeros.
+    /// Starts a new utterance: every history back to zeros, a chunk in flight dropped.
     pub fn reset(&mut self) {
+        self.in_flight = None;
+        self.ready.clear();
         for h in &self.histories {
             self.weights
                 .gpu
@@ -406,17 +414,23 @@ impl CodecDecoder {
         b.launch(Kernel::TanhOut, &params, &[&y, &output], t)?;
         Ok(ChunkProgram {
             input,
+            readback: Readback::new(&w.gpu, "pcm readback", (t * 4) as u64),
             output,
-            samples: t,
             dispatches: b.dispatches,
         })
     }
 
-    /// Decodes the next chunk of codes of the current utterance; returns its PCM samples.
+    /// Decodes the next chunk of codes of the current utterance; returns its PCM samples
+    /// (and those of a chunk submitted before and not yet finished).
     pub fn decode(&mut self, codes: &[u32]) -> Result<Vec<f32>, EngineError> {
-        if codes.is_empty() {
-            return Ok(Vec::new());
-        }
+        self.submit(codes)?;
+        self.finish()
+    }
+
+    /// Submits the decode of the next chunk of codes and returns without waiting; its
+    /// samples come from the next [`CodecDecoder::finish`] (or `decode`). The GPU runs it in
+    /// queue order, so work submitted later (the next model step) finds it done.
+    pub fn submit(&mut self, codes: &[u32]) -> Result<(), EngineError> {
         if let Some(&bad) = codes.iter().find(|&&code| code as usize >= self.weights.codes) {
             return Err(EngineError::Input(format!(
                 "code {bad} is not below audio_codes {}",
@@ -426,15 +440,32 @@ impl CodecDecoder {
         // Long inputs run as several chunks (the same samples, bit for bit): a program's
         // convolutions put their frame tiles in one grid dimension (at most 65535).
         let per_program = (65535 * CONV_FRAMES / self.weights.config.samples_per_code()).clamp(1, 64);
-        let mut pcm = Vec::with_capacity(codes.len() * self.weights.config.samples_per_code());
         for piece in codes.chunks(per_program) {
-            pcm.extend(self.decode_piece(piece)?);
+            self.submit_piece(piece)?;
         }
-        Ok(pcm)
+        Ok(())
     }
 
-    /// Decodes checked codes with the program of their length.
-    fn decode_piece(&mut self, codes: &[u32]) -> Result<Vec<f32>, EngineError> {
+    /// The samples of every chunk submitted so far and not yet handed out, in order; waits
+    /// for the last one to finish on the GPU.
+    pub fn finish(&mut self) -> Result<Vec<f32>, EngineError> {
+        self.read_in_flight()?;
+        Ok(std::mem::take(&mut self.ready))
+    }
+
+    /// Reads the chunk in flight (if any) into `ready`.
+    fn read_in_flight(&mut self) -> Result<(), EngineError> {
+        if let Some((length, submission)) = self.in_flight.take() {
+            let samples: Vec<f32> = self.programs[&length].readback.read(&self.weights.gpu, submission)?;
+            self.ready.extend(samples);
+        }
+        Ok(())
+    }
+
+    /// Submits checked codes with the program of their length (its readback free: the
+    /// chunk before is read first).
+    fn submit_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
+        self.read_in_flight()?;
         if !self.programs.contains_key(&codes.len()) {
             let program = self.compile(codes.len())?;
             self.programs.insert(codes.len(), program);
@@ -449,11 +480,10 @@ impl CodecDecoder {
                     .copied()
             })
             .collect();
-        self.weights
-            .gpu
-            .queue
-            .write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
-        self.weights.gpu.submit(&program.dispatches);
-        Ok(self.weights.gpu.read_first(&program.output, program.samples)?)
+        let gpu = &self.weights.gpu;
+        gpu.queue.write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
+        let commands = gpu.encode_then_copy(&program.dispatches, Some((&program.output, &program.readback)));
+        self.in_flight = Some((codes.len(), gpu.queue.submit([commands])));
+        Ok(())
     }
 }

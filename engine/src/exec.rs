@@ -15,7 +15,7 @@ use drama_kernels::{
 };
 
 use crate::error::EngineError;
-use crate::gpu::{Dispatch, Gpu};
+use crate::gpu::{Dispatch, Gpu, Readback};
 use crate::weights::{GpuLinear, GpuWeights, stack_key};
 
 /// A compiled step: planned buffers and the recorded launches.
@@ -34,6 +34,8 @@ pub struct Executable {
     inputs: [ValueId; STEP_INPUTS.len()],
     /// The audio logits (the step's output).
     logits: ValueId,
+    /// Where [`Executable::encode`]'d steps copy their logits for the host.
+    logits_readback: Readback,
 }
 
 /// Everything a step binds besides its own buffers.
@@ -654,6 +656,8 @@ impl Executable {
             node_dispatches.push(start..lowering.dispatches.len());
         }
         let dispatches = lowering.dispatches;
+        let logits_bytes = graph.value(logits).shape.iter().product::<usize>() * 4;
+        let logits_readback = Readback::new(gpu, "logits", logits_bytes as u64);
         Ok(Executable {
             graph,
             plan,
@@ -663,6 +667,7 @@ impl Executable {
             node_dispatches,
             inputs,
             logits,
+            logits_readback,
         })
     }
 
@@ -699,10 +704,20 @@ impl Executable {
         self.read_f32(gpu, self.logits)
     }
 
-    /// Records every launch into one pass of a command buffer; submitting it runs the step
-    /// with whatever the inputs hold at that time.
+    /// The audio logits an [`Executable::encode`]'d step copied out, once its `submission`
+    /// has finished (later submissions may still run).
+    pub fn read_encoded_logits(&self, gpu: &Gpu, submission: wgpu::SubmissionIndex) -> Result<Vec<f32>, EngineError> {
+        Ok(self.logits_readback.read(gpu, submission)?)
+    }
+
+    /// Records every launch into one pass of a command buffer, then the copy of the logits
+    /// for [`Executable::read_encoded_logits`]; submitting it runs the step with whatever
+    /// the inputs hold at that time.
     pub fn encode(&self, gpu: &Gpu) -> wgpu::CommandBuffer {
-        gpu.encode(&self.dispatches)
+        gpu.encode_then_copy(
+            &self.dispatches,
+            Some((self.value_buffer(self.logits), &self.logits_readback)),
+        )
     }
 
     /// Runs the step one dispatch per pass and returns each kernel's GPU time, in order.

@@ -331,26 +331,25 @@ impl<'e> Session<'e> {
         self.executable(rows.len(), trace)?;
         let exe = &self.steps[&key];
         exe.write_inputs(&gpu, [&table, &index, &lanes, &positions])?;
-        let time = match timing {
+        let (time, logits) = match timing {
             Timing::None => {
                 let commands = match self.prepared.take() {
                     Some((prepared, commands)) if prepared == key => commands,
                     _ => exe.encode(&gpu),
                 };
-                gpu.queue.submit([commands]);
+                let submission = gpu.queue.submit([commands]);
                 // Record the next step of this shape while the GPU runs this one.
                 self.prepared = Some((key, exe.encode(&gpu)));
-                StepTiming::None
+                (StepTiming::None, exe.read_encoded_logits(&gpu, submission)?)
             }
-            Timing::Pass => StepTiming::Pass(exe.timed_run(&gpu)?),
-            Timing::PerDispatch => StepTiming::Kernels(exe.profile_run(&gpu)?),
+            Timing::Pass => (StepTiming::Pass(exe.timed_run(&gpu)?), exe.read_logits(&gpu)?),
+            Timing::PerDispatch => (StepTiming::Kernels(exe.profile_run(&gpu)?), exe.read_logits(&gpu)?),
         };
         let find = |name: &str| {
             exe.graph
                 .find(name)
                 .ok_or_else(|| EngineError::Unsupported(format!("the step graph has no value {name}")))
         };
-        let logits = exe.read_logits(&gpu)?;
         let mut hidden = Vec::new();
         let mut routes = Vec::new();
         if trace {

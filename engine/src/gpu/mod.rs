@@ -2,6 +2,7 @@
 //! dispatch helpers. Nothing else in the engine talks to the adapter.
 
 mod capabilities;
+mod readback;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use drama_kernels::{Kernel, ProbeParams};
 use wgpu::util::DeviceExt;
 
 pub use capabilities::Capabilities;
+pub use readback::Readback;
 
 /// Which graphics API to run on. `Auto` takes the platform's native one (Metal on Apple,
 /// Vulkan elsewhere, DX12 on Windows) and never falls back to another.
@@ -359,6 +361,15 @@ impl Gpu {
 
     /// Records `dispatches` into one compute pass of a command buffer, to submit later.
     pub fn encode(&self, dispatches: &[Dispatch]) -> wgpu::CommandBuffer {
+        self.encode_then_copy(dispatches, None)
+    }
+
+    /// Like [`Gpu::encode`], then (with `copy`) the copy of a result into its readback.
+    pub fn encode_then_copy(
+        &self,
+        dispatches: &[Dispatch],
+        copy: Option<(&wgpu::Buffer, &Readback)>,
+    ) -> wgpu::CommandBuffer {
         let mut encoder = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -368,6 +379,9 @@ impl Gpu {
             for dispatch in dispatches {
                 dispatch.record(&mut pass);
             }
+        }
+        if let Some((source, readback)) = copy {
+            readback.record(&mut encoder, source);
         }
         encoder.finish()
     }
@@ -489,38 +503,11 @@ impl Gpu {
     /// bytes are copied (a planned buffer is often larger than the value it holds), and they
     /// are cast straight from the mapped range.
     pub fn read_first<T: bytemuck::Pod>(&self, buffer: &wgpu::Buffer, count: usize) -> Result<Vec<T>, GpuError> {
-        let size = (count * std::mem::size_of::<T>()) as u64;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let readback = Readback::new(self, "readback", (count * std::mem::size_of::<T>()) as u64);
         let mut encoder = self.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        self.queue.submit([encoder.finish()]);
-        let (sender, receiver) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |result| {
-            let _ = sender.send(result);
-        });
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            })
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        receiver
-            .recv()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        let values = bytemuck::cast_slice(
-            &staging
-                .get_mapped_range(..)
-                .map_err(|e| GpuError::Readback(e.to_string()))?,
-        )
-        .to_vec();
-        staging.unmap();
-        Ok(values)
+        readback.record(&mut encoder, buffer);
+        let submission = self.queue.submit([encoder.finish()]);
+        readback.read(self, submission)
     }
 }
 

@@ -1,0 +1,49 @@
+//! Reading GPU results back to the host: a staging buffer that a command buffer copies into
+//! at its end, read once that submission (and only it) has finished, so later submissions
+//! (the codec's next chunk, say) keep the GPU busy while the host reads and works.
+
+use super::{Gpu, GpuError};
+
+/// A reusable host-readable copy of the first bytes of a buffer.
+pub struct Readback {
+    staging: wgpu::Buffer,
+}
+
+impl Readback {
+    /// A staging buffer of `bytes` bytes.
+    pub fn new(gpu: &Gpu, label: &str, bytes: u64) -> Readback {
+        Readback {
+            staging: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        }
+    }
+
+    /// Records the copy of `source`'s first bytes (as many as the staging buffer holds).
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder, source: &wgpu::Buffer) {
+        encoder.copy_buffer_to_buffer(source, 0, &self.staging, 0, self.staging.size());
+    }
+
+    /// Waits until `submission` (which recorded the copy) has finished and returns the
+    /// copied values.
+    pub fn read<T: bytemuck::Pod>(&self, gpu: &Gpu, submission: wgpu::SubmissionIndex) -> Result<Vec<T>, GpuError> {
+        let failed = |e: &dyn std::fmt::Display| GpuError::Readback(e.to_string());
+        let (sender, receiver) = std::sync::mpsc::channel();
+        self.staging.map_async(wgpu::MapMode::Read, .., move |result| {
+            let _ = sender.send(result);
+        });
+        gpu.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submission),
+                timeout: None,
+            })
+            .map_err(|e| failed(&e))?;
+        receiver.recv().map_err(|e| failed(&e))?.map_err(|e| failed(&e))?;
+        let values = bytemuck::cast_slice(&self.staging.get_mapped_range(..).map_err(|e| failed(&e))?).to_vec();
+        self.staging.unmap();
+        Ok(values)
+    }
+}
