@@ -33,7 +33,12 @@ struct Job {
     last_token: Option<u32>,
     sampler: Sampler,
     codec: CodecDecoder,
+    /// Generated codes not yet given to the codec.
     pending: Vec<u32>,
+    /// A full chunk of codes, submitted to the codec right after the next forward.
+    chunk: Vec<u32>,
+    /// The batcher step in which the codec chunk now in flight was submitted.
+    chunk_submitted: Option<u64>,
     sink: Sink,
     stats: SynthesisStats,
     started: Instant,
@@ -58,21 +63,29 @@ pub struct Batcher<'e> {
     default_prefix: Vec<f32>,
     /// Decoders of finished jobs, kept with their compiled chunk programs for the next.
     idle_decoders: Vec<CodecDecoder>,
+    /// Steps run so far.
+    steps: u64,
 }
 
 impl<'e> Batcher<'e> {
     /// A batcher over `lanes` lanes of `capacity` positions each.
     pub fn new(engine: &'e Engine, lanes: usize, capacity: usize) -> Result<Self, EngineError> {
+        let codec = CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?;
+        // One decoder with its chunk program compiled, so the first request's first audio
+        // does not wait for it.
+        let mut warm = CodecDecoder::new(codec.clone());
+        warm.prepare(CODEC_CHUNK)?;
         Ok(Batcher {
             session: Session::new(engine, lanes, capacity)?,
-            codec: CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?,
+            codec,
             free: (0..lanes).rev().collect(),
             jobs: Vec::new(),
             next_id: 0,
             capacity,
             null_prefix: engine.checkpoint.float_tensor(names::NULL_PREFIX),
             default_prefix: engine.checkpoint.float_tensor(names::DEFAULT_PREFIX),
-            idle_decoders: Vec::new(),
+            idle_decoders: vec![warm],
+            steps: 0,
             engine,
         })
     }
@@ -176,6 +189,8 @@ impl<'e> Batcher<'e> {
             last_token: None,
             codec,
             pending: Vec::new(),
+            chunk: Vec::new(),
+            chunk_submitted: None,
             sink,
             started: Instant::now(),
         });
@@ -225,10 +240,17 @@ impl<'e> Batcher<'e> {
             last.push((c, u));
         }
         // Paired: one step, its logits split in place; separate: a step per kind of lane.
+        // The codec chunks filled last step are submitted behind the (first) forward: the GPU
+        // decodes them while the host samples, and the step after next reads them.
         let n = cond_rows.len();
+        let step = self.steps;
+        self.steps += 1;
         let forward_start = Instant::now();
+        let codec_time;
         let (first, second) = if separate {
-            let c = self.session.step(&cond_rows, false)?.logits;
+            let submitted = self.session.submit(&cond_rows)?;
+            codec_time = self.submit_chunks(step)?;
+            let c = self.session.logits(submitted)?;
             let u = if uncond_rows.is_empty() {
                 Vec::new()
             } else {
@@ -238,9 +260,12 @@ impl<'e> Batcher<'e> {
         } else {
             let mut all = cond_rows;
             all.extend(uncond_rows);
-            (self.session.step(&all, false)?.logits, Vec::new())
+            let submitted = self.session.submit(&all)?;
+            codec_time = self.submit_chunks(step)?;
+            (self.session.logits(submitted)?, Vec::new())
         };
-        let forward = forward_start.elapsed();
+        // The codec submissions inside the window are counted as codec time.
+        let forward = forward_start.elapsed().saturating_sub(codec_time);
         for job in &mut self.jobs {
             job.stats.time_split.forward += forward;
         }
@@ -255,7 +280,7 @@ impl<'e> Batcher<'e> {
         for (job, (c, u)) in self.jobs.iter_mut().zip(&last) {
             let cond = &cond_logits[c * vocab..(c + 1) * vocab];
             let uncond = u.map(|u| &uncond_logits[u * vocab..(u + 1) * vocab]);
-            outcomes.push(Self::advance(self.engine, job, cond, uncond)?);
+            outcomes.push(Self::advance(self.engine, job, cond, uncond, step)?);
         }
         for outcome in outcomes {
             let job = &mut self.jobs[index];
@@ -274,12 +299,38 @@ impl<'e> Batcher<'e> {
         Ok(finished)
     }
 
+    /// Submits every job's full codec chunk (their time is counted as codec time); returns
+    /// the time it took.
+    fn submit_chunks(&mut self, step: u64) -> Result<Duration, EngineError> {
+        let all = Instant::now();
+        for job in &mut self.jobs {
+            if !job.chunk.is_empty() {
+                let start = Instant::now();
+                job.codec.submit(&job.chunk)?;
+                job.stats.time_split.codec += start.elapsed();
+                job.chunk.clear();
+                job.chunk_submitted = Some(step);
+            }
+        }
+        Ok(all.elapsed())
+    }
+
     /// Samples a job's next token from its logits (mixed with the uncond lane's when it has
-    /// one) and moves it on.
-    fn advance(engine: &Engine, job: &mut Job, cond: &[f32], uncond: Option<&[f32]>) -> Result<Next, EngineError> {
-        // The codec chunk submitted last step ran on the GPU before this step's forward.
-        if !Self::deliver(job, |codec| codec.finish())? {
-            return Ok(Next::Finished(Stop::Cancelled));
+    /// one) and moves it on; `step` is the batcher step running.
+    fn advance(
+        engine: &Engine,
+        job: &mut Job,
+        cond: &[f32],
+        uncond: Option<&[f32]>,
+        step: u64,
+    ) -> Result<Next, EngineError> {
+        // A chunk submitted in an earlier step ran before this step's forward: its samples
+        // are ready. (One submitted in this step may still be running.)
+        if job.chunk_submitted.is_some_and(|submitted| submitted < step) {
+            job.chunk_submitted = None;
+            if !Self::deliver(job, |codec| codec.finish())? {
+                return Ok(Next::Finished(Stop::Cancelled));
+            }
         }
         let sampling_start = Instant::now();
         let mixed = uncond.map(|uncond| mix(cond, uncond, job.request.gamma));
@@ -301,29 +352,26 @@ impl<'e> Batcher<'e> {
         }
         let segment_done = ended || job.generated == job.request.max_audio_tokens;
         let last_segment = job.segment + 1 == job.request.segments.len();
-        if job.pending.len() == CODEC_CHUNK || (segment_done && !job.pending.is_empty()) {
-            // Submitted now, read after the next forward: the GPU decodes while the host
-            // samples and records. The request's last chunk is read at once.
-            let pending = std::mem::take(&mut job.pending);
-            let keep_going = Self::deliver(job, |codec| {
+        if segment_done && last_segment {
+            // The request's last samples: every chunk not yet decoded, read at once.
+            job.chunk_submitted = None;
+            let (chunk, pending) = (std::mem::take(&mut job.chunk), std::mem::take(&mut job.pending));
+            if !Self::deliver(job, |codec| {
+                codec.submit(&chunk)?;
                 codec.submit(&pending)?;
-                if segment_done && last_segment {
-                    codec.finish()
-                } else {
-                    Ok(Vec::new())
-                }
-            })?;
-            if !keep_going {
+                codec.finish()
+            })? {
                 return Ok(Next::Finished(Stop::Cancelled));
             }
+            return Ok(Next::Finished(Stop::Finished));
         }
-        if !segment_done {
-            return Ok(Next::Continue);
+        if job.pending.len() == CODEC_CHUNK || (segment_done && !job.pending.is_empty()) {
+            job.chunk.append(&mut job.pending);
         }
-        if last_segment {
-            Ok(Next::Finished(Stop::Finished))
-        } else {
+        if segment_done {
             Ok(Next::Segment)
+        } else {
+            Ok(Next::Continue)
         }
     }
 

@@ -462,14 +462,20 @@ impl CodecDecoder {
         Ok(())
     }
 
+    /// Compiles the program for chunks of `codes` codes ahead of the first such chunk.
+    pub fn prepare(&mut self, codes: usize) -> Result<(), EngineError> {
+        if codes > 0 && !self.programs.contains_key(&codes) {
+            let program = self.compile(codes)?;
+            self.programs.insert(codes, program);
+        }
+        Ok(())
+    }
+
     /// Submits checked codes with the program of their length (its readback free: the
     /// chunk before is read first).
     fn submit_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
         self.read_in_flight()?;
-        if !self.programs.contains_key(&codes.len()) {
-            let program = self.compile(codes.len())?;
-            self.programs.insert(codes.len(), program);
-        }
+        self.prepare(codes.len())?;
         let program = &self.programs[&codes.len()];
         let dim = self.weights.codebook_dim;
         let rows: Vec<f32> = codes

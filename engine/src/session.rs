@@ -79,6 +79,13 @@ pub struct StepOutput {
     pub routes: Vec<Option<(Vec<u32>, Vec<f32>)>>,
 }
 
+/// A step submitted to the GPU and not read yet (see [`Session::submit`]).
+#[must_use = "a submitted step's logits are read with Session::logits"]
+pub struct SubmittedStep {
+    key: (usize, bool),
+    submission: wgpu::SubmissionIndex,
+}
+
 /// How a step is timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timing {
@@ -310,7 +317,33 @@ impl<'e> Session<'e> {
         }
     }
 
-    fn run_step(&mut self, rows: &[Row], trace: bool, timing: Timing) -> Result<(StepOutput, StepTiming), EngineError> {
+    /// Submits a step of `rows` without waiting for it: the GPU runs it while the host goes
+    /// on (the next step's commands are recorded meanwhile); [`Session::logits`] reads its
+    /// result. Work submitted after it runs after it.
+    pub fn submit(&mut self, rows: &[Row]) -> Result<SubmittedStep, EngineError> {
+        let key = self.write_step_inputs(rows, false)?;
+        let gpu = self.engine.gpu.clone();
+        let exe = &self.steps[&key];
+        let commands = match self.prepared.take() {
+            Some((prepared, commands)) if prepared == key => commands,
+            _ => exe.encode(&gpu),
+        };
+        let submission = gpu.queue.submit([commands]);
+        // Record the next step of this shape while the GPU runs this one.
+        self.prepared = Some((key, exe.encode(&gpu)));
+        Ok(SubmittedStep { key, submission })
+    }
+
+    /// The logits of every row of a submitted step, [rows, C + 2], once it has finished
+    /// (work submitted after it may still run). Read each step before submitting another
+    /// of the same shape: they share a readback buffer.
+    pub fn logits(&self, step: SubmittedStep) -> Result<Vec<f32>, EngineError> {
+        self.steps[&step.key].read_encoded_logits(&self.engine.gpu, step.submission)
+    }
+
+    /// Checks `rows`, compiles their step shape if needed and writes the step's inputs;
+    /// returns the shape's key.
+    fn write_step_inputs(&mut self, rows: &[Row], trace: bool) -> Result<(usize, bool), EngineError> {
         self.validate(rows)?;
         let p = self.engine.checkpoint.config.speech.voice_prefix_len;
         let mut table = Vec::with_capacity(rows.len());
@@ -326,25 +359,37 @@ impl<'e> Session<'e> {
         }
         let lanes: Vec<u32> = rows.iter().map(|r| r.lane as u32).collect();
         let positions: Vec<u32> = rows.iter().map(|r| r.pos as u32).collect();
-        let gpu = self.engine.gpu.clone();
         let key = (rows.len(), trace);
         self.executable(rows.len(), trace)?;
-        let exe = &self.steps[&key];
-        exe.write_inputs(&gpu, [&table, &index, &lanes, &positions])?;
-        let (time, logits) = match timing {
-            Timing::None => {
-                let commands = match self.prepared.take() {
-                    Some((prepared, commands)) if prepared == key => commands,
-                    _ => exe.encode(&gpu),
+        self.steps[&key].write_inputs(&self.engine.gpu, [&table, &index, &lanes, &positions])?;
+        Ok(key)
+    }
+
+    fn run_step(&mut self, rows: &[Row], trace: bool, timing: Timing) -> Result<(StepOutput, StepTiming), EngineError> {
+        let key = match timing {
+            Timing::None if !trace => {
+                let step = self.submit(rows)?;
+                let logits = self.logits(step)?;
+                let output = StepOutput {
+                    logits,
+                    hidden: Vec::new(),
+                    routes: Vec::new(),
                 };
-                let submission = gpu.queue.submit([commands]);
-                // Record the next step of this shape while the GPU runs this one.
-                self.prepared = Some((key, exe.encode(&gpu)));
-                (StepTiming::None, exe.read_encoded_logits(&gpu, submission)?)
+                return Ok((output, StepTiming::None));
             }
-            Timing::Pass => (StepTiming::Pass(exe.timed_run(&gpu)?), exe.read_logits(&gpu)?),
-            Timing::PerDispatch => (StepTiming::Kernels(exe.profile_run(&gpu)?), exe.read_logits(&gpu)?),
+            _ => self.write_step_inputs(rows, trace)?,
         };
+        let gpu = self.engine.gpu.clone();
+        let exe = &self.steps[&key];
+        let time = match timing {
+            Timing::None => {
+                gpu.queue.submit([exe.encode(&gpu)]);
+                StepTiming::None
+            }
+            Timing::Pass => StepTiming::Pass(exe.timed_run(&gpu)?),
+            Timing::PerDispatch => StepTiming::Kernels(exe.profile_run(&gpu)?),
+        };
+        let logits = exe.read_logits(&gpu)?;
         let find = |name: &str| {
             exe.graph
                 .find(name)
