@@ -76,9 +76,16 @@ impl Sampler {
             order.select_nth_unstable_by(self.params.top_k - 1, rank);
             order.truncate(self.params.top_k);
         }
-        order.sort_by(rank);
+        // The same order as `rank`, by integer keys (most likely first, then the lower id).
+        order.sort_unstable_by_key(|&i| (std::cmp::Reverse(total_order_key(logits[i])), i));
         Ok(order[choose(&order, logits, &self.params, draw)] as u32)
     }
+}
+
+/// An integer that orders like `f32::total_cmp` orders the floats.
+fn total_order_key(value: f32) -> i32 {
+    let bits = value.to_bits() as i32;
+    bits ^ (((bits >> 31) as u32) >> 1) as i32
 }
 
 /// Which of the `order`ed candidates (most likely first, already cut to top-k) a draw in
@@ -171,6 +178,31 @@ mod tests {
                 .to_string()
                 .contains("top_p")
         );
+    }
+
+    #[test]
+    fn integer_keys_order_like_total_cmp() {
+        let mut rng = crate::test_support::rng("sampling keys");
+        let mut values: Vec<f32> = (0..2000)
+            .map(|_| f32::from_bits(rng.next_u32()))
+            .filter(|v| !v.is_nan())
+            .collect();
+        values.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+        ]);
+        for pair in values.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            assert_eq!(
+                total_order_key(a).cmp(&total_order_key(b)),
+                a.total_cmp(&b),
+                "{a} vs {b}"
+            );
+        }
     }
 
     /// The choice with every candidate fully sorted first (the selection's oracle).
