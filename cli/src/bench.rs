@@ -77,8 +77,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     for s in &report.decode {
         eprintln!(
-            "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches",
-            s.label, s.lanes, s.gpu_ms, s.wall_ms, s.floor_ms, s.ratio_to_floor, s.dispatches
+            "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches, compiled in {:.1} ms",
+            s.label, s.lanes, s.gpu_ms, s.wall_ms, s.floor_ms, s.ratio_to_floor, s.dispatches, s.compile_ms
         );
         if let Some(m) = &s.moe_layer {
             eprintln!(

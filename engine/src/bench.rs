@@ -99,6 +99,10 @@ pub struct StepResult {
     pub context: usize,
     /// Kernel launches per step.
     pub dispatches: usize,
+    /// Wall milliseconds to compile the step's shape the first time a session meets it
+    /// (graph, memory plan, buffers, parameter blocks, bind groups; the pipelines already
+    /// built by the prompt's step).
+    pub compile_ms: f64,
     /// Median GPU milliseconds of the step's pass.
     pub gpu_ms: f64,
     /// Median wall milliseconds (inputs, pass, logits read back).
@@ -444,7 +448,9 @@ pub fn decode_step(
         })
         .collect();
     session.step(&prompt, false)?;
+    let compile_start = std::time::Instant::now();
     let dispatches = session.dispatch_count(lanes)?;
+    let compile_ms = ms(compile_start.elapsed());
     let mut gpu_times = Vec::new();
     let mut wall_times = Vec::new();
     for i in 0..steps {
@@ -498,6 +504,7 @@ pub fn decode_step(
         lanes,
         context: options.context,
         dispatches,
+        compile_ms,
         gpu_ms,
         wall_ms: median(wall_times),
         bytes,
