@@ -511,3 +511,61 @@ fn embedding_rows_come_from_the_right_table_and_segment() {
         );
     }
 }
+
+/// The codec's snake activation, unrounded, against FP64 over arguments alpha * x up to
+/// about 120 (many periods, both signs, the octant edges of its sine's argument reduction):
+/// within a few f32 roundings of the result and of sin^2 / alpha. (The snake squares the
+/// sine and divides it by alpha, so this bounds the sine's error only loosely; its effect
+/// shows in the codec test, where NVIDIA's built-in `sin` flipped BF16 roundings in half of
+/// the utterances.)
+#[test]
+fn snake_matches_reference_to_a_few_ulps() {
+    let label = "snake";
+    let mut rng = rng(label);
+    let gpu = gpu();
+    let channels = 7usize;
+    let alpha = bf16_values(&mut rng, channels, 1.0)
+        .iter()
+        .map(|a| round_to_bf16(0.1 + a.abs() * 2.0))
+        .collect::<Vec<f32>>();
+    let mut x: Vec<f32> = uniform(&mut rng, 4096, 40.0);
+    // Arguments on and next to multiples of pi / 4, where the reduction changes octant.
+    for (i, slot) in x.iter_mut().take(64 * channels).enumerate() {
+        let a = alpha[i % channels];
+        let edge = (1 + i / channels) as f32 * std::f32::consts::FRAC_PI_4 / a;
+        *slot = f32::from_bits(edge.to_bits().wrapping_add((i % 3) as u32).wrapping_sub(1));
+    }
+    let count = x.len() - x.len() % channels;
+    let params = drama_kernels::CodecParams {
+        out_ch: channels as u32,
+        count: count as u32,
+        ..Default::default()
+    };
+    let p = gpu.uniform("p", &params);
+    let xb = gpu.buffer_with("x", &f32_bytes(&x[..count]));
+    let ab = gpu.buffer_with("alpha", &pack_bf16(&alpha));
+    let out = poisoned(gpu, "out", count);
+    run(
+        gpu,
+        &[dispatch(
+            gpu,
+            Kernel::Snake,
+            &[&p, &xb, &ab, &out],
+            [count.div_ceil(64) as u32, 1, 1],
+        )],
+    );
+    let got = gpu.read_f32(&out).unwrap();
+    let mut want = Vec::new();
+    let mut scale = Vec::new();
+    for (n, &v) in x[..count].iter().enumerate() {
+        let a = f64::from(alpha[n % channels]);
+        let v = f64::from(v);
+        let sine = (a * v).sin();
+        let exact = v + sine * sine / (a + 1e-9);
+        want.push(exact);
+        // A few f32 roundings of the result, and a sine within 2^-24 of exact: the term
+        // s^2 / alpha then errs by up to 2 |s| / alpha 2^-24.
+        scale.push(exact.abs() + sine.abs() / a);
+    }
+    check(label, &got, &want, &scale, 2.0 * f64::from(f32::EPSILON));
+}

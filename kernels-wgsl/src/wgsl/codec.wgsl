@@ -174,6 +174,32 @@ fn conv_transpose(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
 }
 
+// sin(x) to about one f32 ulp on every platform (WGSL leaves `sin`'s accuracy to the
+// implementation, and Vulkan allows an absolute error of 2^-11): the argument reduced by
+// pi/4 in three parts (Cody-Waite; exact products for |x| up to about 8192), then minimax
+// polynomials for sin and cos on [-pi/4, pi/4] (Cephes' sinf).
+fn accurate_sin(value: f32) -> f32 {
+    var sign = select(1.0, -1.0, value < 0.0);
+    let x = abs(value);
+    var octant = u32(x * 1.2732395);   // 4 / pi
+    var y = f32(octant);
+    if ((octant & 1u) != 0u) {
+        octant += 1u;
+        y += 1.0;
+    }
+    octant &= 7u;
+    if (octant > 3u) {
+        sign = -sign;
+        octant -= 4u;
+    }
+    let r = ((x - y * 0.78515625) - y * 2.4187564849853515625e-4) - y * 3.77489497744594108e-8;
+    let z = r * r;
+    if (octant == 1u || octant == 2u) {
+        return sign * (((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0);
+    }
+    return sign * (((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r);
+}
+
 // snake(x) = x + sin(alpha x)^2 / (alpha + 1e-9), alpha per channel (`w`, BF16); flag 2
 // rounds to BF16 (the result feeds a convolution).
 @compute @workgroup_size(64)
@@ -184,7 +210,7 @@ fn snake(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     }
     let alpha = weight(n % p.out_ch);
     let v = x[n];
-    let s = sin(alpha * v);
+    let s = accurate_sin(alpha * v);
     var out = v + s * s / (alpha + 1e-9);
     if ((p.flags & 2u) != 0u) {
         out = round_bf16(out);
