@@ -76,8 +76,14 @@ impl Sampler {
             order.select_nth_unstable_by(self.params.top_k - 1, rank);
             order.truncate(self.params.top_k);
         }
-        // The same order as `rank`, by integer keys (most likely first, then the lower id).
-        order.sort_unstable_by_key(|&i| (std::cmp::Reverse(total_order_key(logits[i])), i));
+        // The same order as `rank`, as one integer per candidate (most likely first, then
+        // the lower id): the logit's total-order key inverted, above the id.
+        let mut keys: Vec<u64> = order
+            .iter()
+            .map(|&i| (u64::from(!((total_order_key(logits[i]) as u32) ^ 0x8000_0000)) << 32) | i as u64)
+            .collect();
+        keys.sort_unstable();
+        order = keys.iter().map(|&key| (key & 0xFFFF_FFFF) as usize).collect();
         Ok(order[choose(&order, logits, &self.params, draw)] as u32)
     }
 }
