@@ -550,8 +550,7 @@ pub fn linear_launches(
                 | if io.round { 2 } else { 0 }
                 | if io.residual.is_some() { 4 } else { 0 }
                 | if io.swiglu { 8 } else { 0 }
-                | if io.combine.is_some() { 16 } else { 0 }
-                | if io.cache.is_some() { 32 } else { 0 },
+                | if io.combine.is_some() { 16 } else { 0 },
             tensor_scale: linear.tensor_scale,
             bias_offset: segment.range.start as u32,
             combine_k: io.combine.map_or(0, |c| c.k as u32),
@@ -592,7 +591,11 @@ pub fn linear_launches(
             1,
             1,
         ];
-        let kernel = Kernel::Linear(linear.format, PassRows::for_rows(io.rows));
+        let pass = PassRows::for_rows(io.rows);
+        let kernel = match io.cache {
+            Some(_) => Kernel::LinearKv(linear.format, pass),
+            None => Kernel::Linear(linear.format, pass),
+        };
         launches.push(gpu.dispatch(kernel, &params, &resources, grid)?);
     }
     Ok(launches)

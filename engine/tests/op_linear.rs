@@ -654,7 +654,7 @@ fn gathered_swiglu_epilogue_matches_reference() {
     check("gathered swiglu", &got, &want, &scale, TOL);
 }
 
-/// The dense kernel's KV-cache write (flag 32), as the engine lowers an attention layer's
+/// The dense kernel's KV-cache write (`linear_kv`), as the engine lowers an attention layer's
 /// [q | k | v] projection whose members do not stack: one launch per member at its output
 /// column. Outputs against the reference (bias and BF16 rounding included); the keys in the
 /// cache against the FP64 rotation of the kernel's own key outputs at each row's position,
@@ -700,7 +700,7 @@ fn linear_cache_write_matches_reference() {
                     out_offset: column as u32,
                     y_stride: out as u32,
                     x_row_div: 1,
-                    flags: 1 | 2 | 32,
+                    flags: 1 | 2,
                     tensor_scale: w.tensor_scale,
                     bias_offset: column as u32,
                     head_dim: head_dim as u32,
@@ -732,7 +732,7 @@ fn linear_cache_write_matches_reference() {
                 let grid = [(w.rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1];
                 dispatches.push(dispatch(
                     gpu,
-                    Kernel::Linear(format, PassRows::for_rows(count)),
+                    Kernel::LinearKv(format, PassRows::for_rows(count)),
                     &buffers,
                     grid,
                 ));

@@ -36,8 +36,19 @@ pub fn kernels_of(op: &Op, rows: usize) -> Vec<Kernel> {
     match op {
         Op::Embed { .. } => vec![Kernel::EmbedF32, Kernel::EmbedBf16, Kernel::EmbedBf16],
         Op::RmsNorm { .. } => vec![Kernel::RmsNorm],
-        Op::Linear { members, .. } if stacks(members) => vec![Kernel::Linear(WeightFormat::Bf16, pass)],
-        Op::Linear { members, .. } => members.iter().map(|m| Kernel::Linear(m.format, pass)).collect(),
+        Op::Linear {
+            members, cache_write, ..
+        } => {
+            let kernel = |format| match cache_write {
+                Some(_) => Kernel::LinearKv(format, pass),
+                None => Kernel::Linear(format, pass),
+            };
+            if stacks(members) {
+                vec![kernel(WeightFormat::Bf16)]
+            } else {
+                members.iter().map(|m| kernel(m.format)).collect()
+            }
+        }
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router(_) => vec![Kernel::Route],
         Op::Experts {

@@ -165,6 +165,9 @@ impl Module {
 pub enum Kernel {
     /// Dense linear, each decoded weight applied to up to the pass width's activation rows.
     Linear(WeightFormat, PassRows),
+    /// The dense linear of an attention layer's [q|k|v] projection, which also writes each
+    /// row's keys (rotated) and values into the KV caches.
+    LinearKv(WeightFormat, PassRows),
     /// Routed-expert linear: expert per slot read on the GPU.
     Gathered(WeightFormat),
     /// RMSNorm.
@@ -214,7 +217,11 @@ impl Kernel {
         let formats = [WeightFormat::Bf16, WeightFormat::Nvfp4, WeightFormat::Fp8Block];
         let mut all: Vec<Kernel> = formats
             .iter()
-            .flat_map(|&f| [Kernel::Linear(f, PassRows::Two), Kernel::Linear(f, PassRows::Eight)])
+            .flat_map(|&f| {
+                [PassRows::Two, PassRows::Eight]
+                    .into_iter()
+                    .flat_map(move |pass| [Kernel::Linear(f, pass), Kernel::LinearKv(f, pass)])
+            })
             .collect();
         all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
         all.extend([
@@ -244,7 +251,7 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f, pass) => Module::Linear(f, pass),
+            Kernel::Linear(f, pass) | Kernel::LinearKv(f, pass) => Module::Linear(f, pass),
             // One activation row per slot.
             Kernel::Gathered(f) => Module::Linear(f, PassRows::Two),
             Kernel::RmsNorm => Module::Norm,
@@ -269,6 +276,7 @@ impl Kernel {
     pub fn entry_point(self) -> &'static str {
         match self {
             Kernel::Linear(..) => "linear",
+            Kernel::LinearKv(..) => "linear_kv",
             Kernel::Gathered(_) => "gathered",
             Kernel::RmsNorm => "rms_norm",
             Kernel::Attend => "attend",
@@ -299,8 +307,10 @@ impl Kernel {
             // params, x, w, (scales,) bias, routed_weights, y, routed_out, residual,
             // gate_logits, row_lane, row_pos, rope_table, k_cache, v_cache: BF16 weights
             // have no scales
-            Kernel::Linear(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
-            Kernel::Linear(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+            Kernel::Linear(WeightFormat::Bf16, _) | Kernel::LinearKv(WeightFormat::Bf16, _) => {
+                &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+            }
+            Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],

@@ -23,8 +23,7 @@ pub struct LinearParams {
     /// Gathered: one past the last.
     pub expert_end: u32,
     /// 1: add bias; 2: round output to BF16; 4: add the residual; 8: SwiGLU of stacked
-    /// [gate | up] rows; 16: a MoE layer's combine; 32: an attention projection that writes
-    /// the KV caches (see `linear.wgsl`).
+    /// [gate | up] rows; 16: a MoE layer's combine (see `linear.wgsl`).
     pub flags: u32,
     /// Dense: NVFP4 tensor scale (1 otherwise); gathered kernels read per-expert scales.
     pub tensor_scale: f32,
@@ -34,11 +33,11 @@ pub struct LinearParams {
     pub combine_k: u32,
     /// Combine (flag 16): floats per row of the router logits, the shared gate's logit last.
     pub gate_stride: u32,
-    /// Cache write (flag 32): floats per attention head.
+    /// `linear_kv`: floats per attention head.
     pub head_dim: u32,
-    /// Cache write (flag 32): output columns before the keys (the queries).
+    /// `linear_kv`: output columns before the keys (the queries).
     pub q_width: u32,
-    /// Cache write (flag 32): positions per lane in the caches.
+    /// `linear_kv`: positions per lane in the caches.
     pub capacity: u32,
 }
 

@@ -3,7 +3,7 @@
 // Rows are tokens; `row_lane[r]` names the KV cache slot of row r and `row_pos[r]` its
 // position. `attend` reads the queries from the q/k/v projection's output (rows of
 // (heads + 2 * kv_heads) * head_dim values, [q | k | v]) and the keys and values from the
-// caches, where that projection wrote them (linear.wgsl, flag 32: keys already rotated).
+// caches, where that projection wrote them (linear.wgsl, `linear_kv`: keys already rotated).
 // RoPE is NeoX rotate-half over the whole head with cos/sin from a table the host computes
 // in f64 (`rope_table[pos * half + i]` = (cos, sin)), so every platform rotates by the same
 // numbers; queries are rotated as attention stages them.

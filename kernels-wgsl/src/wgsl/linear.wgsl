@@ -35,10 +35,11 @@
 //               silu(gate) * up (each rounded first when flag 2 rounds): row A of a thread
 //               row is a gate row, row B the up row of the same feature. With flag 16 it
 //               is a MoE layer's shared-expert down projection and combines the layer into
-//               the residual stream as it writes (see `combine`). With flag 32 it is (part
-//               of) an attention layer's [q | k | v] projection: a thread row computes the
-//               two halves of a head's rows (j and j + head_dim / 2), so it can rotate its
-//               keys and write them and its values into the KV caches (see `write_cache`).
+//               the residual stream as it writes (see `combine`).
+//   `linear_kv`: `linear` for (part of) an attention layer's [q | k | v] projection: a
+//               thread row computes the two halves of a head's rows (j and
+//               j + head_dim / 2), so it can rotate its keys and write them and its values
+//               into the KV caches (see `write_cache`).
 //   `gathered`: routed experts; a workgroup per (GATHERED_ROWS weight rows, slot), four
 //               per thread row (two [gate, up] pairs with SwiGLU), the slot's expert read
 //               from `expert_ids` on the GPU. Experts outside
@@ -66,15 +67,14 @@ struct Params {
     expert_end: u32,
     flags: u32,         // 1: add bias; 2: round the output to BF16; 4: add `residual`;
                         // 8: SwiGLU of stacked [gate | up] rows (see `plan_rows`);
-                        // 16: MoE combine (see `combine`); 32: KV-cache write
-                        // (see `write_cache`)
+                        // 16: MoE combine (see `combine`)
     tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
     bias_offset: u32,   // bias element of this segment's first output
     combine_k: u32,     // combine: routed experts per token
     gate_stride: u32,   // combine: floats per `gate_logits` row, the shared gate's logit last
-    head_dim: u32,      // cache write: floats per head
-    q_width: u32,       // cache write: y columns before the keys (the queries)
-    capacity: u32,      // cache write: positions per lane in the caches
+    head_dim: u32,      // linear_kv: floats per head
+    q_width: u32,       // linear_kv: y columns before the keys (the queries)
+    capacity: u32,      // linear_kv: positions per lane in the caches
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -91,7 +91,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> routed_weights: array<f32>;   // [rows * combine_k]
 @group(0) @binding(7) var<storage, read> routed_out: array<f32>;       // [rows * combine_k, y_stride]
 @group(0) @binding(9) var<storage, read> gate_logits: array<f32>;      // [rows, gate_stride]
-// The cache write of `linear` (flag 32).
+// The cache write of `linear_kv`.
 @group(0) @binding(10) var<storage, read> row_lane: array<u32>;
 @group(0) @binding(11) var<storage, read> row_pos: array<u32>;
 @group(0) @binding(12) var<storage, read> rope_table: array<f32>;      // [position, head_dim / 2] (cos, sin)
@@ -270,11 +270,7 @@ fn epilogue(row: u32, column: u32, index: u32, value: f32) -> f32 {
     return value;
 }
 
-fn cache_mode() -> bool {
-    return (p.flags & 32u) != 0u;
-}
-
-// Flag 32: the values of y columns `column` and `column + head_dim / 2` (one head's rows j
+// `linear_kv`: the values of y columns `column` and `column + head_dim / 2` (one head's rows j
 // and j + head_dim / 2) of activation row `row`. Key columns go into `k_cache` rotated by
 // the row's position (RoPE over the head's halves), value columns into `v_cache`, both at
 // the row's lane and position; query columns stay in y only (attention rotates them).
@@ -322,8 +318,8 @@ struct RowPair {
     valid_b: bool,
 }
 
-fn plan_rows(group: u32, thread_row: u32) -> RowPair {
-    if (cache_mode()) {
+fn plan_rows(group: u32, thread_row: u32, cache: bool) -> RowPair {
+    if (cache) {
         let half = p.head_dim / 2u;
         let pair = group * THREAD_ROWS + thread_row;
         let a = pair / half * p.head_dim + pair % half;
@@ -343,9 +339,23 @@ fn plan_rows(group: u32, thread_row: u32) -> RowPair {
 
 @compute @workgroup_size(64)
 fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    linear_rows(wg, t, false);
+}
+
+// An attention layer's [q | k | v] projection, writing the KV caches as it goes (see
+// `write_cache`). Its own entry point, so that the other linears compile without that code
+// (with it behind a flag of the parameter block, the large NVFP4 linear of the bench took
+// 930 us on the H200 against 583 us before).
+@compute @workgroup_size(64)
+fn linear_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    linear_rows(wg, t, true);
+}
+
+// The dense linear; `cache` (a constant at each entry point) adds the KV-cache write.
+fn linear_rows(wg: vec3<u32>, t: u32, cache: bool) {
     let thread_row = t / LANES;
     let lane = t % LANES;
-    let plan = plan_rows(wg.x, thread_row);
+    let plan = plan_rows(wg.x, thread_row, cache);
     let na = plan.row_a;
     // An invalid row B reads row A's units (in bounds) and is never written.
     let nb = select(na, plan.row_b, plan.valid_b);
@@ -420,7 +430,7 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                     let index = row_base + plan.feature_b;
                     y[index] = epilogue(row0 + lane, p.out_offset + plan.feature_b, index, value_b);
                 }
-                if (cache_mode() && plan.valid_a) {
+                if (cache && plan.valid_a) {
                     write_cache(row0 + lane, p.out_offset + plan.feature_a, value_a, value_b);
                 }
             }
