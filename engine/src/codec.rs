@@ -78,16 +78,14 @@ impl Builder<'_> {
         count: usize,
     ) -> Result<(), EngineError> {
         let grid = self.gpu.elements_grid(count);
-        self.dispatches
-            .push(self.gpu.dispatch(kernel, params, resources, grid)?);
-        Ok(())
+        self.launch_over(kernel, params, resources, grid)
     }
 
-    /// A convolution launch over its own grid (see [`conv_grid`]).
-    fn conv_launch(
+    /// A launch over a given grid (the convolutions': see [`conv_grid`]).
+    fn launch_over(
         &mut self,
         kernel: Kernel,
-        params: &CodecParams,
+        params: &impl bytemuck::Pod,
         resources: &[&wgpu::Buffer],
         grid: [u32; 3],
     ) -> Result<(), EngineError> {
@@ -167,10 +165,10 @@ impl Builder<'_> {
         let grid = conv_grid(cin, cout, frames, 1);
         if k == 1 {
             let none = self.gpu.buffer("no history", 4);
-            self.conv_launch(Kernel::Conv1d, &params, &[x, &none, &w, &b, &y], grid)?;
+            self.launch_over(Kernel::Conv1d, &params, &[x, &none, &w, &b, &y], grid)?;
         } else {
             self.with_history(x, frames, |me, hist| {
-                me.conv_launch(Kernel::Conv1d, &params, &[x, hist, &w, &b, &y], grid)
+                me.launch_over(Kernel::Conv1d, &params, &[x, hist, &w, &b, &y], grid)
             })?;
         }
         Ok(y)
@@ -201,7 +199,7 @@ impl Builder<'_> {
         };
         let grid = conv_grid(cin, cout, frames, r);
         self.with_history(x, frames, |me, hist| {
-            me.conv_launch(Kernel::ConvTranspose, &params, &[x, hist, &w, &b, &y], grid)
+            me.launch_over(Kernel::ConvTranspose, &params, &[x, hist, &w, &b, &y], grid)
         })?;
         Ok(y)
     }

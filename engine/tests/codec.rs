@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use drama_engine::checkpoint::Checkpoint;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::reference::codec::decode;
 use drama_engine::reference::ops::Rounding;
@@ -15,6 +16,13 @@ fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
+/// `n` random codes of the checkpoint's codebook.
+fn random_codes(rng: &mut rand_chacha::ChaCha8Rng, checkpoint: &Checkpoint, n: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
+        .collect()
+}
+
 /// Utterances matching the reference to f32 precision.
 fn clean_count(errors: &[f64]) -> usize {
     errors.iter().filter(|&&e| e <= 1e-6).count()
@@ -23,19 +31,17 @@ fn clean_count(errors: &[f64]) -> usize {
 /// PCM rel-L2 against the contract-rounding reference of `codes` and five random
 /// utterances; each within a BF16 flip's reach (5e-2).
 fn reference_errors(
-    checkpoint: &drama_engine::checkpoint::Checkpoint,
+    checkpoint: &Checkpoint,
     decoder: &mut CodecDecoder,
     codes: &[u32],
     rng: &mut rand_chacha::ChaCha8Rng,
 ) -> Vec<f64> {
     let mut errors = Vec::new();
     for n in 0..6 {
-        let utterance: Vec<u32> = if n == 0 {
+        let utterance = if n == 0 {
             codes.to_vec()
         } else {
-            (0..17)
-                .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
-                .collect()
+            random_codes(rng, checkpoint, 17)
         };
         decoder.reset();
         let pcm = decoder.decode(&utterance).unwrap();
@@ -60,9 +66,7 @@ fn codec_matches_reference_and_streams_exactly() {
     let mut rng = rng("codec");
     let fixture = Fixture::preset("tiny", rng.next_u64());
     let checkpoint = fixture.open();
-    let codes: Vec<u32> = (0..17)
-        .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
-        .collect();
+    let codes = random_codes(&mut rng, &checkpoint, 17);
     let hop = checkpoint.config.codec.samples_per_code();
 
     let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
@@ -88,9 +92,7 @@ fn codec_matches_reference_and_streams_exactly() {
         let second_fixture = Fixture::preset("tiny", rng.next_u64());
         let second = second_fixture.open();
         let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &second).unwrap());
-        let codes: Vec<u32> = (0..17)
-            .map(|_| rng.next_u32() % second.config.speech.audio_codes as u32)
-            .collect();
+        let codes = random_codes(&mut rng, &second, 17);
         let again = reference_errors(&second, &mut decoder, &codes, &mut rng);
         assert!(
             clean_count(&again) >= 4,
@@ -126,9 +128,7 @@ fn codec_long_input_equals_its_chunks() {
     let mut rng = rng("codec long");
     let fixture = Fixture::preset("tiny", rng.next_u64());
     let checkpoint = fixture.open();
-    let codes: Vec<u32> = (0..150)
-        .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
-        .collect();
+    let codes = random_codes(&mut rng, &checkpoint, 150);
     let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
     let whole = decoder.decode(&codes).unwrap();
     assert_eq!(whole.len(), codes.len() * checkpoint.config.codec.samples_per_code());
