@@ -241,7 +241,8 @@ impl<'e> Batcher<'e> {
         }
         // Paired: one step, its logits split in place; separate: a step per kind of lane.
         // The codec chunks filled last step are submitted behind the (first) forward: the GPU
-        // decodes them while the host samples, and the step after next reads them.
+        // decodes them while the host samples, and the step after next reads them. (With
+        // separate guidance the uncond forward queues behind them instead.)
         let n = cond_rows.len();
         let step = self.steps;
         self.steps += 1;
@@ -353,11 +354,13 @@ impl<'e> Batcher<'e> {
         let segment_done = ended || job.generated == job.request.max_audio_tokens;
         let last_segment = job.segment + 1 == job.request.segments.len();
         if segment_done && last_segment {
-            // The request's last samples: every chunk not yet decoded, read at once.
+            // The request's last samples: the chunk in flight and the codes not yet decoded,
+            // read at once. (No full chunk waits here: each is submitted in the step after
+            // it fills, before that step's tokens are sampled.)
+            debug_assert!(job.chunk.is_empty(), "a chunk waits at the end of a request");
             job.chunk_submitted = None;
-            let (chunk, pending) = (std::mem::take(&mut job.chunk), std::mem::take(&mut job.pending));
+            let pending = std::mem::take(&mut job.pending);
             if !Self::deliver(job, |codec| {
-                codec.submit(&chunk)?;
                 codec.submit(&pending)?;
                 codec.finish()
             })? {

@@ -99,6 +99,7 @@ pub struct StepOutput {
 pub struct SubmittedStep {
     key: (usize, bool),
     submission: wgpu::SubmissionIndex,
+    serial: u64,
 }
 
 /// How a step is timed.
@@ -130,6 +131,10 @@ pub struct Session<'e> {
     prepared: Option<((usize, bool), wgpu::CommandBuffer)>,
     /// Kept original expert ids per layer (None for dense layers), to name traced routes.
     moe_kept: Vec<Option<Vec<usize>>>,
+    /// Steps submitted so far, and the number of the last one of each shape (whose logits
+    /// its shape's readback holds).
+    submitted: u64,
+    last_of_shape: HashMap<(usize, bool), u64>,
 }
 
 impl<'e> Session<'e> {
@@ -193,6 +198,8 @@ impl<'e> Session<'e> {
             steps: HashMap::new(),
             prepared: None,
             moe_kept,
+            submitted: 0,
+            last_of_shape: HashMap::new(),
         })
     }
 
@@ -346,13 +353,25 @@ impl<'e> Session<'e> {
         let submission = gpu.queue.submit([commands]);
         // Record the next step of this shape while the GPU runs this one.
         self.prepared = Some((key, exe.encode(&gpu)));
-        Ok(SubmittedStep { key, submission })
+        self.submitted += 1;
+        self.last_of_shape.insert(key, self.submitted);
+        Ok(SubmittedStep {
+            key,
+            submission,
+            serial: self.submitted,
+        })
     }
 
     /// The logits of every row of a submitted step, [rows, C + 2], once it has finished
     /// (work submitted after it may still run). Read each step before submitting another
-    /// of the same shape: they share a readback buffer.
+    /// of the same shape: they share a readback buffer (reading an older one is an error).
     pub fn logits(&self, step: SubmittedStep) -> Result<Vec<f32>, EngineError> {
+        if self.last_of_shape.get(&step.key) != Some(&step.serial) {
+            return Err(EngineError::Input(format!(
+                "a later step of {} rows was submitted before this one's logits were read",
+                step.key.0
+            )));
+        }
         self.steps[&step.key].read_encoded_logits(&self.engine.gpu, step.submission)
     }
 

@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use drama_engine::batch::Batcher;
-use drama_engine::sampling::SamplingParams;
-use drama_engine::session::Engine;
+use drama_engine::checkpoint::names;
+use drama_engine::codec::{CodecDecoder, CodecWeights};
+use drama_engine::sampling::{Sampler, SamplingParams};
+use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
 use rand_core::Rng;
 
@@ -130,4 +132,114 @@ fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
     let too_long = request(vec![1; 60], 1.0, GuidanceMode::Paired, 1);
     let err = batcher.admit(too_long, Box::new(|_| true)).unwrap_err().to_string();
     assert!(err.contains("positions"), "{err}");
+}
+
+/// The tokens a request generates, by a plain loop over a session (no batcher): each
+/// segment's prompt as one step, then one token per step with guidance mixed and sampled
+/// as the contract says, until audio_eos or the segment's cap.
+fn tokens_by_plain_loop(engine: &Engine, request: &SynthesisRequest) -> Vec<u32> {
+    let c = &engine.checkpoint.config;
+    let p = c.speech.voice_prefix_len;
+    let vocab = c.speech.audio_vocab_size;
+    let mut session = Session::new(engine, 2, 64).unwrap();
+    session
+        .set_prefix(0, &engine.checkpoint.float_tensor(names::DEFAULT_PREFIX))
+        .unwrap();
+    session
+        .set_prefix(1, &engine.checkpoint.float_tensor(names::NULL_PREFIX))
+        .unwrap();
+    let mut sampler = Sampler::new(request.sampling).unwrap();
+    let mut tokens = Vec::new();
+    for segment in &request.segments {
+        let prompt: Vec<RowSource> = (0..p)
+            .map(RowSource::Prefix)
+            .chain(segment.iter().map(|&t| RowSource::Text(t)))
+            .chain(std::iter::once(RowSource::Audio(c.speech.audio_bos() as u32)))
+            .collect();
+        let mut rows: Vec<Row> = [0, 1]
+            .iter()
+            .flat_map(|&lane| {
+                prompt
+                    .iter()
+                    .enumerate()
+                    .map(move |(pos, &source)| Row { source, lane, pos })
+            })
+            .collect();
+        for position in prompt.len()..prompt.len() + request.max_audio_tokens {
+            let logits = session.step(&rows, false).unwrap().logits;
+            let half = rows.len() / 2;
+            let cond = &logits[(half - 1) * vocab..half * vocab];
+            let uncond = &logits[(rows.len() - 1) * vocab..rows.len() * vocab];
+            let mixed = drama_engine::guidance::mix(cond, uncond, request.gamma);
+            let token = sampler.sample(&mixed, c.speech.audio_bos()).unwrap();
+            if token as usize == c.speech.audio_eos() {
+                break;
+            }
+            tokens.push(token);
+            rows = [0, 1]
+                .iter()
+                .map(|&lane| Row {
+                    source: RowSource::Audio(token),
+                    lane,
+                    pos: position,
+                })
+                .collect();
+        }
+    }
+    tokens
+}
+
+/// A guided request of two segments, each capped at a token count that is not a multiple
+/// of the codec chunk: the batcher's PCM (chunks queued behind the forwards, flushed at the
+/// end, the codec stream running on across segments) equals the codec's decode of the
+/// tokens a plain loop generates, bit for bit, and their number matches the stats.
+#[test]
+fn batcher_audio_equals_the_codec_of_a_plain_loops_tokens() {
+    let mut rng = rng("batch plain loop");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let mut request = request(vec![5, 17, 42], 1.5, GuidanceMode::Paired, rng.next_u64());
+    request.segments.push(vec![99, 3, 250, 7]);
+    request.max_audio_tokens = 13;
+    let tokens = tokens_by_plain_loop(&engine, &request);
+    assert!(
+        tokens.len() > 8,
+        "the comparison needs more than one codec chunk of audio"
+    );
+    let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &engine.checkpoint).unwrap());
+    let want = decoder.decode(&tokens).unwrap();
+    let mut got = Vec::new();
+    let stats = synthesize(&engine, &request, &mut |chunk| {
+        got.extend_from_slice(chunk);
+        true
+    })
+    .unwrap();
+    assert_eq!(stats.tokens, tokens.len(), "tokens");
+    assert_eq!(stats.samples, got.len(), "samples counted");
+    assert_eq!(got.len(), want.len(), "samples");
+    assert!(
+        got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the batcher's audio differs from the codec of the plain loop's tokens"
+    );
+}
+
+/// Steps of one shape share a readback buffer: reading a step's logits after a later step
+/// of the same shape was submitted is refused by name, and the later one reads fine.
+#[test]
+fn stale_logits_are_refused() {
+    let mut rng = rng("batch stale logits");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let mut session = Session::new(&engine, 1, 8).unwrap();
+    let row = |pos| Row {
+        source: RowSource::Text(3),
+        lane: 0,
+        pos,
+    };
+    let first = session.submit(&[row(0)]).unwrap();
+    let second = session.submit(&[row(1)]).unwrap();
+    let err = session.logits(first).unwrap_err().to_string();
+    assert!(err.contains("later step of 1 rows"), "{err}");
+    let logits = session.logits(second).unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()));
 }

@@ -35,15 +35,19 @@ impl Readback {
         self.staging.map_async(wgpu::MapMode::Read, .., move |result| {
             let _ = sender.send(result);
         });
-        gpu.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(submission),
-                timeout: None,
-            })
-            .map_err(|e| failed(&e))?;
-        receiver.recv().map_err(|e| failed(&e))?.map_err(|e| failed(&e))?;
-        let values = bytemuck::cast_slice(&self.staging.get_mapped_range(..).map_err(|e| failed(&e))?).to_vec();
+        let values = (|| {
+            gpu.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: Some(submission),
+                    timeout: None,
+                })
+                .map_err(|e| failed(&e))?;
+            receiver.recv().map_err(|e| failed(&e))?.map_err(|e| failed(&e))?;
+            let range = self.staging.get_mapped_range(..).map_err(|e| failed(&e))?;
+            Ok(bytemuck::cast_slice(&range).to_vec())
+        })();
+        // Unmapped on every path (a pending map is cancelled), so the next copy can use it.
         self.staging.unmap();
-        Ok(values)
+        values
     }
 }

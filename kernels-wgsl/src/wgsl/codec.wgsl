@@ -174,8 +174,10 @@ fn conv_transpose(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
 }
 
-// sin(x) to about one f32 ulp on every platform (WGSL leaves `sin`'s accuracy to the
-// implementation, and Vulkan allows an absolute error of 2^-11): the argument reduced by
+// sin(x) to about one f32 ulp wherever the compiler keeps the order of the operations (WGSL
+// leaves `sin`'s accuracy to the implementation, and Vulkan allows an absolute error of
+// 2^-11; Metal's default fast math may reorder this code, as it may the compensated sums
+// above: unverified on Apple GPUs): the argument reduced by
 // pi/4 in three parts (Cody-Waite; exact products for |x| up to about 8192), then minimax
 // polynomials for sin and cos on [-pi/4, pi/4] (Cephes' sinf).
 fn accurate_sin(value: f32) -> f32 {
