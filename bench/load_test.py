@@ -66,4 +66,5 @@ print(json.dumps({
     "ttfa_s_median": statistics.median(r["ttfa_s"] for r in results) if results else None,
     "latency_s_median": statistics.median(r["latency_s"] for r in results) if results else None,
     "latency_s_max": max(r["latency_s"] for r in results) if results else None,
+    "requests": results,
 }, indent=2))

@@ -36,6 +36,10 @@ pub struct Executable {
     logits: ValueId,
     /// Where [`Executable::encode`]'d steps copy their logits for the host.
     logits_readback: Readback,
+    /// The attention launches' workgroup counts and the (rows, heads) they start with: the
+    /// chunks are those the step's furthest row reaches, not all of the capacity's, so a
+    /// step's attention costs what its context needs however long the session's lanes are.
+    attention_grid: (wgpu::Buffer, [u32; 2]),
 }
 
 /// Everything a step binds besides its own buffers.
@@ -56,6 +60,8 @@ struct Lowering<'a> {
     buffers: &'a [wgpu::Buffer],
     bind: &'a Bindings<'a>,
     scratch: wgpu::Buffer,
+    /// The attention launches' workgroup counts, written before each step.
+    attention_grid: wgpu::Buffer,
     capacity: usize,
     dispatches: Vec<Dispatch>,
 }
@@ -221,13 +227,17 @@ impl<'a> Lowering<'a> {
                     self.buffer(inputs[4])?,
                     &scratch,
                 ];
+                // Launched over the chunks the step's rows reach (see `attention_grid`), at
+                // most the capacity's.
                 let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
-                self.launch(
+                let mut attend = self.gpu.dispatch(
                     Kernel::Attend,
                     &params,
                     &resources,
                     [rows as u32, *heads as u32, chunks],
                 )?;
+                attend.indirect = Some(self.attention_grid.clone());
+                self.dispatches.push(attend);
                 let combine = [self.buffer(inputs[2])?, out, &scratch];
                 self.launch(
                     Kernel::AttendCombine,
@@ -630,6 +640,12 @@ impl Executable {
             .map(|(i, &size)| gpu.buffer(&format!("b{i}"), size))
             .collect();
         let scratch = gpu.buffer("attention scratch", scratch_bytes);
+        let attention_grid = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("attention grid"),
+            size: 12,
+            usage: wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let mut lowering = Lowering {
             gpu,
             graph: &graph,
@@ -637,6 +653,7 @@ impl Executable {
             buffers: &buffers,
             bind,
             scratch,
+            attention_grid: attention_grid.clone(),
             capacity: shape.capacity,
             dispatches: Vec::new(),
         };
@@ -671,6 +688,7 @@ impl Executable {
             inputs,
             logits,
             logits_readback,
+            attention_grid: (attention_grid, [shape.rows as u32, heads as u32]),
         })
     }
 
@@ -699,6 +717,17 @@ impl Executable {
             }
             gpu.queue.write_buffer(buffer, 0, bytes);
         }
+        let positions = values[STEP_INPUTS
+            .iter()
+            .position(|&name| name == "row_pos")
+            .expect("a step input")];
+        let furthest = positions.iter().copied().max().unwrap_or(0) as usize;
+        let chunks = (furthest + 1)
+            .div_ceil(drama_kernels::ATTENTION_CHUNK)
+            .min(drama_kernels::attention_chunks(self.shape.capacity)) as u32;
+        let (grid, [rows, heads]) = &self.attention_grid;
+        gpu.queue
+            .write_buffer(grid, 0, bytemuck::cast_slice(&[*rows, *heads, chunks]));
         Ok(())
     }
 

@@ -388,3 +388,45 @@ fn an_oversized_step_is_refused_not_a_panic() {
     let err = session.step(&rows, false).unwrap_err().to_string();
     assert!(err.contains("max_compute_workgroups_per_dimension"), "{err}");
 }
+
+/// Attention over three chunks of positions through the engine (a step launches only the
+/// chunks its rows reach): one long utterance against the contract-rounding reference made
+/// to follow the GPU's router choices everywhere, so that only BF16 flips can separate them
+/// (up to a few 1e-3), never a chunk left out (errors of order one past position 64).
+#[test]
+fn long_context_matches_reference_on_the_gpus_routes() {
+    let mut rng = rng("model long context");
+    let f = Fixture::preset("tiny", rng.next_u64());
+    let checkpoint = f.open();
+    let reference = ReferenceModel::load(&checkpoint);
+    let c = checkpoint.config.clone();
+    let p = c.speech.voice_prefix_len;
+    let (text, audio) = utterance(&checkpoint, &mut rng, 9, 2 * drama_kernels::ATTENTION_CHUNK + 10);
+    let rows = rows_for(0, p, &text, &audio);
+    let prefix: Vec<f32> = uniform(&mut rng, p * c.hidden_size, 1.5);
+    let prefix64: Vec<f64> = prefix.iter().map(|&v| f64::from(v)).collect();
+    let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
+    let mut session = Session::new(&engine, 1, rows.len()).unwrap();
+    session.set_prefix(0, &prefix).unwrap();
+    let out = session.step(&rows, true).unwrap();
+    let k = c.num_experts_per_tok;
+    let mut forced = ForcedRoutes::new();
+    for (layer, route) in out.routes.iter().enumerate() {
+        if let Some((ids, _)) = route {
+            for (pos, chosen) in ids.chunks(k).enumerate() {
+                forced.insert((layer, pos), chosen.iter().map(|&e| e as usize).collect());
+            }
+        }
+    }
+    let inputs = reference.embed(&prefix64, &text, &audio);
+    let want = reference.forward_routed(&inputs, Rounding::Contract, &forced);
+    let v = c.speech.audio_vocab_size;
+    let late = 2 * drama_kernels::ATTENTION_CHUNK * v;
+    let err = rel_l2(&out.logits, &want.logits);
+    let late_err = rel_l2(&out.logits[late..], &want.logits[late..]);
+    eprintln!("long context: logits rel-L2 {err:.2e}, past position 128 {late_err:.2e}");
+    assert!(
+        err <= 1e-2 && late_err <= 1e-2,
+        "long context: logits rel-L2 {err:.2e}, past position 128 {late_err:.2e}"
+    );
+}

@@ -346,6 +346,7 @@ impl Gpu {
             pipeline: self.pipeline(kernel)?,
             bind_group: self.bind_group(kernel, &all)?,
             workgroups,
+            indirect: None,
         })
     }
 
@@ -519,8 +520,11 @@ pub struct Dispatch {
     pub pipeline: Arc<wgpu::ComputePipeline>,
     /// Its resources.
     pub bind_group: wgpu::BindGroup,
-    /// Workgroup counts.
+    /// Workgroup counts (with `indirect`, the most the launch may take).
     pub workgroups: [u32; 3],
+    /// When set, the launch reads its workgroup counts from this buffer (three u32s), which
+    /// the host writes before each submit, so recorded commands can vary them.
+    pub indirect: Option<wgpu::Buffer>,
 }
 
 impl Dispatch {
@@ -528,7 +532,10 @@ impl Dispatch {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]);
+        match &self.indirect {
+            Some(counts) => pass.dispatch_workgroups_indirect(counts, 0),
+            None => pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]),
+        }
     }
 }
 

@@ -115,6 +115,7 @@ pub fn dispatch(
         pipeline: gpu.pipeline(kernel).unwrap(),
         bind_group: gpu.bind_group(kernel, buffers).unwrap(),
         workgroups,
+        indirect: None,
     }
 }
 
