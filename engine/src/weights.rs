@@ -119,11 +119,10 @@ impl Uploader<'_> {
     /// projection rotates and caches keys head by head) and whole scale tiles of `tile` rows.
     fn dense_row_align(&self, tile: usize) -> usize {
         let head = self.checkpoint.config.head_dim;
-        let (mut a, mut b) = (head, tile);
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        head / a * tile
+        (1..=head)
+            .map(|n| n * tile)
+            .find(|rows| rows % head == 0)
+            .unwrap_or(head * tile)
     }
 
     /// How a dense linear (module) or a 2-D BF16 matrix (a bias-free linear) is stored.
