@@ -415,15 +415,14 @@ impl<'e> Session<'e> {
         };
         let gpu = self.engine.gpu.clone();
         let exe = &self.steps[&key];
-        let time = match timing {
+        let (time, logits) = match timing {
             Timing::None => {
-                gpu.queue.submit([exe.encode(&gpu)]);
-                StepTiming::None
+                let submission = gpu.queue.submit([exe.encode(&gpu)]);
+                (StepTiming::None, exe.read_encoded_logits(&gpu, submission)?)
             }
-            Timing::Pass => StepTiming::Pass(exe.timed_run(&gpu)?),
-            Timing::PerDispatch => StepTiming::Kernels(exe.profile_run(&gpu)?),
+            Timing::Pass => (StepTiming::Pass(exe.timed_run(&gpu)?), exe.read_logits(&gpu)?),
+            Timing::PerDispatch => (StepTiming::Kernels(exe.profile_run(&gpu)?), exe.read_logits(&gpu)?),
         };
-        let logits = exe.read_logits(&gpu)?;
         let find = |name: &str| {
             exe.graph
                 .find(name)
