@@ -246,24 +246,21 @@ impl<'e> Batcher<'e> {
         let n = cond_rows.len();
         let step = self.steps;
         self.steps += 1;
-        let forward_start = Instant::now();
-        let codec_time;
-        let (first, second) = if separate {
-            let submitted = self.session.submit(&cond_rows)?;
-            codec_time = self.submit_chunks(step)?;
-            let c = self.session.logits(submitted)?;
-            let u = if uncond_rows.is_empty() {
-                Vec::new()
-            } else {
-                self.session.step(&uncond_rows, false)?.logits
-            };
-            (c, u)
+        let (first_rows, second_rows) = if separate {
+            (cond_rows, uncond_rows)
         } else {
             let mut all = cond_rows;
             all.extend(uncond_rows);
-            let submitted = self.session.submit(&all)?;
-            codec_time = self.submit_chunks(step)?;
-            (self.session.logits(submitted)?, Vec::new())
+            (all, Vec::new())
+        };
+        let forward_start = Instant::now();
+        let submitted = self.session.submit(&first_rows)?;
+        let codec_time = self.submit_chunks(step)?;
+        let first = self.session.logits(submitted)?;
+        let second = if second_rows.is_empty() {
+            Vec::new()
+        } else {
+            self.session.step(&second_rows, false)?.logits
         };
         // The codec submissions inside the window are counted as codec time.
         let forward = forward_start.elapsed().saturating_sub(codec_time);
