@@ -61,29 +61,26 @@ impl Sampler {
         if let Some(i) = logits.iter().position(|v| v.is_nan()) {
             return Err(EngineError::Unsupported(format!("logit {i} is NaN")));
         }
-        let mut order: Vec<usize> = (0..logits.len()).filter(|&i| i != forbidden).collect();
-        // Most likely first; ties toward the lower id (a total order, so partial selections
-        // below pick exactly the ids a full sort would put first).
-        let rank = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
+        // Each candidate as one integer, smaller = more likely, ties toward the lower id (a
+        // total order, so partial selections below pick exactly the ids a full sort would
+        // put first).
+        let mut keys: Vec<u64> = (0..logits.len())
+            .filter(|&i| i != forbidden)
+            .map(|i| candidate_key(logits[i], i))
+            .collect();
         // One draw per token whatever the settings, so the stream stays aligned.
         let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         if self.params.temperature == 0.0 {
-            let best = order.iter().min_by(|a, b| rank(a, b)).expect("at least one candidate");
-            return Ok(*best as u32);
+            let best = keys.iter().min().expect("at least one candidate");
+            return Ok(candidate_id(*best) as u32);
         }
         // Only the top k need ordering.
-        if self.params.top_k > 0 && self.params.top_k < order.len() {
-            order.select_nth_unstable_by(self.params.top_k - 1, rank);
-            order.truncate(self.params.top_k);
+        if self.params.top_k > 0 && self.params.top_k < keys.len() {
+            keys.select_nth_unstable(self.params.top_k - 1);
+            keys.truncate(self.params.top_k);
         }
-        // The same order as `rank`, as one integer per candidate (most likely first, then
-        // the lower id): the logit's total-order key inverted, above the id.
-        let mut keys: Vec<u64> = order
-            .iter()
-            .map(|&i| (u64::from(!((total_order_key(logits[i]) as u32) ^ 0x8000_0000)) << 32) | i as u64)
-            .collect();
         keys.sort_unstable();
-        order = keys.iter().map(|&key| (key & 0xFFFF_FFFF) as usize).collect();
+        let order: Vec<usize> = keys.iter().map(|&key| candidate_id(key)).collect();
         Ok(order[choose(&order, logits, &self.params, draw)] as u32)
     }
 }
@@ -92,6 +89,17 @@ impl Sampler {
 fn total_order_key(value: f32) -> i32 {
     let bits = value.to_bits() as i32;
     bits ^ (((bits >> 31) as u32) >> 1) as i32
+}
+
+/// Candidate `id` with logit `logit` as one integer: the logit's total-order key inverted
+/// (most likely smallest) above the id (ties toward the lower id).
+fn candidate_key(logit: f32, id: usize) -> u64 {
+    (u64::from(!((total_order_key(logit) as u32) ^ 0x8000_0000)) << 32) | id as u64
+}
+
+/// The id a [`candidate_key`] holds.
+fn candidate_id(key: u64) -> usize {
+    (key & 0xFFFF_FFFF) as usize
 }
 
 /// Which of the `order`ed candidates (most likely first, already cut to top-k) a draw in
