@@ -601,11 +601,7 @@ pub fn linear_launches(
             1,
             1,
         ];
-        let pass = PassRows::for_rows(io.rows);
-        let kernel = match io.cache {
-            Some(_) => Kernel::LinearKv(linear.format, pass),
-            None => Kernel::Linear(linear.format, pass),
-        };
+        let kernel = Kernel::dense_linear(linear.format, PassRows::for_rows(io.rows), io.cache.is_some());
         launches.push(gpu.dispatch(kernel, &params, &resources, grid)?);
     }
     Ok(launches)

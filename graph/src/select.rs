@@ -39,10 +39,7 @@ pub fn kernels_of(op: &Op, rows: usize) -> Vec<Kernel> {
         Op::Linear {
             members, cache_write, ..
         } => {
-            let kernel = |format| match cache_write {
-                Some(_) => Kernel::LinearKv(format, pass),
-                None => Kernel::Linear(format, pass),
-            };
+            let kernel = |format| Kernel::dense_linear(format, pass, cache_write.is_some());
             if stacks(members) {
                 vec![kernel(WeightFormat::Bf16)]
             } else {

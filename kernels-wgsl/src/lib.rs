@@ -212,6 +212,16 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// The dense linear for `format` and `pass`: [`Kernel::LinearKv`] when it also writes the
+    /// KV caches (an attention projection), [`Kernel::Linear`] otherwise.
+    pub fn dense_linear(format: WeightFormat, pass: PassRows, writes_cache: bool) -> Kernel {
+        if writes_cache {
+            Kernel::LinearKv(format, pass)
+        } else {
+            Kernel::Linear(format, pass)
+        }
+    }
+
     /// Every kernel.
     pub fn all() -> Vec<Kernel> {
         let formats = [WeightFormat::Bf16, WeightFormat::Nvfp4, WeightFormat::Fp8Block];
