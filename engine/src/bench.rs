@@ -8,17 +8,19 @@
 
 use std::time::Duration;
 
-use drama_kernels::{BandwidthParams, Kernel, LinearParams, PassRows, WeightFormat};
+use drama_kernels::{BandwidthParams, Kernel, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::checkpoint::LayerMlp;
 use crate::error::EngineError;
+use crate::exec::{LinearIo, linear_launches};
 use crate::gpu::{Capabilities, Dispatch, Gpu};
 use crate::sampling::SamplingParams;
 use crate::session::{Engine, Row, RowSource, Session};
 use crate::synth::{GuidanceMode, SynthesisRequest, synthesize};
+use crate::weights::{GpuLinear, Segment};
 
 /// What to run.
 #[derive(Debug, Clone, Serialize)]
@@ -312,38 +314,41 @@ pub fn linear_kernel(
     let x: Vec<f32> = (0..lanes * cols).map(|i| ((i % 7) as f32 - 3.0) * 0.125).collect();
     let xb = gpu.buffer_with("x", bytemuck::cast_slice(&x));
     let y = gpu.buffer("y", (lanes * rows * 4) as u64);
-    let bias = gpu.buffer("bias", 4);
-    let params = LinearParams {
-        rows: lanes as u32,
-        in_features: cols as u32,
-        out_features: rows as u32,
-        y_stride: rows as u32,
-        x_row_div: 1,
-        flags: 2,
-        tensor_scale: 1.0,
-        ..Default::default()
-    };
+    let placeholder = gpu.buffer("placeholder", 4);
     let mut launches: Vec<Dispatch> = Vec::new();
     let mut streams: Vec<Dispatch> = Vec::new();
     let sink = gpu.buffer("stream sink", u64::from(STREAM_GROUPS) * 256 * 4);
     for _ in 0..copies {
-        let (wc, ws) = (gpu.buffer_with("w", &codes), gpu.buffer_with("scales", &scales));
         // The stream reads a copy of all the bytes the kernel reads: codes and scales.
         let all = gpu.buffer_with("w+scales", &[codes.as_slice(), scales.as_slice()].concat());
         streams.push(stream_dispatch(gpu, &all, &sink)?);
-        let mut resources = vec![&xb, &wc];
-        if format != WeightFormat::Bf16 {
-            resources.push(&ws);
-        }
-        // The 4-byte bias buffer doubles as the unused residual, MoE-combine and cache-write
-        // read bindings, y as the unused cache-write read_write ones.
-        resources.extend([&bias, &bias, &y, &bias, &bias, &bias, &bias, &bias, &bias, &y, &y]);
-        launches.push(gpu.dispatch(
-            Kernel::Linear(format, PassRows::for_rows(lanes)),
-            &params,
-            &resources,
-            [(rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1],
-        )?);
+        // The launch the engine makes for a linear of this format and size.
+        let linear = GpuLinear {
+            format,
+            out: rows,
+            in_features: cols,
+            segments: vec![Segment {
+                range: 0..rows,
+                codes: gpu.buffer_with("w", &codes),
+                scales: gpu.buffer_with("scales", &scales),
+                expert_scales: None,
+            }],
+            bias: None,
+            tensor_scale: 1.0,
+        };
+        let io = LinearIo {
+            x: &xb,
+            y: &y,
+            rows: lanes,
+            column: 0,
+            y_stride: rows,
+            round: true,
+            residual: None,
+            swiglu: false,
+            combine: None,
+            cache: None,
+        };
+        launches.extend(linear_launches(gpu, &linear, &placeholder, &io)?);
     }
     let us = per_launch_us(gpu, &launches, options.repeats)?;
     let stream_us = per_launch_us(gpu, &streams, options.repeats)?;
