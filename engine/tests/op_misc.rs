@@ -14,7 +14,15 @@ fn to_f64(v: &[f32]) -> Vec<f64> {
 
 #[test]
 fn rms_norm_matches_reference() {
-    for (rows, width, round) in [(1usize, 64usize, true), (5, 300, false), (3, 20, true)] {
+    // Widths below, between and past the two columns per invocation loaded ahead (1024 and
+    // 2048 values).
+    for (rows, width, round) in [
+        (1usize, 64usize, true),
+        (5, 300, false),
+        (3, 20, true),
+        (2, 1100, false),
+        (2, 2200, true),
+    ] {
         let label = format!("rms_norm rows {rows} width {width} round {round}");
         let mut rng = rng(&label);
         let gpu = gpu();
@@ -56,6 +64,13 @@ fn rms_norm_matches_reference() {
 #[test]
 fn rope_and_attention_match_reference() {
     attention_case("attention", 6, 2, 16, 40, [5, 1, 33]);
+}
+
+/// Heads wider than one batch of key loads per invocation (160 = 40 vec4 columns: a second
+/// batch, and value parts that do not divide the workgroup).
+#[test]
+fn attention_with_wide_heads_matches_reference() {
+    attention_case("attention-wide", 2, 1, 160, 80, [3, 70, 80]);
 }
 
 /// The same over several attention chunks: lengths one short of, exactly at and past chunk

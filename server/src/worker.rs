@@ -73,6 +73,9 @@ pub fn run(
     commands: std::sync::mpsc::Receiver<Command>,
 ) -> Result<(), String> {
     let mut batcher = Batcher::new(&engine, lanes, capacity).map_err(|e| e.to_string())?;
+    let warming = Instant::now();
+    batcher.warm_up().map_err(|e| format!("warming up: {e}"))?;
+    eprintln!("drama serve: warmed up in {:.2} s", warming.elapsed().as_secs_f64());
     ready.store(true, Ordering::SeqCst);
     let mut waiting: VecDeque<Queued> = VecDeque::new();
     let mut running: HashMap<JobId, Running> = HashMap::new();

@@ -44,8 +44,13 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> chosen_ids: array<u32>;
 @group(0) @binding(5) var<storage, read_write> chosen_weights: array<f32>;
 
+// (A branch, not `select`: a select would load kept_ids[i] for compact routers too and make
+// the logit's load wait for it.)
 fn logit(row: u32, i: u32) -> f32 {
-    let column = select(i, kept_ids[i], (p.flags & 2u) != 0u);
+    var column = i;
+    if ((p.flags & 2u) != 0u) {
+        column = kept_ids[i];
+    }
     return logits[row * p.logit_width + column];
 }
 
@@ -128,12 +133,14 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = t; i < p.kept; i += WG) {
         local_max = max(local_max, raw[i]);
     }
-    let max_logit = tree_reduce(t, local_max, true, WG);
+    // Trees as wide as the kept experts need (the invocations past them hold nothing).
+    let width = min(WG, 1u << firstLeadingBit(max(p.kept, 2u) * 2u - 1u));
+    let max_logit = tree_reduce(t, local_max, true, width);
     var local_sum = 0.0;
     for (var i = t; i < p.kept; i += WG) {
         local_sum += exp(raw[i] - max_logit);
     }
-    let total = tree_reduce(t, local_sum, false, WG);
+    let total = tree_reduce(t, local_sum, false, width);
     for (var i = t; i < p.kept; i += WG) {
         if ((p.flags & 1u) == 0u) {
             let probability = exp(raw[i] - max_logit) / total;
