@@ -134,6 +134,52 @@ fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
     assert!(err.contains("positions"), "{err}");
 }
 
+/// The server's warm-up job leaves nothing behind: every lane is free after it, and the
+/// next job's PCM equals a fresh run's bit for bit.
+#[test]
+fn a_warmed_up_batcher_gives_a_fresh_runs_bits() {
+    let mut rng = rng("warm-up");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    // A request that says something (a seed may sample audio_eos first).
+    let (r, fresh) = (0..10)
+        .map(|_| {
+            let r = request(vec![9, 4, 77], 1.5, GuidanceMode::Paired, rng.next_u64());
+            let mut pcm = Vec::new();
+            synthesize(&engine, &r, &mut |c| {
+                pcm.extend_from_slice(c);
+                true
+            })
+            .unwrap();
+            (r, pcm)
+        })
+        .find(|(_, pcm)| !pcm.is_empty())
+        .expect("one of ten seeds says something");
+    let mut batcher = Batcher::new(&engine, 2, 64).unwrap();
+    batcher.warm_up().unwrap();
+    assert_eq!((batcher.free_lanes(), batcher.active()), (2, 0));
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let o = out.clone();
+    batcher
+        .admit(
+            r,
+            Box::new(move |c| {
+                o.lock().unwrap().extend_from_slice(c);
+                true
+            }),
+        )
+        .unwrap();
+    while batcher.active() > 0 {
+        batcher.step().unwrap();
+    }
+    let got = out.lock().unwrap();
+    assert_eq!(got.len(), fresh.len());
+    assert!(
+        got.iter().zip(&fresh).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "warmed-up run differs"
+    );
+}
+
 /// The tokens a request generates, by a plain loop over a session (no batcher): each
 /// segment's prompt as one step, then one token per step with guidance mixed and sampled
 /// as the contract says, until audio_eos or the segment's cap.

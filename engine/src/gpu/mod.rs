@@ -137,6 +137,13 @@ impl Gpu {
         let backends = options.backend.backends();
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends,
+            // wgpu checks the counts of every indirect launch with a compute dispatch of its
+            // own recorded before it. The engine's one indirect launch (attention over the
+            // chunks a step reaches, whose kernel does not read `num_workgroups`) takes
+            // counts the host writes clamped to a grid already checked against the device's
+            // limits when the step was compiled (`Gpu::dispatch`), so that check only cost
+            // time: an extra dependent dispatch per attention layer.
+            flags: wgpu::InstanceFlags::from_build_config() - wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL,
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
         let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
@@ -523,7 +530,9 @@ pub struct Dispatch {
     /// Workgroup counts (with `indirect`, the most the launch may take).
     pub workgroups: [u32; 3],
     /// When set, the launch reads its workgroup counts from this buffer (three u32s), which
-    /// the host writes before each submit, so recorded commands can vary them.
+    /// the host writes before each submit, so recorded commands can vary them. They must
+    /// never exceed `workgroups` (the counts checked against the device's limits): wgpu does
+    /// not check them again (see [`Gpu::new`]).
     pub indirect: Option<wgpu::Buffer>,
 }
 

@@ -73,39 +73,12 @@ fn scratch_base(r: u32, h: u32) -> u32 {
 
 const LOWEST: f32 = -3.0e38;
 
-// The query's vec4 columns c, c + 4, ..., c + 28 dotted with eight key vec4s, as two vec4s
-// of four dot products each (columns past the head's end: zero).
-fn key_batch_dots(c: u32, columns: u32, last: u32, k: array<vec4<f32>, 8>) -> array<vec4<f32>, 2> {
-    let live_a = vec4<bool>(true, c + 4u < columns, c + 8u < columns, c + 12u < columns);
-    let live_b = vec4<bool>(c + 16u < columns, c + 20u < columns, c + 24u < columns, c + 28u < columns);
-    return array<vec4<f32>, 2>(
-        select(vec4<f32>(0.0), vec4<f32>(
-            dot(query[c], k[0]), dot(query[min(c + 4u, last)], k[1]),
-            dot(query[min(c + 8u, last)], k[2]), dot(query[min(c + 12u, last)], k[3])), live_a),
-        select(vec4<f32>(0.0), vec4<f32>(
-            dot(query[min(c + 16u, last)], k[4]), dot(query[min(c + 20u, last)], k[5]),
-            dot(query[min(c + 24u, last)], k[6]), dot(query[min(c + 28u, last)], k[7])), live_b),
-    );
-}
-
-// Eight key vec4s of one position: columns c, c + 4, ..., c + 28 (past the end: `last`).
-fn load_key_batch(k_base: u32, c: u32, last: u32) -> array<vec4<f32>, 8> {
-    return array<vec4<f32>, 8>(
-        k4[k_base + c], k4[k_base + min(c + 4u, last)], k4[k_base + min(c + 8u, last)],
-        k4[k_base + min(c + 12u, last)], k4[k_base + min(c + 16u, last)], k4[k_base + min(c + 20u, last)],
-        k4[k_base + min(c + 24u, last)], k4[k_base + min(c + 28u, last)],
-    );
-}
-
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`.
-// The first batch of each invocation's key and value loads is issued before the query is
-// staged, so their memory round trips overlap the staging and the softmax trees.
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
     let h = wg.y;
     let chunk = wg.z;
-    let lane_slot = row_lane[r];
     if (t == 0u) {
         row_length = row_pos[r] + 1u;
     }
@@ -118,33 +91,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let g = h / (p.heads / p.kv_heads);
     let columns = p.head_dim / 4u;                 // vec4s per head
     let kv_row = p.kv_heads * columns;             // vec4s per cache position
-    let cache_base = lane_slot * p.capacity * kv_row + g * columns;
-    // Scores: invocation t takes quarter t % 4 (vec4 columns quarter, quarter + 4, ...) of
-    // position first + t / 4, eight key loads in flight (past the end: repeated, unused).
-    let slot = t / 4u;
-    let quarter = t % 4u;
-    let last = columns - 4u + quarter;
-    let k_base = cache_base + (first + min(slot, count - 1u)) * kv_row;
-    let keys = load_key_batch(k_base, quarter, last);
-    // Values: invocation t owns vec4 column t % columns over positions part, part + parts,
-    // ...; the first eight positions' loads (clamped to the chunk, unused past it) start now.
-    let parts = ATTEND_WG / columns;
-    let vc = t % columns;
-    let part = t / columns;
-    var values: array<vec4<f32>, 8>;
-    if (part < parts) {
-        let v_base = cache_base + first * kv_row + vc;
-        values = array<vec4<f32>, 8>(
-            v4[v_base + min(part, count - 1u) * kv_row],
-            v4[v_base + min(part + parts, count - 1u) * kv_row],
-            v4[v_base + min(part + 2u * parts, count - 1u) * kv_row],
-            v4[v_base + min(part + 3u * parts, count - 1u) * kv_row],
-            v4[v_base + min(part + 4u * parts, count - 1u) * kv_row],
-            v4[v_base + min(part + 5u * parts, count - 1u) * kv_row],
-            v4[v_base + min(part + 6u * parts, count - 1u) * kv_row],
-            v4[v_base + min(part + 7u * parts, count - 1u) * kv_row],
-        );
-    }
+    let cache_base = row_lane[r] * p.capacity * kv_row + g * columns;
     let q_base = (r * qkv_width() + h * p.head_dim) / 4u;
     // Column c of the first half pairs with column c + half / 4 of the second.
     let half_columns = columns / 2u;
@@ -164,15 +111,38 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         query[c] = select(own * cosine + partner * sine, own * cosine - partner * sine, first_half);
     }
     workgroupBarrier();
+    // Scores: invocation t takes quarter t % 4 (vec4 columns quarter, quarter + 4, ...) of
+    // position first + t / 4, eight key loads in flight (past the end: repeated, unused).
+    let slot = t / 4u;
+    let quarter = t % 4u;
     var own_part = 0.0;
     if (slot < count) {
-        let dots = key_batch_dots(quarter, columns, last, keys);
-        var a = dots[0];
-        var b = dots[1];
-        for (var kc = quarter + 32u; kc < columns; kc += 32u) {
-            let more = key_batch_dots(kc, columns, last, load_key_batch(k_base, kc, last));
-            a += more[0];
-            b += more[1];
+        let k_base = cache_base + (first + slot) * kv_row;
+        let last = columns - 4u + quarter;
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        for (var c = quarter; c < columns; c += 32u) {
+            let c1 = min(c + 4u, last);
+            let c2 = min(c + 8u, last);
+            let c3 = min(c + 12u, last);
+            let c4 = min(c + 16u, last);
+            let c5 = min(c + 20u, last);
+            let c6 = min(c + 24u, last);
+            let c7 = min(c + 28u, last);
+            let k0 = k4[k_base + c];
+            let k1 = k4[k_base + c1];
+            let k2 = k4[k_base + c2];
+            let k3 = k4[k_base + c3];
+            let k5 = k4[k_base + c4];
+            let k6 = k4[k_base + c5];
+            let k7 = k4[k_base + c6];
+            let k8 = k4[k_base + c7];
+            let live_a = vec4<bool>(true, c + 4u < columns, c + 8u < columns, c + 12u < columns);
+            let live_b = vec4<bool>(c + 16u < columns, c + 20u < columns, c + 24u < columns, c + 28u < columns);
+            a += select(vec4<f32>(0.0), vec4<f32>(
+                dot(query[c], k0), dot(query[c1], k1), dot(query[c2], k2), dot(query[c3], k3)), live_a);
+            b += select(vec4<f32>(0.0), vec4<f32>(
+                dot(query[c4], k5), dot(query[c5], k6), dot(query[c6], k7), dot(query[c7], k8)), live_b);
         }
         own_part = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
     }
@@ -190,20 +160,23 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         weights[t] = e;
     }
     let l = tree_reduce(t, e, false, CHUNK);
+    // Invocation t owns vec4 column t % columns over positions part, part + parts, ...
+    let parts = ATTEND_WG / columns;
+    let c = t % columns;
+    let part = t / columns;
     var acc = vec4<f32>(0.0);
     if (part < parts) {
         var s = part;
-        var batch = values;
         for (; s + 7u * parts < count; s += 8u * parts) {
-            if (s != part) {
-                let v_base = cache_base + (first + s) * kv_row + vc;
-                batch = array<vec4<f32>, 8>(
-                    v4[v_base], v4[v_base + parts * kv_row], v4[v_base + 2u * parts * kv_row],
-                    v4[v_base + 3u * parts * kv_row], v4[v_base + 4u * parts * kv_row],
-                    v4[v_base + 5u * parts * kv_row], v4[v_base + 6u * parts * kv_row],
-                    v4[v_base + 7u * parts * kv_row],
-                );
-            }
+            let v_base = cache_base + (first + s) * kv_row + c;
+            let v0 = v4[v_base];
+            let v1 = v4[v_base + parts * kv_row];
+            let v2 = v4[v_base + 2u * parts * kv_row];
+            let v3 = v4[v_base + 3u * parts * kv_row];
+            let v5 = v4[v_base + 4u * parts * kv_row];
+            let v6 = v4[v_base + 5u * parts * kv_row];
+            let v7 = v4[v_base + 6u * parts * kv_row];
+            let v8 = v4[v_base + 7u * parts * kv_row];
             let e0 = weights[s];
             let e1 = weights[s + parts];
             let e2 = weights[s + 2u * parts];
@@ -212,11 +185,10 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             let e5 = weights[s + 5u * parts];
             let e6 = weights[s + 6u * parts];
             let e7 = weights[s + 7u * parts];
-            acc += ((e0 * batch[0] + e1 * batch[1]) + (e2 * batch[2] + e3 * batch[3]))
-                + ((e4 * batch[4] + e5 * batch[5]) + (e6 * batch[6] + e7 * batch[7]));
+            acc += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + ((e4 * v5 + e5 * v6) + (e6 * v7 + e7 * v8));
         }
         for (; s < count; s += parts) {
-            acc += weights[s] * v4[cache_base + (first + s) * kv_row + vc];
+            acc += weights[s] * v4[cache_base + (first + s) * kv_row + c];
         }
     }
     value_parts[t] = acc;
@@ -225,9 +197,9 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     if (part == 0u) {
         var sum = vec4<f32>(0.0);
         for (var q = 0u; q < parts; q++) {
-            sum += value_parts[q * columns + vc];
+            sum += value_parts[q * columns + c];
         }
-        let o = base + chunk * p.head_dim + vc * 4u;
+        let o = base + chunk * p.head_dim + c * 4u;
         scratch[o] = sum.x;
         scratch[o + 1u] = sum.y;
         scratch[o + 2u] = sum.z;
