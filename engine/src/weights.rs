@@ -516,7 +516,7 @@ impl GpuWeights {
         for table in [names::EMBED_TOKENS, names::AUDIO_EMBED] {
             tables.insert(table.to_string(), up.table(table)?);
         }
-        let placeholder = gpu.buffer("placeholder", 4);
+        let placeholder = gpu.placeholder();
         Ok(GpuWeights {
             linears,
             experts,
