@@ -314,7 +314,7 @@ pub fn linear_kernel(
     let x: Vec<f32> = (0..lanes * cols).map(|i| ((i % 7) as f32 - 3.0) * 0.125).collect();
     let xb = gpu.buffer_with("x", bytemuck::cast_slice(&x));
     let y = gpu.buffer("y", (lanes * rows * 4) as u64);
-    let placeholder = gpu.placeholder();
+    let placeholder = gpu.buffer("placeholder", 4);
     let mut launches: Vec<Dispatch> = Vec::new();
     let mut streams: Vec<Dispatch> = Vec::new();
     let sink = gpu.buffer("stream sink", u64::from(STREAM_GROUPS) * 256 * 4);
@@ -347,7 +347,6 @@ pub fn linear_kernel(
             swiglu: false,
             combine: None,
             cache: None,
-            norm: None,
         };
         launches.extend(linear_launches(gpu, &linear, &placeholder, &io)?);
     }

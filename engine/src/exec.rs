@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use drama_graph::drama3::{STEP_INPUTS, StepShape, row_source};
 use drama_graph::ir::{LinearMember, Op, Projection, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
-use drama_graph::select::{norm_fused_into_next, stacks};
+use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
     AttentionParams, ElementwiseParams, Kernel, LinearParams, MoeParams, NormParams, PassRows, RouterParams,
@@ -64,8 +64,6 @@ struct Lowering<'a> {
     attention_grid: wgpu::Buffer,
     capacity: usize,
     dispatches: Vec<Dispatch>,
-    /// A norm the next node (a dense linear) computes in its first launch.
-    pending_norm: Option<NormIo<'a>>,
 }
 
 impl<'a> Lowering<'a> {
@@ -102,7 +100,7 @@ impl<'a> Lowering<'a> {
         self.graph.value(id).shape[0]
     }
 
-    fn lower(&mut self, index: usize, node: &drama_graph::Node) -> Result<(), EngineError> {
+    fn lower(&mut self, node: &drama_graph::Node) -> Result<(), EngineError> {
         let inputs = &node.inputs;
         let out = self.buffer(node.outputs[0])?;
         let weights = self.bind.weights;
@@ -157,16 +155,12 @@ impl<'a> Lowering<'a> {
                     pad: 0,
                 };
                 let x = self.buffer(inputs[0])?;
-                let weight = &weights.vectors[weight];
-                if norm_fused_into_next(self.graph, index) {
-                    self.pending_norm = Some(NormIo {
-                        raw: x,
-                        weight,
-                        eps: *eps,
-                    });
-                    return Ok(());
-                }
-                self.launch(Kernel::RmsNorm, &params, &[x, weight, out], [shape[0] as u32, 1, 1])?;
+                self.launch(
+                    Kernel::RmsNorm,
+                    &params,
+                    &[x, &weights.vectors[weight], out],
+                    [shape[0] as u32, 1, 1],
+                )?;
             }
             Op::Linear {
                 members,
@@ -212,7 +206,6 @@ impl<'a> Lowering<'a> {
                     swiglu: *swiglu,
                     combine,
                     cache,
-                    norm: self.pending_norm.take(),
                 };
                 self.lower_linear(members, *in_features, io)?;
             }
@@ -365,12 +358,10 @@ impl<'a> Lowering<'a> {
             return Ok(());
         }
         let mut column = 0;
-        for (i, member) in members.iter().enumerate() {
+        for member in members {
             let linear = &weights.linears[&member.weight];
             check(&member.weight, linear)?;
-            // Only the first launch normalizes (see `LinearIo::norm`).
-            let norm = if i == 0 { io.norm } else { None };
-            let launches = linear_launches(self.gpu, linear, &weights.placeholder, &LinearIo { column, norm, ..io })?;
+            let launches = linear_launches(self.gpu, linear, &weights.placeholder, &LinearIo { column, ..io })?;
             self.dispatches.extend(launches);
             column += member.out;
         }
@@ -496,20 +487,6 @@ pub struct LinearIo<'a> {
     /// The linear is (part of) an attention layer's [q|k|v] projection that writes each
     /// row's keys and values into the caches.
     pub cache: Option<CacheIo<'a>>,
-    /// `x` is the output of an RMSNorm that the linear's first launch computes from the
-    /// norm's input (writing `x` for the later launches and the norm's other readers).
-    pub norm: Option<NormIo<'a>>,
-}
-
-/// The RMSNorm a dense linear computes in its first launch ([`Kernel::LinearNormed`]).
-#[derive(Clone, Copy)]
-pub struct NormIo<'a> {
-    /// The norm's input rows (the residual stream).
-    pub raw: &'a wgpu::Buffer,
-    /// The norm's BF16 weight.
-    pub weight: &'a wgpu::Buffer,
-    /// Its epsilon.
-    pub eps: f32,
 }
 
 /// Where a [q|k|v] projection writes its keys (rotated) and values.
@@ -559,8 +536,7 @@ pub fn linear_launches(
     let mut launches = Vec::new();
     // A SwiGLU segment holds two weight rows (gate, up) per output feature.
     let rows_per_feature = if io.swiglu { 2 } else { 1 };
-    for (index, segment) in linear.segments.iter().enumerate() {
-        let norm = if index == 0 { io.norm } else { None };
+    for segment in &linear.segments {
         let first = io.column + segment.range.start;
         if let Some(cache) = io.cache
             && !(first.is_multiple_of(cache.head_dim) && segment.range.len().is_multiple_of(cache.head_dim))
@@ -592,12 +568,8 @@ pub fn linear_launches(
             head_dim: io.cache.map_or(0, |c| c.head_dim as u32),
             q_width: io.cache.map_or(0, |c| c.q_width as u32),
             capacity: io.cache.map_or(0, |c| c.capacity as u32),
-            norm_eps: norm.map_or(0.0, |n| n.eps),
-            pad: [0; 3],
         };
-        // The first launch normalizes `norm.raw` into `io.x`; later ones read `io.x`.
-        let x = norm.map_or(io.x, |n| n.raw);
-        let mut resources = vec![x, &segment.codes];
+        let mut resources = vec![io.x, &segment.codes];
         if linear.format != WeightFormat::Bf16 {
             resources.push(&segment.scales);
         }
@@ -611,11 +583,6 @@ pub fn linear_launches(
             Some(c) => [c.row_lane, c.row_pos, c.rope_table, c.k_cache, c.v_cache],
             None => [placeholder, placeholder, placeholder, io.y, io.y],
         };
-        // Without a norm its read_write output binding gets y too.
-        let (norm_weight, normed_out) = match norm {
-            Some(n) => (n.weight, io.x),
-            None => (placeholder, io.y),
-        };
         resources.extend([
             bias,
             routed_weights,
@@ -628,20 +595,13 @@ pub fn linear_launches(
             rope_table,
             k_cache,
             v_cache,
-            norm_weight,
-            normed_out,
         ]);
         let grid = [
             (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),
             1,
             1,
         ];
-        let kernel = Kernel::dense_linear(
-            linear.format,
-            PassRows::for_rows(io.rows),
-            io.cache.is_some(),
-            norm.is_some(),
-        );
+        let kernel = Kernel::dense_linear(linear.format, PassRows::for_rows(io.rows), io.cache.is_some());
         launches.push(gpu.dispatch(kernel, &params, &resources, grid)?);
     }
     Ok(launches)
@@ -692,7 +652,6 @@ impl Executable {
             attention_grid: attention_grid.clone(),
             capacity: shape.capacity,
             dispatches: Vec::new(),
-            pending_norm: None,
         };
         let find = |name: &str| {
             graph
@@ -707,9 +666,9 @@ impl Executable {
         ];
         let logits = find("logits")?;
         let mut node_dispatches = Vec::with_capacity(graph.nodes.len());
-        for (index, node) in graph.nodes.iter().enumerate() {
+        for node in &graph.nodes {
             let start = lowering.dispatches.len();
-            lowering.lower(index, node)?;
+            lowering.lower(node)?;
             node_dispatches.push(start..lowering.dispatches.len());
         }
         let dispatches = lowering.dispatches;

@@ -46,9 +46,8 @@ impl Engine {
                 prefix_rows: 1,
                 trace: false,
             };
-            let graph = drama3::build(&spec, &CheckpointNames, shape)?;
-            for index in 0..graph.nodes.len() {
-                for kernel in drama_graph::select::node_kernels(&graph, index) {
+            for node in drama3::build(&spec, &CheckpointNames, shape)?.nodes {
+                for kernel in drama_graph::select::kernels_of(&node.op, rows) {
                     gpu.pipeline(kernel)?;
                 }
             }

@@ -55,7 +55,7 @@ impl VoiceTower {
             in_proj: upload_linear(&gpu, checkpoint, names::TOWER_IN)?,
             out_proj: upload_linear(&gpu, checkpoint, names::TOWER_OUT)?,
             out_norm: vector(names::TOWER_OUT_NORM),
-            placeholder: gpu.placeholder(),
+            placeholder: gpu.buffer("placeholder", 4),
             blocks,
             dim: c.voice_tower.dim,
             ffn: c.voice_tower.ffn,
@@ -84,7 +84,6 @@ impl VoiceTower {
             swiglu: false,
             combine: None,
             cache: None,
-            norm: None,
         };
         out.extend(linear_launches(&self.gpu, linear, &self.placeholder, &io)?);
         Ok(())

@@ -516,7 +516,7 @@ impl GpuWeights {
         for table in [names::EMBED_TOKENS, names::AUDIO_EMBED] {
             tables.insert(table.to_string(), up.table(table)?);
         }
-        let placeholder = gpu.placeholder();
+        let placeholder = gpu.buffer("placeholder", 4);
         Ok(GpuWeights {
             linears,
             experts,

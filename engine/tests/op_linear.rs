@@ -127,7 +127,6 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
     let bb = gpu.buffer_with("bias", &bias_bytes);
     let rb = gpu.buffer_with("residual", &f32_bytes(residual.unwrap_or(&[0.0])));
     let y = poisoned(gpu, "y", rows * w.rows);
-    let norm_none = gpu.placeholder();
     // One or two rows take the two-row kernel, more the eight-row one: the batch-invariance
     // check below compares the two.
     let kernel = Kernel::Linear(w.format, PassRows::for_rows(rows));
@@ -168,13 +167,13 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
         let wb = gpu.buffer_with("w", &codes);
         let sb = gpu.buffer_with("scales", &scales);
         // The MoE combine's and the cache write's bindings are unused here (y stands in for
-        // the read_write ones), and so are the input norm's.
+        // the read_write ones).
         let none = &bb;
         let mut buffers: Vec<&wgpu::Buffer> = vec![&p, &xb, &wb];
         if w.format != WeightFormat::Bf16 {
             buffers.push(&sb);
         }
-        buffers.extend([&bb, none, &y, none, &rb, none, none, none, none, &y, &y, &norm_none, &y]);
+        buffers.extend([&bb, none, &y, none, &rb, none, none, none, none, &y, &y]);
         dispatches.push(dispatch(
             gpu,
             kernel,
@@ -409,7 +408,6 @@ fn linear_swiglu_epilogue_matches_reference() {
     let run = |x: &[f32], rows: usize| -> Vec<f32> {
         let xb = gpu.buffer_with("x", &f32_bytes(x));
         let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
-        let norm_none = gpu.placeholder();
         let y = poisoned(gpu, "y", rows * features);
         let split = features / 2;
         let mut dispatches = Vec::new();
@@ -454,8 +452,6 @@ fn linear_swiglu_epilogue_matches_reference() {
                     &placeholder,
                     &placeholder,
                     &y,
-                    &y,
-                    &norm_none,
                     &y,
                 ],
                 grid,
@@ -520,7 +516,6 @@ fn linear_moe_combine_epilogue_matches_reference() {
         let residual_b = gpu.buffer_with("residual", &slice(&residual, out));
         let logits_b = gpu.buffer_with("logits", &slice(&logits, gate_stride));
         let y = poisoned(gpu, "y", rows * out);
-        let norm_none = gpu.placeholder();
         let launch = dispatch(
             gpu,
             Kernel::Linear(WeightFormat::Bf16, PassRows::for_rows(rows)),
@@ -538,8 +533,6 @@ fn linear_moe_combine_epilogue_matches_reference() {
                 &bias,
                 &bias,
                 &y,
-                &y,
-                &norm_none,
                 &y,
             ],
             [(out as u32).div_ceil(WeightFormat::Bf16.rows_per_workgroup()), 1, 1],
@@ -697,7 +690,6 @@ fn linear_cache_write_matches_reference() {
             let vc = poisoned(gpu, "v_cache", lanes * capacity * kv_width);
             let y = poisoned(gpu, "y", count * out);
             let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
-            let norm_none = gpu.placeholder();
             let mut dispatches = Vec::new();
             let mut column = 0;
             for w in &members {
@@ -736,8 +728,6 @@ fn linear_cache_write_matches_reference() {
                     &table_b,
                     &kc,
                     &vc,
-                    &norm_none,
-                    &y,
                 ]);
                 let grid = [(w.rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1];
                 dispatches.push(dispatch(
@@ -817,106 +807,5 @@ fn linear_cache_write_matches_reference() {
             }
         }
         assert_rows_alone_match(&label, &y, rows, out, |r| run(r, 1).0);
-    }
-}
-
-/// A linear that normalizes its own input (the RMSNorm inside its launch, as steps of one
-/// or two rows run it) gives the bits of the RMSNorm kernel followed by the plain linear,
-/// and writes the normed rows that kernel writes, bit for bit: for BF16 and NVFP4 weights,
-/// the widest staged input and a narrow one, one and two rows, and 64 rows (two at a time
-/// in both pass widths' modules; enough normed values that a norm summed in another order
-/// would round some of them differently).
-#[test]
-fn normed_linear_equals_norm_then_linear() {
-    use drama_kernels::NormParams;
-    let gpu = gpu();
-    for (format, out, cols) in [(WeightFormat::Bf16, 37, 2048), (WeightFormat::Nvfp4, 24, 80)] {
-        for rows in [1usize, 2, 64] {
-            let label = format!("normed linear {format:?} rows {rows} in {cols}");
-            let mut rng = rng(&label);
-            let w = random_weights(&mut rng, format, out, cols);
-            let x = uniform(&mut rng, rows * cols, 3.0);
-            let norm_weight = bf16_values(&mut rng, cols, 1.5);
-            let eps = 1e-6;
-            let (xb, nwb) = (
-                gpu.buffer_with("x", &f32_bytes(&x)),
-                gpu.buffer_with("norm weight", &pack_bf16(&norm_weight)),
-            );
-            let (wb, sb, none, norm_none) = (
-                gpu.buffer_with("w", &w.packed),
-                gpu.buffer_with("scales", &w.scales),
-                gpu.buffer_with("none", &[0; 4]),
-                gpu.placeholder(),
-            );
-            let (normed, y_plain) = (
-                poisoned(gpu, "normed", rows * cols),
-                poisoned(gpu, "y plain", rows * out),
-            );
-            let (normed_fused, y_fused) = (
-                poisoned(gpu, "normed fused", rows * cols),
-                poisoned(gpu, "y fused", rows * out),
-            );
-            let norm_params = gpu.uniform(
-                "norm",
-                &NormParams {
-                    width: cols as u32,
-                    flags: 1,
-                    eps,
-                    pad: 0,
-                },
-            );
-            let params = gpu.uniform(
-                "linear",
-                &LinearParams {
-                    rows: rows as u32,
-                    in_features: cols as u32,
-                    out_features: out as u32,
-                    y_stride: out as u32,
-                    x_row_div: 1,
-                    flags: 2,
-                    tensor_scale: w.tensor_scale,
-                    norm_eps: eps,
-                    ..Default::default()
-                },
-            );
-            let linear =
-                |kernel, x: &wgpu::Buffer, y: &wgpu::Buffer, weight: &wgpu::Buffer, normed_out: &wgpu::Buffer| {
-                    let mut buffers: Vec<&wgpu::Buffer> = vec![&params, x, &wb];
-                    if format != WeightFormat::Bf16 {
-                        buffers.push(&sb);
-                    }
-                    buffers.extend([
-                        &none, &none, y, &none, &none, &none, &none, &none, &none, y, y, weight, normed_out,
-                    ]);
-                    dispatch(
-                        gpu,
-                        kernel,
-                        &buffers,
-                        [(out as u32).div_ceil(format.rows_per_workgroup()), 1, 1],
-                    )
-                };
-            let pass = PassRows::for_rows(rows);
-            run(
-                gpu,
-                &[
-                    dispatch(
-                        gpu,
-                        Kernel::RmsNorm,
-                        &[&norm_params, &xb, &nwb, &normed],
-                        [rows as u32, 1, 1],
-                    ),
-                    linear(Kernel::Linear(format, pass), &normed, &y_plain, &norm_none, &y_plain),
-                    linear(Kernel::LinearNormed(format, pass), &xb, &y_fused, &nwb, &normed_fused),
-                ],
-            );
-            let bits =
-                |b: &wgpu::Buffer| -> Vec<u32> { gpu.read_f32(b).unwrap().iter().map(|v| v.to_bits()).collect() };
-            assert_eq!(bits(&normed_fused), bits(&normed), "{label}: normed rows");
-            assert_eq!(bits(&y_fused), bits(&y_plain), "{label}: outputs");
-            assert!(
-                gpu.read_f32(&y_plain).unwrap().iter().all(|v| v.is_finite()),
-                "{label}: poison left"
-            );
-        }
     }
 }

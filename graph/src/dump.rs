@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::graph::Graph;
 use crate::ir::{Op, ValueId};
 use crate::plan::MemoryPlan;
-use crate::select::node_kernels;
+use crate::select::kernels_of;
 
 /// One node as dumped.
 #[derive(Debug, Clone, Serialize)]
@@ -86,7 +86,10 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
                 inputs: node.inputs.iter().map(|&i| graph.value(i).name.clone()).collect(),
                 outputs: node.outputs.iter().map(|&o| value_dump(graph, plan, o)).collect(),
                 formats,
-                kernels: node_kernels(graph, index).iter().map(|k| format!("{k:?}")).collect(),
+                kernels: kernels_of(&node.op, node.inputs.first().map_or(1, |&i| graph.value(i).shape[0]))
+                    .iter()
+                    .map(|k| format!("{k:?}"))
+                    .collect(),
                 attributes: node.op.clone(),
             }
         })

@@ -6,7 +6,6 @@ use serde::Serialize;
 
 use crate::graph::Graph;
 use crate::ir::ValueKind;
-use crate::select::norm_fused_into_next;
 
 /// Buffer assignment of a graph.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -32,11 +31,6 @@ pub fn plan(graph: &Graph) -> MemoryPlan {
     for (index, node) in graph.nodes.iter().enumerate() {
         for input in &node.inputs {
             last_use[input.0] = Some(index);
-        }
-        // A norm computed by the next node reads its input there.
-        if norm_fused_into_next(graph, index) {
-            let input = node.inputs[0].0;
-            last_use[input] = last_use[input].max(Some(index + 1));
         }
     }
     let mut buffers: Vec<u64> = Vec::new();

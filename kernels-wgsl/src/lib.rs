@@ -168,12 +168,6 @@ pub enum Kernel {
     /// The dense linear of an attention layer's [q|k|v] projection, which also writes each
     /// row's keys (rotated) and values into the KV caches.
     LinearKv(WeightFormat, PassRows),
-    /// [`Kernel::Linear`] over RMSNorm(x): the norm computed inside the launch (steps of up
-    /// to [`NORMED_LINEAR_MAX_ROWS`] rows, inputs up to [`NORMED_LINEAR_MAX_WIDTH`] wide),
-    /// with the bits the RMSNorm kernel gives; the normed rows are also written out.
-    LinearNormed(WeightFormat, PassRows),
-    /// [`Kernel::LinearKv`] over RMSNorm(x), as [`Kernel::LinearNormed`].
-    LinearKvNormed(WeightFormat, PassRows),
     /// Routed-expert linear: expert per slot read on the GPU.
     Gathered(WeightFormat),
     /// RMSNorm.
@@ -218,14 +212,13 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The dense linear for `format` and `pass`: the `Kv` kind when it also writes the KV
-    /// caches (an attention projection), the `Normed` kind when it normalizes its input.
-    pub fn dense_linear(format: WeightFormat, pass: PassRows, writes_cache: bool, normed: bool) -> Kernel {
-        match (writes_cache, normed) {
-            (false, false) => Kernel::Linear(format, pass),
-            (true, false) => Kernel::LinearKv(format, pass),
-            (false, true) => Kernel::LinearNormed(format, pass),
-            (true, true) => Kernel::LinearKvNormed(format, pass),
+    /// The dense linear for `format` and `pass`: [`Kernel::LinearKv`] when it also writes the
+    /// KV caches (an attention projection), [`Kernel::Linear`] otherwise.
+    pub fn dense_linear(format: WeightFormat, pass: PassRows, writes_cache: bool) -> Kernel {
+        if writes_cache {
+            Kernel::LinearKv(format, pass)
+        } else {
+            Kernel::Linear(format, pass)
         }
     }
 
@@ -235,14 +228,9 @@ impl Kernel {
         let mut all: Vec<Kernel> = formats
             .iter()
             .flat_map(|&f| {
-                [PassRows::Two, PassRows::Eight].into_iter().flat_map(move |pass| {
-                    [
-                        Kernel::Linear(f, pass),
-                        Kernel::LinearKv(f, pass),
-                        Kernel::LinearNormed(f, pass),
-                        Kernel::LinearKvNormed(f, pass),
-                    ]
-                })
+                [PassRows::Two, PassRows::Eight]
+                    .into_iter()
+                    .flat_map(move |pass| [Kernel::Linear(f, pass), Kernel::LinearKv(f, pass)])
             })
             .collect();
         all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
@@ -273,10 +261,7 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f, pass)
-            | Kernel::LinearKv(f, pass)
-            | Kernel::LinearNormed(f, pass)
-            | Kernel::LinearKvNormed(f, pass) => Module::Linear(f, pass),
+            Kernel::Linear(f, pass) | Kernel::LinearKv(f, pass) => Module::Linear(f, pass),
             // One activation row per slot.
             Kernel::Gathered(f) => Module::Linear(f, PassRows::Two),
             Kernel::RmsNorm => Module::Norm,
@@ -302,8 +287,6 @@ impl Kernel {
         match self {
             Kernel::Linear(..) => "linear",
             Kernel::LinearKv(..) => "linear_kv",
-            Kernel::LinearNormed(..) => "linear_normed",
-            Kernel::LinearKvNormed(..) => "linear_kv_normed",
             Kernel::Gathered(_) => "gathered",
             Kernel::RmsNorm => "rms_norm",
             Kernel::Attend => "attend",
@@ -332,15 +315,12 @@ impl Kernel {
     pub fn bindings(self) -> &'static [u32] {
         match self {
             // params, x, w, (scales,) bias, routed_weights, y, routed_out, residual,
-            // gate_logits, row_lane, row_pos, rope_table, k_cache, v_cache, norm_weight,
-            // normed_out: BF16 weights have no scales
-            Kernel::Linear(WeightFormat::Bf16, _)
-            | Kernel::LinearKv(WeightFormat::Bf16, _)
-            | Kernel::LinearNormed(WeightFormat::Bf16, _)
-            | Kernel::LinearKvNormed(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
-            Kernel::Linear(..) | Kernel::LinearKv(..) | Kernel::LinearNormed(..) | Kernel::LinearKvNormed(..) => {
-                &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+            // gate_logits, row_lane, row_pos, rope_table, k_cache, v_cache: BF16 weights
+            // have no scales
+            Kernel::Linear(WeightFormat::Bf16, _) | Kernel::LinearKv(WeightFormat::Bf16, _) => {
+                &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
             }
+            Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],
@@ -385,14 +365,6 @@ impl Kernel {
         }
     }
 }
-
-/// Rows a normed dense linear ([`Kernel::LinearNormed`]) normalizes at a time: the steps
-/// whose norms it can take over (linear.wgsl's NORM_ROWS).
-pub const NORMED_LINEAR_MAX_ROWS: usize = 2;
-
-/// The widest input a normed dense linear stages in workgroup memory (linear.wgsl's
-/// NORM_MAX_WIDTH: 8 KB of BF16 for two rows).
-pub const NORMED_LINEAR_MAX_WIDTH: usize = 2048;
 
 /// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
 /// workgroup per (row, head, chunk), `[rows, heads, attention_chunks(capacity)]`.

@@ -39,10 +39,6 @@ pub struct LinearParams {
     pub q_width: u32,
     /// `linear_kv`: positions per lane in the caches.
     pub capacity: u32,
-    /// `_normed` entry points: the input RMSNorm's epsilon.
-    pub norm_eps: f32,
-    /// Padding.
-    pub pad: [u32; 3],
 }
 
 /// `norm.wgsl` parameters.

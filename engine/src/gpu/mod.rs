@@ -292,12 +292,6 @@ impl Gpu {
         })
     }
 
-    /// A buffer bound where a launch uses no real one (a kernel's binding it never reads):
-    /// 16 bytes, the largest element such a binding declares (a vec4).
-    pub fn placeholder(&self) -> wgpu::Buffer {
-        self.buffer("placeholder", 16)
-    }
-
     /// A uniform buffer holding one parameter block.
     pub fn uniform<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
         self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {

@@ -75,10 +75,6 @@ struct Params {
     head_dim: u32,      // linear_kv: floats per head
     q_width: u32,       // linear_kv: y columns before the keys (the queries)
     capacity: u32,      // linear_kv: positions per lane in the caches
-    norm_eps: f32,      // `_normed` entry points: the RMSNorm's epsilon
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -101,40 +97,20 @@ struct Params {
 @group(0) @binding(12) var<storage, read> rope_table: array<f32>;      // [position, head_dim / 2] (cos, sin)
 @group(0) @binding(13) var<storage, read_write> k_cache: array<f32>;    // [lane * capacity + position, kv width]
 @group(0) @binding(14) var<storage, read_write> v_cache: array<f32>;
-// The input RMSNorm of the `_normed` entry points: its weight (BF16 pairs) and where the
-// normed rows go for the norm's other readers.
-@group(0) @binding(15) var<storage, read> norm_weight: array<vec2<u32>>;
-@group(0) @binding(16) var<storage, read_write> normed_out: array<f32>;
 
 var<workgroup> partial: array<f32, 2u * WG * MAX_ROWS>;         // two planes
 var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * MAX_ROWS>;
 var<workgroup> slot_expert: u32;
-// `_normed` entry points: the pass's normed rows as BF16, eight per vec4<u32> (row r's
-// column 8i + j in element r * in_features / 8 + i, half j of its word j / 2).
-const NORM_ROWS: u32 = 2u;
-const NORM_MAX_WIDTH: u32 = 2048u;
-var<workgroup> normed_x: array<vec4<u32>, NORM_ROWS * NORM_MAX_WIDTH / 8u>;
 
 // Two units' decoded weights (rows A and B) dotted with the activation row at `x_vec`;
 // each activation vec4 is loaded once for both.
-// Activation vec4 `v`: from `x`, or (`normed`, a constant at each entry point) from the
-// staged normed rows, where `v` counts vec4s from the pass's first row.
-fn activation(v: u32, normed: bool) -> vec4<f32> {
-    if (normed) {
-        let words = normed_x[v / 2u];
-        let pair = select(words.xy, words.zw, (v & 1u) != 0u);
-        return vec4<f32>(bf16_half(pair.x, 0u), bf16_half(pair.x, 1u), bf16_half(pair.y, 0u), bf16_half(pair.y, 1u));
-    }
-    return x[v];
-}
-
-fn unit_dot2(a: array<vec4<f32>, VECS>, b: array<vec4<f32>, VECS>, x_vec: u32, normed: bool) -> vec2<f32> {
-    let x0 = activation(x_vec, normed);
-    let x1 = activation(x_vec + 1u, normed);
+fn unit_dot2(a: array<vec4<f32>, VECS>, b: array<vec4<f32>, VECS>, x_vec: u32) -> vec2<f32> {
+    let x0 = x[x_vec];
+    let x1 = x[x_vec + 1u];
     var s = vec2<f32>(dot(a[0], x0) + dot(a[1], x1), dot(b[0], x0) + dot(b[1], x1));
     if (VECS > 2u) {
-        let x2 = activation(x_vec + 2u, normed);
-        let x3 = activation(x_vec + 3u, normed);
+        let x2 = x[x_vec + 2u];
+        let x3 = x[x_vec + 3u];
         s += vec2<f32>(dot(a[min(2u, VECS - 1u)], x2), dot(b[min(2u, VECS - 1u)], x2));
         s += vec2<f32>(dot(a[min(3u, VECS - 1u)], x3), dot(b[min(3u, VECS - 1u)], x3));
     }
@@ -151,43 +127,42 @@ fn apply_pair(
     x_vec: u32,
     x_row: u32,
     count: u32,
-    normed: bool,
 ) {
-    var d = unit_dot2(a, b, x_vec, normed) * scale;
+    var d = unit_dot2(a, b, x_vec) * scale;
     (*acc_a)[0] += d.x;
     (*acc_b)[0] += d.y;
     if (count > 1u) {
-        d = unit_dot2(a, b, x_vec + 1u * x_row, normed) * scale;
+        d = unit_dot2(a, b, x_vec + 1u * x_row) * scale;
         (*acc_a)[1] += d.x;
         (*acc_b)[1] += d.y;
     }
     if (MAX_ROWS > 2u && count > 2u) {
-        d = unit_dot2(a, b, x_vec + 2u * x_row, normed) * scale;
+        d = unit_dot2(a, b, x_vec + 2u * x_row) * scale;
         (*acc_a)[min(2u, MAX_ROWS - 1u)] += d.x;
         (*acc_b)[min(2u, MAX_ROWS - 1u)] += d.y;
     }
     if (MAX_ROWS > 2u && count > 3u) {
-        d = unit_dot2(a, b, x_vec + 3u * x_row, normed) * scale;
+        d = unit_dot2(a, b, x_vec + 3u * x_row) * scale;
         (*acc_a)[min(3u, MAX_ROWS - 1u)] += d.x;
         (*acc_b)[min(3u, MAX_ROWS - 1u)] += d.y;
     }
     if (MAX_ROWS > 2u && count > 4u) {
-        d = unit_dot2(a, b, x_vec + 4u * x_row, normed) * scale;
+        d = unit_dot2(a, b, x_vec + 4u * x_row) * scale;
         (*acc_a)[min(4u, MAX_ROWS - 1u)] += d.x;
         (*acc_b)[min(4u, MAX_ROWS - 1u)] += d.y;
     }
     if (MAX_ROWS > 2u && count > 5u) {
-        d = unit_dot2(a, b, x_vec + 5u * x_row, normed) * scale;
+        d = unit_dot2(a, b, x_vec + 5u * x_row) * scale;
         (*acc_a)[min(5u, MAX_ROWS - 1u)] += d.x;
         (*acc_b)[min(5u, MAX_ROWS - 1u)] += d.y;
     }
     if (MAX_ROWS > 2u && count > 6u) {
-        d = unit_dot2(a, b, x_vec + 6u * x_row, normed) * scale;
+        d = unit_dot2(a, b, x_vec + 6u * x_row) * scale;
         (*acc_a)[min(6u, MAX_ROWS - 1u)] += d.x;
         (*acc_b)[min(6u, MAX_ROWS - 1u)] += d.y;
     }
     if (MAX_ROWS > 2u && count > 7u) {
-        d = unit_dot2(a, b, x_vec + 7u * x_row, normed) * scale;
+        d = unit_dot2(a, b, x_vec + 7u * x_row) * scale;
         (*acc_a)[min(7u, MAX_ROWS - 1u)] += d.x;
         (*acc_b)[min(7u, MAX_ROWS - 1u)] += d.y;
     }
@@ -364,14 +339,7 @@ fn plan_rows(group: u32, thread_row: u32, cache: bool) -> RowPair {
 
 @compute @workgroup_size(64)
 fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    linear_rows(wg, t, false, false);
-}
-
-// `linear` over RMSNorm(x) (see `stage_normed`): the norm runs inside the linear instead of
-// as a launch of its own.
-@compute @workgroup_size(64)
-fn linear_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    linear_rows(wg, t, false, true);
+    linear_rows(wg, t, false);
 }
 
 // An attention layer's [q | k | v] projection, writing the KV caches as it goes (see
@@ -382,97 +350,11 @@ fn linear_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
 // the cache bindings.
 @compute @workgroup_size(64)
 fn linear_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    linear_rows(wg, t, true, false);
+    linear_rows(wg, t, true);
 }
 
-// `linear_kv` over RMSNorm(x).
-@compute @workgroup_size(64)
-fn linear_kv_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    linear_rows(wg, t, true, true);
-}
-
-// `_normed` entry points: RMS-normalizes rows row0 .. row0 + count (count <= NORM_ROWS,
-// in_features <= NORM_MAX_WIDTH, a multiple of 8) of the raw `x` into `normed_x` with the
-// bits `rms_norm` (norm.wgsl, 256 invocations, output rounded to BF16) gives them: this
-// invocation plays rms_norm's invocations t, t + 64, t + 128 and t + 192 (each summing the
-// columns it would, in its order), adds them as that kernel's tree does at distances 128
-// and 64, and the last six levels run as its tree does. Workgroup 0 also writes the normed
-// rows to `normed_out`, where the norm's other readers find them. Every invocation calls it.
-fn stage_normed(wg: u32, t: u32, row0: u32, count: u32) {
-    let columns = p.in_features / 4u;
-    for (var r = 0u; r < NORM_ROWS; r++) {
-        var sums = vec4<f32>(0.0);
-        if (r < count) {
-            let base = (row0 + r) * columns;
-            for (var i = t; i < columns; i += 256u) {
-                let v = x[base + i];
-                sums.x += dot(v, v);
-            }
-            for (var i = t + 64u; i < columns; i += 256u) {
-                let v = x[base + i];
-                sums.y += dot(v, v);
-            }
-            for (var i = t + 128u; i < columns; i += 256u) {
-                let v = x[base + i];
-                sums.z += dot(v, v);
-            }
-            for (var i = t + 192u; i < columns; i += 256u) {
-                let v = x[base + i];
-                sums.w += dot(v, v);
-            }
-        }
-        partial[r * WG + t] = (sums.x + sums.z) + (sums.y + sums.w);
-    }
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (t < stride) {
-            partial[t] = partial[t] + partial[t + stride];
-            partial[WG + t] = partial[WG + t] + partial[WG + t + stride];
-        }
-    }
-    workgroupBarrier();
-    let totals = vec2<f32>(partial[0], partial[WG]);
-    let groups = p.in_features / 8u;
-    for (var r = 0u; r < count; r++) {
-        let inv = 1.0 / sqrt(totals[r] / f32(p.in_features) + p.norm_eps);
-        let base = (row0 + r) * columns;
-        for (var i = t; i < groups; i += WG) {
-            let a = normed_value(x[base + 2u * i], inv, 2u * i);
-            let b = normed_value(x[base + 2u * i + 1u], inv, 2u * i + 1u);
-            normed_x[r * groups + i] = vec4<u32>(bf16_word(a.xy), bf16_word(a.zw), bf16_word(b.xy), bf16_word(b.zw));
-            if (wg == 0u) {
-                // Scalars: the binding may be a launch's small output standing in for it.
-                let o = 4u * (base + 2u * i);
-                normed_out[o] = a.x;
-                normed_out[o + 1u] = a.y;
-                normed_out[o + 2u] = a.z;
-                normed_out[o + 3u] = a.w;
-                normed_out[o + 4u] = b.x;
-                normed_out[o + 5u] = b.y;
-                normed_out[o + 6u] = b.z;
-                normed_out[o + 7u] = b.w;
-            }
-        }
-    }
-    workgroupBarrier();
-}
-
-// x * inv * w for the norm weights of vec4 column `i`, rounded to BF16 (as norm.wgsl).
-fn normed_value(v: vec4<f32>, inv: f32, i: u32) -> vec4<f32> {
-    let wv = norm_weight[i];
-    let w = vec4<f32>(bf16_half(wv.x, 0u), bf16_half(wv.x, 1u), bf16_half(wv.y, 0u), bf16_half(wv.y, 1u));
-    let n = v * inv * w;
-    return vec4<f32>(round_bf16(n.x), round_bf16(n.y), round_bf16(n.z), round_bf16(n.w));
-}
-
-// Two BF16-valued f32s as one word, the first in the low half.
-fn bf16_word(v: vec2<f32>) -> u32 {
-    return (bitcast<u32>(v.x) >> 16u) | (bitcast<u32>(v.y) & 0xffff0000u);
-}
-
-// The dense linear; `cache` (a constant at each entry point) adds the KV-cache write,
-// `normed` the input RMSNorm (see `stage_normed`).
-fn linear_rows(wg: vec3<u32>, t: u32, cache: bool, normed: bool) {
+// The dense linear; `cache` (a constant at each entry point) adds the KV-cache write.
+fn linear_rows(wg: vec3<u32>, t: u32, cache: bool) {
     let thread_row = t / LANES;
     let lane = t % LANES;
     let plan = plan_rows(wg.x, thread_row, cache);
@@ -481,19 +363,14 @@ fn linear_rows(wg: vec3<u32>, t: u32, cache: bool, normed: bool) {
     let nb = select(na, plan.row_b, plan.valid_b);
     let units = p.in_features / UNIT;
     let x_row = p.in_features / 4u;
-    let pass_rows = select(MAX_ROWS, min(MAX_ROWS, NORM_ROWS), normed);
-    for (var row0 = 0u; row0 < p.rows; row0 += pass_rows) {
-        let count = min(pass_rows, p.rows - row0);
-        if (normed) {
-            stage_normed(wg.x, t, row0, count);
-        }
+    for (var row0 = 0u; row0 < p.rows; row0 += MAX_ROWS) {
+        let count = min(MAX_ROWS, p.rows - row0);
         var acc_a = array<f32, MAX_ROWS>();
         var acc_b = array<f32, MAX_ROWS>();
         if (plan.valid_a) {
             let base_a = na * units;
             let base_b = nb * units;
-            // Staged normed rows start at the pass's first row.
-            let x0 = select(row0 * x_row, 0u, normed);
+            let x0 = row0 * x_row;
             let last = units - 1u;
             // Software pipelined: the next batch's loads (past the end: the last unit, unused)
             // are issued before this batch's math.
@@ -521,10 +398,10 @@ fn linear_rows(wg: vec3<u32>, t: u32, cache: bool, normed: bool) {
                 let next_sa1 = scale_word(na, n1);
                 let next_sb1 = scale_word(nb, n1);
                 let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
-                apply_pair(&acc_a, &acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, x_row, count, normed);
+                apply_pair(&acc_a, &acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, x_row, count);
                 if (k + LANES < units) {
                     let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
-                    apply_pair(&acc_a, &acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, x_row, count, normed);
+                    apply_pair(&acc_a, &acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, x_row, count);
                 }
                 a0 = next_a0;
                 b0 = next_b0;
