@@ -141,7 +141,7 @@ impl Module {
             }
             Module::Norm => (REDUCE, include_str!("wgsl/norm.wgsl")),
             Module::Attention => (REDUCE, include_str!("wgsl/attention.wgsl")),
-            Module::Router => ("", include_str!("wgsl/router.wgsl")),
+            Module::Router => (REDUCE, include_str!("wgsl/router.wgsl")),
             Module::Elementwise => ("", include_str!("wgsl/elementwise.wgsl")),
             Module::Moe => ("", include_str!("wgsl/moe.wgsl")),
             Module::Codec => ("", include_str!("wgsl/codec.wgsl")),

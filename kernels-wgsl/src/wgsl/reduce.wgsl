@@ -1,5 +1,5 @@
 // A fixed-order tree reduction through workgroup memory, shared by the kernels whose
-// invocations each hold one value to combine (RMSNorm, attention): values pair up
+// invocations each hold one value to combine (RMSNorm, routing, attention): values pair up
 // at distance width / 2, width / 4, ..., so the result never depends on scheduling.
 // Appended to the modules that use it.
 

@@ -10,8 +10,7 @@
 // breaks ties toward the lower original id. Output: the K chosen local (kept-list) indices
 // in ascending original-id order, and their weights. The workgroup loads the logits and
 // computes every expert's ranking score and weight in parallel into workgroup memory (the
-// softmax max and denominator taken by every invocation in one fixed order); then every
-// eligible expert counts
+// softmax max and denominator by fixed reduction trees); then every eligible expert counts
 // the eligible experts that outrank it (a higher score, or the same score and a lower
 // index), which is its rank: ranks below K are chosen. The counting compares four scores
 // at a time without branches, and the chosen set is a bit mask whose popcounts give each
@@ -61,7 +60,7 @@ fn sigmoid(v: f32) -> f32 {
 
 var<workgroup> raw: array<f32, MAX_KEPT>;      // logits of the kept experts
 var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probability, or sigmoid + bias
-var<workgroup> value: array<f32, MAX_KEPT>;    // softmax: exp(logit - max); sigmoid: the sigmoid
+var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, or sigmoid
 var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
 var<workgroup> ranking: array<vec4<f32>, 128>;  // MAX_KEPT / 4: the ranking scores, four at a time
@@ -121,12 +120,6 @@ fn keep_best_groups() {
     }
 }
 
-// Expert i's weight: its softmax probability (`value` holds exp(logit - max)), or its
-// sigmoid.
-fn weight_of(i: u32, total: f32) -> f32 {
-    return select(value[i], value[i] / total, (p.flags & 1u) == 0u);
-}
-
 @compute @workgroup_size(256)
 fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let row = wg.x;
@@ -136,19 +129,23 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         eligible[i] = 1u;
     }
     workgroupBarrier();
-    // Every invocation takes the softmax max and denominator itself, reading the same
-    // values in the same order (the denominator as four interleaved partial sums, then
-    // ((0 + 1) + (2 + 3))): two barriers where reduction trees took about twenty.
-    let softmax = (p.flags & 1u) == 0u;
-    var max_logit = -3.0e38;
-    if (softmax) {
-        for (var i = 0u; i < p.kept; i++) {
-            max_logit = max(max_logit, raw[i]);
-        }
-    }
+    var local_max = -3.0e38;
     for (var i = t; i < p.kept; i += WG) {
-        if (softmax) {
-            value[i] = exp(raw[i] - max_logit);
+        local_max = max(local_max, raw[i]);
+    }
+    // Trees as wide as the kept experts need (the invocations past them hold nothing).
+    let width = min(WG, 1u << firstLeadingBit(max(p.kept, 2u) * 2u - 1u));
+    let max_logit = tree_reduce(t, local_max, true, width);
+    var local_sum = 0.0;
+    for (var i = t; i < p.kept; i += WG) {
+        local_sum += exp(raw[i] - max_logit);
+    }
+    let total = tree_reduce(t, local_sum, false, width);
+    for (var i = t; i < p.kept; i += WG) {
+        if ((p.flags & 1u) == 0u) {
+            let probability = exp(raw[i] - max_logit) / total;
+            rank[i] = probability;
+            value[i] = probability;
         } else {
             let s = sigmoid(raw[i]);
             value[i] = s;
@@ -157,25 +154,6 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
                 c += score_bias[select(i, kept_ids[i], (p.flags & 2u) != 0u)];
             }
             rank[i] = c;
-        }
-    }
-    workgroupBarrier();
-    var total = 1.0;
-    if (softmax) {
-        var sums = vec4<f32>(0.0);
-        let quads = p.kept / 4u;
-        for (var q = 0u; q < quads; q++) {
-            let i = 4u * q;
-            sums += vec4<f32>(value[i], value[i + 1u], value[i + 2u], value[i + 3u]);
-        }
-        for (var i = 4u * quads; i < p.kept; i++) {
-            sums.x += value[i];
-        }
-        total = (sums.x + sums.y) + (sums.z + sums.w);
-        // The ranking score is the probability; `value` keeps exp(logit - max) and the
-        // weights divide by `total` when they are written.
-        for (var i = t; i < p.kept; i += WG) {
-            rank[i] = value[i] / total;
         }
     }
     workgroupBarrier();
@@ -238,10 +216,10 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         // Every writer sums the chosen weights in the same (position) order.
         var chosen_sum = 0.0;
         for (var j = 0u; j < p.k; j++) {
-            chosen_sum += weight_of(by_position[j], total);
+            chosen_sum += value[by_position[j]];
         }
         let i = by_position[t];
-        var v = weight_of(i, total);
+        var v = value[i];
         if ((p.flags & 8u) != 0u) {
             v = v / chosen_sum;
         }
