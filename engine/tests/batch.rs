@@ -114,11 +114,19 @@ fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
     assert_eq!(ended[0].0, id);
     assert_eq!(ended[0].1.stop, Stop::Cancelled);
     assert_eq!(batcher.free_lanes(), 2);
+    assert_eq!(run_alone(&mut batcher, r), fresh);
+    let too_long = request(vec![1; 60], 1.0, GuidanceMode::Paired, 1);
+    let err = batcher.admit(too_long, Box::new(|_| true)).unwrap_err().to_string();
+    assert!(err.contains("positions"), "{err}");
+}
+
+/// Runs `request` as the batcher's only job until it ends; returns its PCM.
+fn run_alone(batcher: &mut Batcher<'_>, request: SynthesisRequest) -> Vec<f32> {
     let out = Arc::new(Mutex::new(Vec::new()));
     let o = out.clone();
     batcher
         .admit(
-            r,
+            request,
             Box::new(move |c| {
                 o.lock().unwrap().extend_from_slice(c);
                 true
@@ -128,10 +136,7 @@ fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
     while batcher.active() > 0 {
         batcher.step().unwrap();
     }
-    assert_eq!(*out.lock().unwrap(), fresh);
-    let too_long = request(vec![1; 60], 1.0, GuidanceMode::Paired, 1);
-    let err = batcher.admit(too_long, Box::new(|_| true)).unwrap_err().to_string();
-    assert!(err.contains("positions"), "{err}");
+    out.lock().unwrap().clone()
 }
 
 /// The server's warm-up job leaves nothing behind: every lane is free after it, and the
@@ -158,21 +163,7 @@ fn a_warmed_up_batcher_gives_a_fresh_runs_bits() {
     let mut batcher = Batcher::new(&engine, 2, 64).unwrap();
     batcher.warm_up().unwrap();
     assert_eq!((batcher.free_lanes(), batcher.active()), (2, 0));
-    let out = Arc::new(Mutex::new(Vec::new()));
-    let o = out.clone();
-    batcher
-        .admit(
-            r,
-            Box::new(move |c| {
-                o.lock().unwrap().extend_from_slice(c);
-                true
-            }),
-        )
-        .unwrap();
-    while batcher.active() > 0 {
-        batcher.step().unwrap();
-    }
-    let got = out.lock().unwrap();
+    let got = run_alone(&mut batcher, r);
     assert_eq!(got.len(), fresh.len());
     assert!(
         got.iter().zip(&fresh).all(|(a, b)| a.to_bits() == b.to_bits()),
