@@ -392,31 +392,48 @@ impl<'e> Batcher<'e> {
         Ok((job.sink)(&pcm))
     }
 
-    /// Runs one short throwaway job through every stage a request uses (a prompt, decoding
-    /// steps with guidance where two lanes are free, a codec chunk), so that what a process
-    /// pays once is paid before its first request. Call it with no jobs running; every lane
-    /// is free again afterwards, and later jobs get exactly the bits they would get without
-    /// it (rows never see other positions than their own job's).
-    pub fn warm_up(&mut self) -> Result<(), EngineError> {
-        let gamma = if self.free.len() >= 2 { 1.5 } else { 1.0 };
+    /// Runs one short throwaway job with `guidance` and `gamma` (as the server's requests
+    /// use them; unguided when fewer lanes exist than guidance needs) through a prompt,
+    /// decoding steps and, unless it samples audio_eos early, a codec chunk, so that what a
+    /// process pays once is paid before its first request; returns the job's stats (None:
+    /// the session's lanes are too short for the job, which is skipped). Refused while jobs
+    /// run. Every lane is free again afterwards, and later jobs get exactly the bits they
+    /// would get without it (rows never see other positions than their own job's).
+    pub fn warm_up(&mut self, guidance: GuidanceMode, gamma: f32) -> Result<Option<SynthesisStats>, EngineError> {
+        if !self.jobs.is_empty() {
+            return Err(EngineError::Input("warming up needs a batcher without jobs".into()));
+        }
+        // Positions left after the voice prefix, a one-token prompt and audio_bos.
+        let room = self
+            .capacity
+            .saturating_sub(self.engine.checkpoint.config.speech.voice_prefix_len + 2);
+        if room == 0 {
+            return Ok(None);
+        }
+        let gamma = if self.free.len() >= Self::lanes_needed(gamma) {
+            gamma
+        } else {
+            1.0
+        };
         let request = SynthesisRequest {
             segments: vec![vec![0]],
             prefix: None,
             gamma,
-            guidance: GuidanceMode::Paired,
+            guidance,
             sampling: SamplingParams {
                 temperature: 1.0,
                 top_k: 0,
                 top_p: 1.0,
                 seed: 0,
             },
-            max_audio_tokens: CODEC_CHUNK + 1,
+            max_audio_tokens: (CODEC_CHUNK + 1).min(room),
         };
         let id = self.admit(request, Box::new(|_| true))?;
-        while self.jobs.iter().any(|job| job.id == id) {
-            self.step()?;
+        loop {
+            if let Some((_, stats)) = self.step()?.into_iter().find(|(ended, _)| *ended == id) {
+                return Ok(Some(stats));
+            }
         }
-        Ok(())
     }
 
     /// Cancels a job (its lanes free at once).

@@ -140,7 +140,8 @@ fn run_alone(batcher: &mut Batcher<'_>, request: SynthesisRequest) -> Vec<f32> {
 }
 
 /// The server's warm-up job leaves nothing behind: every lane is free after it, and the
-/// next job's PCM equals a fresh run's bit for bit.
+/// next job's PCM equals a fresh run's bit for bit. It is refused while a job runs, and
+/// skipped (not failed) where the lanes are too short for it.
 #[test]
 fn a_warmed_up_batcher_gives_a_fresh_runs_bits() {
     let mut rng = rng("warm-up");
@@ -161,7 +162,11 @@ fn a_warmed_up_batcher_gives_a_fresh_runs_bits() {
         .find(|(_, pcm)| !pcm.is_empty())
         .expect("one of ten seeds says something");
     let mut batcher = Batcher::new(&engine, 2, 64).unwrap();
-    batcher.warm_up().unwrap();
+    let warm = batcher.warm_up(GuidanceMode::Paired, 1.5).unwrap();
+    assert!(
+        warm.is_some_and(|stats| stats.stop == Stop::Finished),
+        "the warm-up job ran"
+    );
     assert_eq!((batcher.free_lanes(), batcher.active()), (2, 0));
     let got = run_alone(&mut batcher, r);
     assert_eq!(got.len(), fresh.len());
@@ -169,6 +174,14 @@ fn a_warmed_up_batcher_gives_a_fresh_runs_bits() {
         got.iter().zip(&fresh).all(|(a, b)| a.to_bits() == b.to_bits()),
         "warmed-up run differs"
     );
+    let p = engine.checkpoint.config.speech.voice_prefix_len;
+    let mut short = Batcher::new(&engine, 2, p + 2).unwrap();
+    assert!(short.warm_up(GuidanceMode::Paired, 1.5).unwrap().is_none());
+    let mut busy = Batcher::new(&engine, 4, 64).unwrap();
+    busy.admit(request(vec![1], 1.0, GuidanceMode::Paired, 3), Box::new(|_| true))
+        .unwrap();
+    let err = busy.warm_up(GuidanceMode::Paired, 1.5).unwrap_err().to_string();
+    assert!(err.contains("without jobs"), "{err}");
 }
 
 /// The tokens a request generates, by a plain loop over a session (no batcher): each

@@ -315,9 +315,21 @@ fn router_matches_reference() {
     let mut unnormalised = softmax(4, 16);
     unnormalised.norm_topk_prob = false;
     route_case(unnormalised.clone(), (0..16).collect(), false, false, true);
-    // Weights that keep the softmax denominator, over a kept count that is not a multiple of
-    // four (the denominator's last partial sums).
+    // Weights that keep the softmax denominator, over a kept count that is not a power of
+    // two (a tree of 16 with one empty slot).
     route_case(unnormalised, (0..16).filter(|&e| e != 5).collect(), false, false, false);
+    // Kept counts past 128 (a tree of 256) and past 256 (two experts per invocation), with
+    // weights that keep the denominator (renormalised weights would hide a wrong one).
+    let mut wide = softmax(8, 512);
+    wide.norm_topk_prob = false;
+    route_case(
+        wide.clone(),
+        (0..512).filter(|e| e % 5 != 2).take(200).collect(),
+        false,
+        false,
+        false,
+    );
+    route_case(wide, (0..512).filter(|e| e % 5 != 2).collect(), true, false, false);
     let sigmoid = RouterSpec {
         sigmoid: true,
         k: 6,

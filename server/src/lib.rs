@@ -107,10 +107,10 @@ pub async fn serve(
         in_flight: std::sync::atomic::AtomicUsize::new(0),
     });
     let capacity = c.max_position_embeddings;
-    let lanes = config.max_lanes;
+    let worker_config = config.clone();
     let worker = std::thread::Builder::new()
         .name("drama-gpu".into())
-        .spawn(move || worker::run(engine, lanes, capacity, store, metrics, ready, receiver))
+        .spawn(move || worker::run(engine, worker_config, capacity, store, metrics, ready, receiver))
         .map_err(|e| ServerError::Engine(e.to_string()))?;
     let result = http::listen(state, on_listening, shutdown).await;
     // The state (and with it the last command sender) is gone: the worker drains and ends.

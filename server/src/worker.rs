@@ -14,6 +14,7 @@ use drama_engine::synth::{Stop, SynthesisRequest, SynthesisStats};
 use drama_engine::voice::prefix_from_wav;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::ServerConfig;
 use crate::api::{ApiError, VoiceChoice};
 use crate::metrics::Metrics;
 use crate::voices::VoiceStore;
@@ -65,17 +66,24 @@ struct Running {
 /// Runs the worker until every command sender is gone and the work is finished.
 pub fn run(
     engine: Engine,
-    lanes: usize,
+    config: ServerConfig,
     capacity: usize,
     store: Arc<VoiceStore>,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     commands: std::sync::mpsc::Receiver<Command>,
 ) -> Result<(), String> {
-    let mut batcher = Batcher::new(&engine, lanes, capacity).map_err(|e| e.to_string())?;
+    let mut batcher = Batcher::new(&engine, config.max_lanes, capacity).map_err(|e| e.to_string())?;
     let warming = Instant::now();
-    batcher.warm_up().map_err(|e| format!("warming up: {e}"))?;
-    eprintln!("drama serve: warmed up in {:.2} s", warming.elapsed().as_secs_f64());
+    match batcher.warm_up(config.guidance, config.gamma) {
+        Ok(Some(stats)) => eprintln!(
+            "drama serve: warmed up in {:.2} s ({} tokens)",
+            warming.elapsed().as_secs_f64(),
+            stats.tokens
+        ),
+        Ok(None) => eprintln!("drama serve: no warm-up (the lanes are too short for it)"),
+        Err(e) => return Err(format!("warming up: {e}")),
+    }
     ready.store(true, Ordering::SeqCst);
     let mut waiting: VecDeque<Queued> = VecDeque::new();
     let mut running: HashMap<JobId, Running> = HashMap::new();
