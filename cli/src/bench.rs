@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use drama_engine::bench::{BenchOptions, run as run_bench};
+use drama_engine::bench::{BenchOptions, KernelShare, run as run_bench};
 use drama_engine::session::Engine;
 
 use crate::checkpoint_arg::CheckpointArg;
@@ -88,17 +88,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     for s in &report.decode {
-        let total: f64 = s.profile.iter().map(|k| k.total_us).sum();
-        for k in s.profile.iter().take(8) {
-            eprintln!(
-                "  {:<8} {:<22} {:>4} launches {:>9.1} us ({:.0}% of the profiled step)",
-                s.label,
-                k.kernel,
-                k.launches,
-                k.total_us,
-                100.0 * k.total_us / total.max(1e-9)
-            );
-        }
+        print_profile(&s.label, &s.profile);
     }
     eprintln!("prefill {} rows: {:.2} ms", report.prefill.rows, report.prefill.gpu_ms);
     let y = &report.synthesis;
@@ -114,6 +104,27 @@ pub fn run(args: BenchArgs) -> Result<()> {
         y.first_audio_s,
         y.tokens_per_s
     );
+    let c = &report.codec;
+    eprintln!(
+        "codec chunk of {} codes ({} samples): {:.3} ms GPU, {} launches",
+        c.codes, c.samples, c.gpu_ms, c.dispatches
+    );
+    print_profile("codec", &c.profile);
     println!("wrote {}", args.out.display());
     Ok(())
+}
+
+/// The eight kernel kinds that took the most of a profiled run.
+fn print_profile(label: &str, profile: &[KernelShare]) {
+    let total: f64 = profile.iter().map(|k| k.total_us).sum();
+    for k in profile.iter().take(8) {
+        eprintln!(
+            "  {:<8} {:<22} {:>4} launches {:>9.1} us ({:.0}% of the profiled run)",
+            label,
+            k.kernel,
+            k.launches,
+            k.total_us,
+            100.0 * k.total_us / total.max(1e-9)
+        );
+    }
 }

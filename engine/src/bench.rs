@@ -14,12 +14,13 @@ use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::checkpoint::LayerMlp;
+use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::exec::{LinearIo, linear_launches};
 use crate::gpu::{Capabilities, Dispatch, Gpu};
 use crate::sampling::SamplingParams;
 use crate::session::{Engine, Row, RowSource, Session};
-use crate::synth::{GuidanceMode, SynthesisRequest, synthesize};
+use crate::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest, synthesize};
 use crate::weights::{GpuLinear, Segment};
 
 /// What to run.
@@ -185,6 +186,22 @@ pub struct SynthesisResult {
     pub codec_s: f64,
 }
 
+/// One codec chunk (the codes a synthesis decodes at a time), timed alone.
+#[derive(Debug, Clone, Serialize)]
+pub struct CodecResult {
+    /// Codes in the chunk.
+    pub codes: usize,
+    /// PCM samples they decode to.
+    pub samples: usize,
+    /// Kernel launches of the chunk.
+    pub dispatches: usize,
+    /// Median GPU milliseconds of the chunk's pass.
+    pub gpu_ms: f64,
+    /// Each kernel kind's launches and GPU time, one dispatch per pass (empty without
+    /// timestamp queries); most time first.
+    pub profile: Vec<KernelShare>,
+}
+
 /// Everything `drama bench` writes.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -202,6 +219,8 @@ pub struct BenchReport {
     pub prefill: PrefillResult,
     /// Synthesis.
     pub synthesis: SynthesisResult,
+    /// The codec alone.
+    pub codec: CodecResult,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -471,23 +490,7 @@ pub fn decode_step(
     let traced = session.step(&decode_rows(lanes, options.context + steps, 17 % codes), true)?;
     let moe_layer = moe_layer(engine, &mut session, lanes, options, roofline)?;
     let profile = if engine.gpu.caps.timestamps {
-        let mut shares: Vec<KernelShare> = Vec::new();
-        for (kernel, time) in session.profiled_step(&decode_rows(lanes, options.context + steps + 1, 29 % codes))? {
-            let name = format!("{kernel:?}");
-            match shares.iter_mut().find(|s| s.kernel == name) {
-                Some(share) => {
-                    share.launches += 1;
-                    share.total_us += time.as_secs_f64() * 1e6;
-                }
-                None => shares.push(KernelShare {
-                    kernel: name,
-                    launches: 1,
-                    total_us: time.as_secs_f64() * 1e6,
-                }),
-            }
-        }
-        shares.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
-        shares
+        kernel_shares(session.profiled_step(&decode_rows(lanes, options.context + steps + 1, 29 % codes))?)
     } else {
         Vec::new()
     };
@@ -596,6 +599,57 @@ pub fn prefill(engine: &Engine, options: &BenchOptions) -> Result<PrefillResult,
     })
 }
 
+/// Launches and GPU time per kernel kind, most time first.
+fn kernel_shares(launches: Vec<(Kernel, Duration)>) -> Vec<KernelShare> {
+    let mut shares: Vec<KernelShare> = Vec::new();
+    for (kernel, time) in launches {
+        let name = format!("{kernel:?}");
+        match shares.iter_mut().find(|s| s.kernel == name) {
+            Some(share) => {
+                share.launches += 1;
+                share.total_us += time.as_secs_f64() * 1e6;
+            }
+            None => shares.push(KernelShare {
+                kernel: name,
+                launches: 1,
+                total_us: time.as_secs_f64() * 1e6,
+            }),
+        }
+    }
+    shares.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+    shares
+}
+
+/// One codec chunk of the size synthesis decodes, timed alone (fresh codes each repeat).
+pub fn codec(engine: &Engine, options: &BenchOptions) -> Result<CodecResult, EngineError> {
+    let weights = CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?;
+    let mut decoder = CodecDecoder::new(weights);
+    let codes = engine.checkpoint.config.speech.audio_codes as u32;
+    let chunk = |i: usize| -> Vec<u32> {
+        (0..CODEC_CHUNK as u32)
+            .map(|j| (i as u32 * 131 + j * 29) % codes)
+            .collect()
+    };
+    decoder.decode(&chunk(0))?;
+    let mut profile = Vec::new();
+    let mut dispatches = 0;
+    let mut round = 0;
+    let gpu_ms = median_ms(options.repeats, || {
+        round += 1;
+        let (time, launches) = decoder.timed_chunk(&chunk(round))?;
+        dispatches = launches.len();
+        profile = launches;
+        Ok(time)
+    })?;
+    Ok(CodecResult {
+        codes: CODEC_CHUNK,
+        samples: CODEC_CHUNK * engine.checkpoint.config.codec.samples_per_code(),
+        dispatches,
+        gpu_ms,
+        profile: kernel_shares(profile),
+    })
+}
+
 /// End-to-end synthesis with guidance (paired), a fixed seed and a token cap.
 pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisResult, EngineError> {
     let text: Vec<u32> = (0..24).map(|i| (i * 37 + 11) % 256).collect();
@@ -674,6 +728,8 @@ pub fn run(
     let prefill = prefill(engine, options)?;
     progress("synthesis");
     let synthesis = synthesis(engine, options)?;
+    progress("codec");
+    let codec = codec(engine, options)?;
     Ok(BenchReport {
         machine: Machine {
             adapter: gpu.caps.clone(),
@@ -687,5 +743,6 @@ pub fn run(
         decode,
         prefill,
         synthesis,
+        codec,
     })
 }

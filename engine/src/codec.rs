@@ -429,12 +429,7 @@ impl CodecDecoder {
     /// samples come from the next [`CodecDecoder::finish`] (or `decode`). The GPU runs it in
     /// queue order, so work submitted later (the next model step) finds it done.
     pub fn submit(&mut self, codes: &[u32]) -> Result<(), EngineError> {
-        if let Some(&bad) = codes.iter().find(|&&code| code as usize >= self.weights.codes) {
-            return Err(EngineError::Input(format!(
-                "code {bad} is not below audio_codes {}",
-                self.weights.codes
-            )));
-        }
+        self.check_codes(codes)?;
         // Long inputs run as several chunks (the same samples, bit for bit): a program's
         // convolutions put their frame tiles in one grid dimension (at most 65535).
         let per_program = (65535 * CONV_FRAMES / self.weights.config.samples_per_code()).clamp(1, 64);
@@ -469,9 +464,10 @@ impl CodecDecoder {
         Ok(())
     }
 
-    /// Submits checked codes with the program of their length (its readback free: the
-    /// chunk before is read first).
-    fn submit_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
+    /// Writes checked codes' codebook rows into the input of the program of their length
+    /// (compiled if needed; the chunk in flight read first, its readback free); returns the
+    /// program.
+    fn load_piece(&mut self, codes: &[u32]) -> Result<&ChunkProgram, EngineError> {
         self.read_in_flight()?;
         self.prepare(codes.len())?;
         let program = &self.programs[&codes.len()];
@@ -484,8 +480,49 @@ impl CodecDecoder {
                     .copied()
             })
             .collect();
-        let gpu = &self.weights.gpu;
-        gpu.queue.write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
+        self.weights
+            .gpu
+            .queue
+            .write_buffer(&program.input, 0, bytemuck::cast_slice(&rows));
+        Ok(program)
+    }
+
+    /// Decodes one chunk of `codes` (at most one program's worth) as a timed pass and then
+    /// once more one launch per pass, for `drama bench`: the chunk's GPU time, its launches'
+    /// kernels and times (empty without timestamp queries). Advances the stream twice; the
+    /// samples are not kept.
+    pub fn timed_chunk(
+        &mut self,
+        codes: &[u32],
+    ) -> Result<(std::time::Duration, Vec<(Kernel, std::time::Duration)>), EngineError> {
+        self.check_codes(codes)?;
+        let gpu = self.weights.gpu.clone();
+        let time = gpu.timed_submit(&self.load_piece(codes)?.dispatches)?;
+        let program = self.load_piece(codes)?;
+        let kernels = if gpu.caps.timestamps {
+            let times = gpu.profile_submit(&program.dispatches)?;
+            program.dispatches.iter().map(|d| d.kernel).zip(times).collect()
+        } else {
+            Vec::new()
+        };
+        Ok((time, kernels))
+    }
+
+    /// Refuses codes outside the codebook.
+    fn check_codes(&self, codes: &[u32]) -> Result<(), EngineError> {
+        match codes.iter().find(|&&code| code as usize >= self.weights.codes) {
+            Some(&bad) => Err(EngineError::Input(format!(
+                "code {bad} is not below audio_codes {}",
+                self.weights.codes
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Submits checked codes with the program of their length.
+    fn submit_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
+        let gpu = self.weights.gpu.clone();
+        let program = self.load_piece(codes)?;
         let commands = gpu.encode_then_copy(&program.dispatches, Some((&program.output, &program.readback)));
         self.in_flight = Some((codes.len(), gpu.queue.submit([commands])));
         Ok(())

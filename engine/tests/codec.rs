@@ -139,3 +139,31 @@ fn codec_long_input_equals_its_chunks() {
         "150 codes at once differ from chunks of 8"
     );
 }
+
+/// The benchmark's timed chunk runs the whole chunk program: a positive GPU time and, one
+/// launch per pass, every launch the decoder's architecture implies (the input convolution
+/// and each history-carrying convolution with its history shift and copy; per upsampling
+/// stage a snake, the transposed convolution and per residual unit snake, dilated
+/// convolution, snake, 1x1 convolution, add; the output snake, convolution and tanh), and
+/// codes outside the codebook refused by name.
+#[test]
+fn timed_codec_chunk_runs_every_launch() {
+    let mut rng = rng("codec timed");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let checkpoint = fixture.open();
+    let c = &checkpoint.config.codec;
+    let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
+    let (time, launches) = decoder.timed_chunk(&random_codes(&mut rng, &checkpoint, 8)).unwrap();
+    assert!(time.as_nanos() > 0);
+    let with_history = 3;
+    let per_unit = 1 + with_history + 1 + 1 + 1;
+    let expected = with_history
+        + c.upsample_rates.len() * (1 + with_history + c.residual_dilations.len() * per_unit)
+        + 1
+        + with_history
+        + 1;
+    assert_eq!(launches.len(), expected, "{launches:?}");
+    let bad = checkpoint.config.speech.audio_codes as u32;
+    let err = decoder.timed_chunk(&[bad]).unwrap_err().to_string();
+    assert!(err.contains("audio_codes"), "{err}");
+}
