@@ -420,12 +420,7 @@ impl<'e> Batcher<'e> {
             prefix: None,
             gamma,
             guidance,
-            sampling: SamplingParams {
-                temperature: 1.0,
-                top_k: 0,
-                top_p: 1.0,
-                seed: 0,
-            },
+            sampling: SamplingParams::unfiltered(0),
             max_audio_tokens: (CODEC_CHUNK + 1).min(room),
         };
         let id = self.admit(request, Box::new(|_| true))?;

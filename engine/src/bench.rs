@@ -658,12 +658,7 @@ pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisRes
         prefix: None,
         gamma: 1.5,
         guidance: GuidanceMode::Paired,
-        sampling: SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 1,
-        },
+        sampling: SamplingParams::unfiltered(1),
         max_audio_tokens: options.synthesis_tokens,
     };
     let stats = synthesize(engine, &request, &mut |_| true)?;

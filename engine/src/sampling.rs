@@ -24,6 +24,17 @@ pub struct SamplingParams {
 }
 
 impl SamplingParams {
+    /// Sampling from the whole distribution at temperature 1 (no top-k or top-p cut),
+    /// seeded with `seed`.
+    pub fn unfiltered(seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed,
+        }
+    }
+
     /// Checks the settings; the error names the field.
     pub fn validate(&self) -> Result<(), EngineError> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {

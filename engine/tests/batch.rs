@@ -20,12 +20,7 @@ fn request(text: Vec<u32>, gamma: f32, guidance: GuidanceMode, seed: u64) -> Syn
         prefix: None,
         gamma,
         guidance,
-        sampling: SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed,
-        },
+        sampling: SamplingParams::unfiltered(seed),
         max_audio_tokens: 20,
     }
 }
