@@ -630,23 +630,25 @@ pub fn codec(engine: &Engine, options: &BenchOptions) -> Result<CodecResult, Eng
             .map(|j| (i as u32 * 131 + j * 29) % codes)
             .collect()
     };
-    decoder.decode(&chunk(0))?;
-    let mut profile = Vec::new();
     let mut dispatches = 0;
     let mut round = 0;
     let gpu_ms = median_ms(options.repeats, || {
         round += 1;
         let (time, launches) = decoder.timed_chunk(&chunk(round))?;
-        dispatches = launches.len();
-        profile = launches;
+        dispatches = launches;
         Ok(time)
     })?;
+    let profile = if engine.gpu.caps.timestamps {
+        kernel_shares(decoder.profiled_chunk(&chunk(round + 1))?)
+    } else {
+        Vec::new()
+    };
     Ok(CodecResult {
         codes: CODEC_CHUNK,
         samples: CODEC_CHUNK * engine.checkpoint.config.codec.samples_per_code(),
         dispatches,
         gpu_ms,
-        profile: kernel_shares(profile),
+        profile,
     })
 }
 

@@ -487,25 +487,25 @@ impl CodecDecoder {
         Ok(program)
     }
 
-    /// Decodes one chunk of `codes` (at most one program's worth) as a timed pass and then
-    /// once more one launch per pass, for `drama bench`: the chunk's GPU time, its launches'
-    /// kernels and times (empty without timestamp queries). Advances the stream twice; the
-    /// samples are not kept.
-    pub fn timed_chunk(
-        &mut self,
-        codes: &[u32],
-    ) -> Result<(std::time::Duration, Vec<(Kernel, std::time::Duration)>), EngineError> {
+    /// Decodes one chunk of `codes` (at most one program's worth) as one timed pass, for
+    /// `drama bench`: its GPU time (timestamps at the pass boundaries where the adapter has
+    /// them, wall time otherwise) and its launch count. Advances the stream; the samples are
+    /// not kept.
+    pub fn timed_chunk(&mut self, codes: &[u32]) -> Result<(std::time::Duration, usize), EngineError> {
         self.check_codes(codes)?;
         let gpu = self.weights.gpu.clone();
-        let time = gpu.timed_submit(&self.load_piece(codes)?.dispatches)?;
         let program = self.load_piece(codes)?;
-        let kernels = if gpu.caps.timestamps {
-            let times = gpu.profile_submit(&program.dispatches)?;
-            program.dispatches.iter().map(|d| d.kernel).zip(times).collect()
-        } else {
-            Vec::new()
-        };
-        Ok((time, kernels))
+        Ok((gpu.timed_submit(&program.dispatches)?, program.dispatches.len()))
+    }
+
+    /// Like [`CodecDecoder::timed_chunk`], one launch per pass: each launch's kernel and GPU
+    /// time (needs timestamp queries).
+    pub fn profiled_chunk(&mut self, codes: &[u32]) -> Result<Vec<(Kernel, std::time::Duration)>, EngineError> {
+        self.check_codes(codes)?;
+        let gpu = self.weights.gpu.clone();
+        let program = self.load_piece(codes)?;
+        let times = gpu.profile_submit(&program.dispatches)?;
+        Ok(program.dispatches.iter().map(|d| d.kernel).zip(times).collect())
     }
 
     /// Refuses codes outside the codebook.

@@ -61,15 +61,21 @@ fn reference_errors(
     errors
 }
 
+/// A fresh tiny checkpoint (its fixture kept alive alongside) and a decoder over it.
+fn tiny_codec(rng: &mut rand_chacha::ChaCha8Rng) -> (Fixture, Checkpoint, CodecDecoder) {
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let checkpoint = fixture.open();
+    let decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
+    (fixture, checkpoint, decoder)
+}
+
 #[test]
 fn codec_matches_reference_and_streams_exactly() {
     let mut rng = rng("codec");
-    let fixture = Fixture::preset("tiny", rng.next_u64());
-    let checkpoint = fixture.open();
+    let (_fixture, checkpoint, mut decoder) = tiny_codec(&mut rng);
     let codes = random_codes(&mut rng, &checkpoint, 17);
     let hop = checkpoint.config.codec.samples_per_code();
 
-    let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
     decoder.reset();
     let whole = decoder.decode(&codes).unwrap();
     assert_eq!(whole.len(), codes.len() * hop);
@@ -89,9 +95,7 @@ fn codec_matches_reference_and_streams_exactly() {
             "codec: only {} clean utterances; a second fresh checkpoint",
             clean_count(&errors)
         );
-        let second_fixture = Fixture::preset("tiny", rng.next_u64());
-        let second = second_fixture.open();
-        let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &second).unwrap());
+        let (_second_fixture, second, mut decoder) = tiny_codec(&mut rng);
         let codes = random_codes(&mut rng, &second, 17);
         let again = reference_errors(&second, &mut decoder, &codes, &mut rng);
         assert!(
@@ -126,10 +130,8 @@ fn codec_matches_reference_and_streams_exactly() {
 #[test]
 fn codec_long_input_equals_its_chunks() {
     let mut rng = rng("codec long");
-    let fixture = Fixture::preset("tiny", rng.next_u64());
-    let checkpoint = fixture.open();
+    let (_fixture, checkpoint, mut decoder) = tiny_codec(&mut rng);
     let codes = random_codes(&mut rng, &checkpoint, 150);
-    let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
     let whole = decoder.decode(&codes).unwrap();
     assert_eq!(whole.len(), codes.len() * checkpoint.config.codec.samples_per_code());
     decoder.reset();
@@ -149,10 +151,8 @@ fn codec_long_input_equals_its_chunks() {
 #[test]
 fn timed_codec_chunk_runs_every_launch() {
     let mut rng = rng("codec timed");
-    let fixture = Fixture::preset("tiny", rng.next_u64());
-    let checkpoint = fixture.open();
+    let (_fixture, checkpoint, mut decoder) = tiny_codec(&mut rng);
     let c = &checkpoint.config.codec;
-    let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
     let (time, launches) = decoder.timed_chunk(&random_codes(&mut rng, &checkpoint, 8)).unwrap();
     assert!(time.as_nanos() > 0);
     let with_history = 3;
@@ -162,7 +162,11 @@ fn timed_codec_chunk_runs_every_launch() {
         + 1
         + with_history
         + 1;
-    assert_eq!(launches.len(), expected, "{launches:?}");
+    assert_eq!(launches, expected);
+    if shared_gpu().caps.timestamps {
+        let profile = decoder.profiled_chunk(&random_codes(&mut rng, &checkpoint, 8)).unwrap();
+        assert_eq!(profile.len(), expected, "{profile:?}");
+    }
     let bad = checkpoint.config.speech.audio_codes as u32;
     let err = decoder.timed_chunk(&[bad]).unwrap_err().to_string();
     assert!(err.contains("audio_codes"), "{err}");
