@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use drama_kernels::{CodecParams, ElementwiseParams, Kernel};
+use drama_kernels::{CodecParams, ConvOutput, Kernel};
 
 use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
@@ -60,6 +60,18 @@ struct Conv {
     dilation: usize,
 }
 
+/// What a conv1d launch writes besides the convolution (`drama_kernels::ConvOutput`).
+enum Written<'a> {
+    /// The convolution alone.
+    Plain,
+    /// snake(convolution) with the named alpha, rounded to BF16.
+    Snake(&'a str),
+    /// The given residual plus the convolution.
+    Residual(&'a wgpu::Buffer),
+    /// tanh(convolution): PCM.
+    Tanh,
+}
+
 /// Builds the launches of one chunk, walking the decoder in a fixed order.
 struct Builder<'a> {
     gpu: &'a Gpu,
@@ -81,7 +93,7 @@ impl Builder<'_> {
         self.launch_over(kernel, params, resources, grid)
     }
 
-    /// A launch over a given grid (the convolutions': see [`conv_grid`]).
+    /// A launch over a given grid (the convolutions': see [`conv_grid`], [`transpose_grid`]).
     fn launch_over(
         &mut self,
         kernel: Kernel,
@@ -107,7 +119,9 @@ impl Builder<'_> {
     }
 
     /// Reads and advances the next history: the convolution runs against it, then it
-    /// becomes the last frames of [history | x].
+    /// becomes the last frames of [history | x]. A chunk at least as long as the history
+    /// replaces it with its own last frames in place (one launch); a shorter one keeps part
+    /// of the old history, so the new one is assembled in a scratch buffer and copied back.
     fn with_history(
         &mut self,
         x: &wgpu::Buffer,
@@ -131,16 +145,23 @@ impl Builder<'_> {
             count: count as u32,
             ..Default::default()
         };
+        if frames >= history.frames {
+            // Reads x only: the history binding is never read.
+            let unread = self.gpu.buffer("unread history", 4);
+            return self.launch(Kernel::ShiftHistory, &params, &[x, &unread, &current], count);
+        }
         self.launch(Kernel::ShiftHistory, &params, &[x, &current, &next], count)?;
         self.launch(Kernel::Copy, &params, &[&next, &current], count)
     }
 
+    /// A conv1d of `x` and what it writes (see [`Written`]); returns its output buffer.
     fn conv1d(
         &mut self,
         x: &wgpu::Buffer,
         frames: usize,
         module: &str,
         conv: Conv,
+        written: Written<'_>,
     ) -> Result<wgpu::Buffer, EngineError> {
         let Conv {
             cin,
@@ -162,14 +183,23 @@ impl Builder<'_> {
             lanes: conv_lanes(cin) as u32,
             pad: [0; 3],
         };
-        let grid = conv_grid(cin, cout, frames, 1);
+        let grid = conv_grid(cin, cout, frames);
+        let (kernel, extra) = match written {
+            Written::Plain => (ConvOutput::Plain, None),
+            Written::Snake(alpha) => (ConvOutput::Snake, Some(self.tensor(alpha).clone())),
+            Written::Residual(residual) => (ConvOutput::Residual, Some(residual.clone())),
+            Written::Tanh => (ConvOutput::Tanh, None),
+        };
+        let launch = |me: &mut Self, hist: &wgpu::Buffer| {
+            let mut resources = vec![x, hist, &w, &b, &y];
+            resources.extend(extra.as_ref());
+            me.launch_over(Kernel::Conv1d(kernel), &params, &resources, grid)
+        };
         if k == 1 {
             let none = self.gpu.buffer("no history", 4);
-            self.launch_over(Kernel::Conv1d, &params, &[x, &none, &w, &b, &y], grid)?;
+            launch(self, &none)?;
         } else {
-            self.with_history(x, frames, |me, hist| {
-                me.launch_over(Kernel::Conv1d, &params, &[x, hist, &w, &b, &y], grid)
-            })?;
+            self.with_history(x, frames, launch)?;
         }
         Ok(y)
     }
@@ -197,7 +227,7 @@ impl Builder<'_> {
             lanes: conv_lanes(cin) as u32,
             pad: [0; 3],
         };
-        let grid = conv_grid(cin, cout, frames, r);
+        let grid = transpose_grid(cin, cout, frames, r);
         self.with_history(x, frames, |me, hist| {
             me.launch_over(Kernel::ConvTranspose, &params, &[x, hist, &w, &b, &y], grid)
         })?;
@@ -222,16 +252,6 @@ impl Builder<'_> {
         self.launch(Kernel::Snake, &params, &[x, &a, &y], frames * channels)?;
         Ok(y)
     }
-
-    fn add(&mut self, a: &wgpu::Buffer, b: &wgpu::Buffer, count: usize) -> Result<wgpu::Buffer, EngineError> {
-        let y = self.gpu.buffer("residual", (count * 4) as u64);
-        let params = ElementwiseParams {
-            count: count as u32,
-            ..Default::default()
-        };
-        self.launch(Kernel::Add, &params, &[a, b, &y], count)?;
-        Ok(y)
-    }
 }
 
 /// Threads per output channel of a convolution over `cin` input channels: the largest power
@@ -244,13 +264,29 @@ fn conv_lanes(cin: usize) -> usize {
 /// Frames a convolution workgroup computes (codec.wgsl's FRAMES).
 const CONV_FRAMES: usize = 4;
 
-/// A convolution's workgroups: (output channel groups, tiles of input frames, phases).
-fn conv_grid(cin: usize, cout: usize, frames: usize, phases: usize) -> [u32; 3] {
-    let channels_per_group = 64 / conv_lanes(cin);
+/// Output channels per thread of a conv1d (codec.wgsl's CHANNELS).
+const CONV_CHANNELS: usize = 4;
+
+/// Phases per thread of a transposed convolution (codec.wgsl's PHASES).
+const TRANSPOSE_PHASES: usize = 2;
+
+/// A conv1d's workgroups: (output channel groups, tiles of frames, 1).
+fn conv_grid(cin: usize, cout: usize, frames: usize) -> [u32; 3] {
+    let channels_per_group = 64 / conv_lanes(cin) * CONV_CHANNELS;
     [
         cout.div_ceil(channels_per_group) as u32,
         frames.div_ceil(CONV_FRAMES) as u32,
-        phases as u32,
+        1,
+    ]
+}
+
+/// A transposed convolution's workgroups: (output channel groups, tiles of input frames,
+/// groups of phases).
+fn transpose_grid(cin: usize, cout: usize, frames: usize, rate: usize) -> [u32; 3] {
+    [
+        cout.div_ceil(64 / conv_lanes(cin)) as u32,
+        frames.div_ceil(CONV_FRAMES) as u32,
+        rate.div_ceil(TRANSPOSE_PHASES) as u32,
     ]
 }
 
@@ -354,6 +390,7 @@ impl CodecDecoder {
                 kernel: k,
                 dilation: 1,
             },
+            Written::Plain,
         )?;
         let mut t = frames;
         for (u, &rate) in c.upsample_rates.iter().enumerate() {
@@ -375,9 +412,9 @@ impl CodecDecoder {
                         kernel: k,
                         dilation: d,
                     },
+                    Written::Snake(&at(names::RES_SNAKE2)),
                 )?;
-                let y = b.snake(&y, t, &at(names::RES_SNAKE2), cout)?;
-                let y = b.conv1d(
+                x = b.conv1d(
                     &y,
                     t,
                     &at(names::RES_CONV2),
@@ -387,13 +424,13 @@ impl CodecDecoder {
                         kernel: 1,
                         dilation: 1,
                     },
+                    Written::Residual(&x),
                 )?;
-                x = b.add(&x, &y, t * cout)?;
             }
         }
         let last = *c.channels.last().expect("validated");
         let s = b.snake(&x, t, names::OUT_SNAKE, last)?;
-        let y = b.conv1d(
+        let output = b.conv1d(
             &s,
             t,
             names::CODEC_OUT,
@@ -403,13 +440,8 @@ impl CodecDecoder {
                 kernel: k,
                 dilation: 1,
             },
+            Written::Tanh,
         )?;
-        let output = w.gpu.buffer("pcm", (t * 4) as u64);
-        let params = CodecParams {
-            count: t as u32,
-            ..Default::default()
-        };
-        b.launch(Kernel::TanhOut, &params, &[&y, &output], t)?;
         Ok(ChunkProgram {
             input,
             readback: Readback::new(&w.gpu, "pcm readback", (t * 4) as u64),

@@ -8,6 +8,7 @@ use drama_engine::checkpoint::Checkpoint;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::reference::codec::decode;
 use drama_engine::reference::ops::Rounding;
+use drama_fixtures::Preset;
 use rand_core::Rng;
 
 fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
@@ -29,7 +30,7 @@ fn clean_count(errors: &[f64]) -> usize {
 }
 
 /// PCM rel-L2 against the contract-rounding reference of `codes` and five random
-/// utterances; each within a BF16 flip's reach (5e-2).
+/// utterances of as many codes; each within a BF16 flip's reach (5e-2).
 fn reference_errors(
     checkpoint: &Checkpoint,
     decoder: &mut CodecDecoder,
@@ -41,7 +42,7 @@ fn reference_errors(
         let utterance = if n == 0 {
             codes.to_vec()
         } else {
-            random_codes(rng, checkpoint, 17)
+            random_codes(rng, checkpoint, codes.len())
         };
         decoder.reset();
         let pcm = decoder.decode(&utterance).unwrap();
@@ -61,19 +62,29 @@ fn reference_errors(
     errors
 }
 
-/// A fresh tiny checkpoint (its fixture kept alive alongside) and a decoder over it.
-fn tiny_codec(rng: &mut rand_chacha::ChaCha8Rng) -> (Fixture, Checkpoint, CodecDecoder) {
-    let fixture = Fixture::preset("tiny", rng.next_u64());
+/// A fresh checkpoint of the tiny preset with `change` applied (its fixture kept alive
+/// alongside) and a decoder over it.
+fn codec_of(rng: &mut rand_chacha::ChaCha8Rng, change: fn(&mut Preset)) -> (Fixture, Checkpoint, CodecDecoder) {
+    let mut preset = Preset::by_name("tiny").expect("tiny preset");
+    change(&mut preset);
+    let fixture = Fixture::generated(&preset, rng.next_u64());
     let checkpoint = fixture.open();
     let decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
     (fixture, checkpoint, decoder)
 }
 
-#[test]
-fn codec_matches_reference_and_streams_exactly() {
-    let mut rng = rng("codec");
-    let (_fixture, checkpoint, mut decoder) = tiny_codec(&mut rng);
-    let codes = random_codes(&mut rng, &checkpoint, 17);
+/// A fresh tiny checkpoint and a decoder over it.
+fn tiny_codec(rng: &mut rand_chacha::ChaCha8Rng) -> (Fixture, Checkpoint, CodecDecoder) {
+    codec_of(rng, |_| {})
+}
+
+/// The decoder of the tiny preset with `change` applied against the FP64 reference on
+/// utterances of `length` codes (at least 5), and streamed in chunks of several sizes
+/// against its whole decode, bit for bit.
+fn matches_reference_and_streams_exactly(label: &str, change: fn(&mut Preset), length: usize) {
+    let mut rng = rng(label);
+    let (_fixture, checkpoint, mut decoder) = codec_of(&mut rng, change);
+    let codes = random_codes(&mut rng, &checkpoint, length);
     let hop = checkpoint.config.codec.samples_per_code();
 
     decoder.reset();
@@ -95,8 +106,8 @@ fn codec_matches_reference_and_streams_exactly() {
             "codec: only {} clean utterances; a second fresh checkpoint",
             clean_count(&errors)
         );
-        let (_second_fixture, second, mut decoder) = tiny_codec(&mut rng);
-        let codes = random_codes(&mut rng, &second, 17);
+        let (_second_fixture, second, mut decoder) = codec_of(&mut rng, change);
+        let codes = random_codes(&mut rng, &second, length);
         let again = reference_errors(&second, &mut decoder, &codes, &mut rng);
         assert!(
             clean_count(&again) >= 4,
@@ -105,7 +116,7 @@ fn codec_matches_reference_and_streams_exactly() {
             clean_count(&again)
         );
     }
-    for chunks in [vec![1usize; 17], vec![3, 1, 5, 8], vec![16, 1]] {
+    for chunks in [vec![1usize; length], vec![3, 1, length - 4], vec![length - 1, 1]] {
         decoder.reset();
         let mut streamed = Vec::new();
         let mut start = 0;
@@ -121,8 +132,33 @@ fn codec_matches_reference_and_streams_exactly() {
     }
     decoder.reset();
     assert_eq!(decoder.decode(&codes).unwrap(), whole, "a reset decoder repeats itself");
-    let err = decoder.decode(&[64]).unwrap_err().to_string();
-    assert!(err.contains("code 64"), "{err}");
+    let bad = checkpoint.config.speech.audio_codes;
+    let err = decoder.decode(&[bad as u32]).unwrap_err().to_string();
+    assert!(err.contains(&format!("code {bad}")), "{err}");
+}
+
+#[test]
+fn codec_matches_reference_and_streams_exactly() {
+    matches_reference_and_streams_exactly("codec", |_| {}, 17);
+}
+
+/// Wide channels and a fast upsampling: convolutions over 518 and 520 input channels (64
+/// threads per output channel; 518 outputs of the input convolution, so the last thread's
+/// set of four channels is partial) and an upsampling rate of 9 (five pairs of phases, the
+/// last partial), which the tiny preset never reaches. Short utterances (5 codes): each
+/// BF16 rounding may flip, and these layers round thousands of values per code.
+#[test]
+fn a_wide_codec_matches_reference_and_streams_exactly() {
+    matches_reference_and_streams_exactly(
+        "codec wide",
+        |p| {
+            p.config.codec.codebook_dim = 520;
+            p.config.codec.channels = vec![518, 4];
+            p.config.codec.upsample_rates = vec![9];
+            p.config.codec.residual_dilations = vec![1];
+        },
+        5,
+    );
 }
 
 /// An input longer than one chunk program takes (64 codes) runs as several programs and
@@ -143,28 +179,40 @@ fn codec_long_input_equals_its_chunks() {
 }
 
 /// The benchmark's timed chunk runs the whole chunk program: a positive GPU time and, one
-/// launch per pass, every launch the decoder's architecture implies (the input convolution
-/// and each history-carrying convolution with its history shift and copy; per upsampling
-/// stage a snake, the transposed convolution and per residual unit snake, dilated
-/// convolution, snake, 1x1 convolution, add; the output snake, convolution and tanh), and
-/// codes outside the codebook refused by name.
+/// launch per pass, every launch the decoder's architecture implies (the input convolution;
+/// per upsampling stage a snake, the transposed convolution and per residual unit a snake,
+/// the dilated convolution with the second snake, the 1x1 convolution with the residual
+/// add; the output snake and the output convolution with tanh; after each convolution that
+/// carries history its shift, in place where the chunk is at least as long as the history,
+/// through a scratch copy where it is shorter), and codes outside the codebook refused by
+/// name.
 #[test]
 fn timed_codec_chunk_runs_every_launch() {
     let mut rng = rng("codec timed");
     let (_fixture, checkpoint, mut decoder) = tiny_codec(&mut rng);
     let c = &checkpoint.config.codec;
-    let (time, launches) = decoder.timed_chunk(&random_codes(&mut rng, &checkpoint, 8)).unwrap();
+    let codes = 8;
+    let (time, launches) = decoder
+        .timed_chunk(&random_codes(&mut rng, &checkpoint, codes))
+        .unwrap();
     assert!(time.as_nanos() > 0);
-    let with_history = 3;
-    let per_unit = 1 + with_history + 1 + 1 + 1;
-    let expected = with_history
-        + c.upsample_rates.len() * (1 + with_history + c.residual_dilations.len() * per_unit)
-        + 1
-        + with_history
-        + 1;
+    let shift = |frames: usize, history: usize| if frames >= history { 1 } else { 2 };
+    let k = c.kernel_size;
+    let mut frames = codes;
+    let mut expected = 1 + shift(frames, k - 1);
+    for &rate in &c.upsample_rates {
+        expected += 2 + shift(frames, 1);
+        frames *= rate;
+        for &d in &c.residual_dilations {
+            expected += 3 + shift(frames, (k - 1) * d);
+        }
+    }
+    expected += 2 + shift(frames, k - 1);
     assert_eq!(launches, expected);
     if shared_gpu().caps.timestamps {
-        let profile = decoder.profiled_chunk(&random_codes(&mut rng, &checkpoint, 8)).unwrap();
+        let profile = decoder
+            .profiled_chunk(&random_codes(&mut rng, &checkpoint, codes))
+            .unwrap();
         assert_eq!(profile.len(), expected, "{profile:?}");
     }
     let bad = checkpoint.config.speech.audio_codes as u32;

@@ -32,6 +32,24 @@ pub enum WeightFormat {
     Fp8Block,
 }
 
+/// What a codec conv1d launch writes (`codec.wgsl`'s conv1d entry points): the
+/// convolution itself, or the convolution followed by the element-wise step that always
+/// comes next in the decoder, in the same launch and with the same bits as that step's own
+/// kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum ConvOutput {
+    /// The convolution (bias added, rounded as the flags ask).
+    Plain,
+    /// snake(convolution) rounded to BF16: a residual unit's dilated convolution and its
+    /// second snake (alpha at binding 6).
+    Snake,
+    /// residual + convolution: a residual unit's 1x1 convolution and its residual
+    /// connection (the residual at binding 7).
+    Residual,
+    /// tanh(convolution): the output convolution and the PCM.
+    Tanh,
+}
+
 /// Activation rows a dense linear launch applies each decoded weight to per pass over its
 /// weights (`linear.wgsl`'s MAX_ROWS). Two-row passes need fewer registers, which makes
 /// steps of one or two rows faster; larger batches take eight rows per pass. A row's result
@@ -181,7 +199,7 @@ pub enum Kernel {
     Route,
     /// silu(gate) * up from [gate | up] rows.
     Swiglu,
-    /// Element-wise addition (the tower's and codec's residual connections).
+    /// Element-wise addition (the voice tower's residual connections).
     Add,
     /// Weighted sum of expert outputs added to the residual (layers without a shared expert).
     MoeCombine,
@@ -189,14 +207,12 @@ pub enum Kernel {
     EmbedBf16,
     /// Rows of an F32 table (voice prefixes).
     EmbedF32,
-    /// Causal dilated convolution.
-    Conv1d,
+    /// Causal dilated convolution, and what it writes.
+    Conv1d(ConvOutput),
     /// Transposed convolution (upsampling).
     ConvTranspose,
     /// Snake activation.
     Snake,
-    /// tanh to PCM.
-    TanhOut,
     /// A stream history after a chunk.
     ShiftHistory,
     /// Plain copy.
@@ -244,10 +260,12 @@ impl Kernel {
             Kernel::MoeCombine,
             Kernel::EmbedBf16,
             Kernel::EmbedF32,
-            Kernel::Conv1d,
+            Kernel::Conv1d(ConvOutput::Plain),
+            Kernel::Conv1d(ConvOutput::Snake),
+            Kernel::Conv1d(ConvOutput::Residual),
+            Kernel::Conv1d(ConvOutput::Tanh),
             Kernel::ConvTranspose,
             Kernel::Snake,
-            Kernel::TanhOut,
             Kernel::ShiftHistory,
             Kernel::Copy,
             Kernel::Gelu,
@@ -271,12 +289,9 @@ impl Kernel {
                 Module::Elementwise
             }
             Kernel::MoeCombine => Module::Moe,
-            Kernel::Conv1d
-            | Kernel::ConvTranspose
-            | Kernel::Snake
-            | Kernel::TanhOut
-            | Kernel::ShiftHistory
-            | Kernel::Copy => Module::Codec,
+            Kernel::Conv1d(_) | Kernel::ConvTranspose | Kernel::Snake | Kernel::ShiftHistory | Kernel::Copy => {
+                Module::Codec
+            }
             Kernel::ReadBandwidth => Module::Bandwidth,
             Kernel::UnpackF16 => Module::Probe,
         }
@@ -297,10 +312,12 @@ impl Kernel {
             Kernel::MoeCombine => "moe_combine",
             Kernel::EmbedBf16 => "embed_bf16",
             Kernel::EmbedF32 => "embed_f32",
-            Kernel::Conv1d => "conv1d",
+            Kernel::Conv1d(ConvOutput::Plain) => "conv1d",
+            Kernel::Conv1d(ConvOutput::Snake) => "conv1d_snake",
+            Kernel::Conv1d(ConvOutput::Residual) => "conv1d_residual",
+            Kernel::Conv1d(ConvOutput::Tanh) => "conv1d_tanh",
             Kernel::ConvTranspose => "conv_transpose",
             Kernel::Snake => "snake",
-            Kernel::TanhOut => "tanh_out",
             Kernel::ShiftHistory => "shift_history",
             Kernel::Copy => "copy",
             Kernel::Gelu => "gelu",
@@ -347,11 +364,13 @@ impl Kernel {
             // params, data, sink
             Kernel::ReadBandwidth | Kernel::UnpackF16 => &[0, 1, 2],
             // params, x, hist, w, bias, y
-            Kernel::Conv1d | Kernel::ConvTranspose => &[0, 1, 2, 3, 4, 5],
+            Kernel::Conv1d(ConvOutput::Plain | ConvOutput::Tanh) | Kernel::ConvTranspose => &[0, 1, 2, 3, 4, 5],
+            Kernel::Conv1d(ConvOutput::Snake) => &[0, 1, 2, 3, 4, 5, 6],
+            Kernel::Conv1d(ConvOutput::Residual) => &[0, 1, 2, 3, 4, 5, 7],
             // params, x, alpha, y
             Kernel::Snake => &[0, 1, 3, 5],
             // params, x, y
-            Kernel::TanhOut | Kernel::Copy => &[0, 1, 5],
+            Kernel::Copy => &[0, 1, 5],
             // params, x, hist, y
             Kernel::ShiftHistory => &[0, 1, 2, 5],
         }

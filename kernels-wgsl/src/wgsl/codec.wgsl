@@ -28,6 +28,10 @@ struct Params {
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
+// The outputs of the conv1d entry points other than `conv1d` (see `conv1d_snake` and
+// `conv1d_residual`).
+@group(0) @binding(6) var<storage, read> alpha: array<u32>;
+@group(0) @binding(7) var<storage, read> residual: array<f32>;
 
 fn weight(e: u32) -> f32 {
     return bf16_half(w[e / 2u], e & 1u);
@@ -63,8 +67,16 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // fixed order with compensation, then the lanes' sums are added by a fixed compensated
 // tree, so an output depends only on the layer and its inputs, never on the chunk or tile
 // it falls in. (One thread per output, summing every term alone, took about 14 ms per chunk
-// of 8 codes of the bench codec on an H200.)
+// of 8 codes of the bench codec on an H200.) A thread also computes several outputs that
+// share its activation loads: a conv1d thread CHANNELS output channels, a conv_transpose
+// thread PHASES phases of one channel (their weights lie side by side). Each output's terms
+// keep their order, so neither changes a bit. H200, one chunk of 8 codes of the bench
+// codec, conv1d launches: 1, 2, 4 channels per thread 3.4, 2.0, 1.5 ms; conv_transpose: 1,
+// 2, 8 phases per thread 0.77, 0.51, 0.54 ms (one channel and phase per thread, with the
+// epilogues in their own launches, took 1.80 and 0.49 ms).
 const FRAMES: u32 = 4u;
+const CHANNELS: u32 = 4u;
+const PHASES: u32 = 2u;
 
 // Compensated (Kahan) accumulation, four sums at once (one per frame): the convolutions sum
 // hundreds of products, and a plain f32 sum drifts far enough to flip the BF16 rounding of
@@ -81,30 +93,51 @@ fn add4(s: Sum4, term: vec4<f32>) -> Sum4 {
     return Sum4(t, (t - s.value) - y);
 }
 
-var<workgroup> part_value: array<vec4<f32>, WG>;
-var<workgroup> part_error: array<vec4<f32>, WG>;
+// Four outputs' partial sums per thread, output k of thread t at k * WG + t.
+var<workgroup> part_value: array<vec4<f32>, 4u * WG>;
+var<workgroup> part_error: array<vec4<f32>, 4u * WG>;
 
-// Adds the `p.lanes` sums of each output channel of the workgroup by a fixed tree, each
-// addition exact to its rounding error (TwoSum), the errors summed alongside. Lane 0 of a
-// channel gets its total. Every thread must call it.
-fn reduce_lanes(t: u32, s: Sum4) -> vec4<f32> {
-    part_value[t] = s.value;
-    part_error[t] = -s.carry;
+// Adds the `p.lanes` sums of each of a thread's first `outputs` (2 or 4) outputs across
+// the lanes of its output channel by a fixed tree, each addition exact to its rounding
+// error (TwoSum), the errors summed alongside; the totals stay in the slots of the
+// channel's lane 0 (see `reduced`). Every thread must call it.
+fn reduce_lanes(t: u32, s: array<Sum4, 4>, outputs: u32) {
+    part_value[t] = s[0].value;
+    part_error[t] = -s[0].carry;
+    part_value[WG + t] = s[1].value;
+    part_error[WG + t] = -s[1].carry;
+    if (outputs > 2u) {
+        part_value[2u * WG + t] = s[2].value;
+        part_error[2u * WG + t] = -s[2].carry;
+        part_value[3u * WG + t] = s[3].value;
+        part_error[3u * WG + t] = -s[3].carry;
+    }
     workgroupBarrier();
     let lane = t % p.lanes;
     for (var stride = p.lanes / 2u; stride > 0u; stride /= 2u) {
         if (lane < stride) {
-            let a = part_value[t];
-            let b = part_value[t + stride];
-            let sum = a + b;
-            let b_part = sum - a;
-            let rounding = (a - (sum - b_part)) + (b - b_part);
-            part_value[t] = sum;
-            part_error[t] = part_error[t] + part_error[t + stride] + rounding;
+            for (var k = 0u; k < outputs; k++) {
+                let at = k * WG + t;
+                let a = part_value[at];
+                let b = part_value[at + stride];
+                let sum = a + b;
+                let b_part = sum - a;
+                let rounding = (a - (sum - b_part)) + (b - b_part);
+                part_value[at] = sum;
+                part_error[at] = part_error[at] + part_error[at + stride] + rounding;
+            }
         }
         workgroupBarrier();
     }
-    return part_value[t] + part_error[t];
+}
+
+// After `reduce_lanes`: frame f of output k of the channel whose lane 0 is thread `first`.
+// Any thread of the workgroup may read it, so a channel's lanes share the writing of its
+// outputs (with its lane 0 writing them all, the epilogues ran one after another: the
+// bench codec's 1x1 convolutions took three times as long).
+fn reduced(k: u32, first: u32, f: u32) -> f32 {
+    let at = k * WG + first;
+    return (part_value[at] + part_error[at])[f];
 }
 
 // Frame `e` of [hist | x], channel `i`, for the four frames e .. e + 3 (frames past the
@@ -119,57 +152,155 @@ fn extended4(e: u32, i: u32) -> vec4<f32> {
     );
 }
 
+// A conv1d thread's outputs: CHANNELS channels `first + c * apart` of the workgroup's
+// reduction slots of thread `leader` (its channel's lane 0), FRAMES frames from t0.
+struct ConvTile {
+    first: u32,
+    apart: u32,
+    t0: u32,
+    lane: u32,
+    leader: u32,
+}
+
 // Causal dilated conv1d, weight [out, in, K]: y[t, o] = b[o] + sum_j sum_i
 // w[o, i, j] * x[t - (K - 1 - j) * d, i]; `hist` holds (K - 1) * d frames. A workgroup per
-// (WG / lanes output channels, FRAMES frames).
-@compute @workgroup_size(64)
-fn conv1d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let o = wg.x * (WG / p.lanes) + t / p.lanes;
+// (CHANNELS * WG / lanes output channels, FRAMES frames); a thread's channels are
+// WG / lanes apart (past the last: the last one's weights, not written).
+fn conv1d_tile(wg: vec3<u32>, t: u32) -> ConvTile {
+    let apart = WG / p.lanes;
+    let first = wg.x * apart * CHANNELS + t / p.lanes;
     let lane = t % p.lanes;
     let t0 = wg.y * FRAMES;
-    var acc = Sum4(vec4<f32>(0.0), vec4<f32>(0.0));
-    if (o < p.out_ch) {
+    let channels = min(vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u) * apart, vec4<u32>(p.out_ch - 1u));
+    var acc = array<Sum4, 4>();
+    if (first < p.out_ch) {
+        let rows = channels * p.in_ch;
         for (var j = 0u; j < p.kernel; j++) {
             for (var i = lane; i < p.in_ch; i += p.lanes) {
-                acc = add4(acc, weight((o * p.in_ch + i) * p.kernel + j) * extended4(t0 + j * p.dilation, i));
+                let xs = extended4(t0 + j * p.dilation, i);
+                let at = (rows + vec4<u32>(i)) * p.kernel + vec4<u32>(j);
+                acc[0] = add4(acc[0], weight(at.x) * xs);
+                acc[1] = add4(acc[1], weight(at.y) * xs);
+                acc[2] = add4(acc[2], weight(at.z) * xs);
+                acc[3] = add4(acc[3], weight(at.w) * xs);
             }
         }
     }
-    let total = reduce_lanes(t, acc);
-    if (o < p.out_ch && lane == 0u) {
-        for (var f = 0u; f < FRAMES; f++) {
-            if (t0 + f < p.frames) {
-                y[(t0 + f) * p.out_ch + o] = finish(total[f], o);
-            }
+    reduce_lanes(t, acc, CHANNELS);
+    return ConvTile(first, apart, t0, lane, t - lane);
+}
+
+// Output n (channel n / FRAMES, frame n % FRAMES) of `tile`'s channels: its index in y, or
+// NONE past the channels or frames.
+const NONE: u32 = 0xffffffffu;
+
+fn tile_output(tile: ConvTile, n: u32) -> u32 {
+    let o = tile.first + n / FRAMES * tile.apart;
+    let frame = tile.t0 + n % FRAMES;
+    if (o >= p.out_ch || frame >= p.frames) {
+        return NONE;
+    }
+    return frame * p.out_ch + o;
+}
+
+// The finished value (bias, rounding) of output n of `tile`, and its channel.
+fn tile_value(tile: ConvTile, n: u32) -> f32 {
+    return finish(reduced(n / FRAMES, tile.leader, n % FRAMES), tile.first + n / FRAMES * tile.apart);
+}
+
+// Each entry point below writes the CHANNELS * FRAMES outputs of a channel's thread set,
+// shared among its lanes.
+
+// The conv1d: y = the convolution (bias added, rounded as the flags ask).
+@compute @workgroup_size(64)
+fn conv1d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let tile = conv1d_tile(wg, t);
+    for (var n = tile.lane; n < CHANNELS * FRAMES; n += p.lanes) {
+        let index = tile_output(tile, n);
+        if (index != NONE) {
+            y[index] = tile_value(tile, n);
         }
     }
+}
+
+// A residual unit's dilated conv1d followed by its second snake: y = snake(conv, `alpha`),
+// rounded to BF16 (what `snake` with flag 2 computes from the conv1d's output).
+@compute @workgroup_size(64)
+fn conv1d_snake(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let tile = conv1d_tile(wg, t);
+    for (var n = tile.lane; n < CHANNELS * FRAMES; n += p.lanes) {
+        let index = tile_output(tile, n);
+        if (index != NONE) {
+            let o = index % p.out_ch;
+            y[index] = round_bf16(snake_of(tile_value(tile, n), bf16_half(alpha[o / 2u], o & 1u)));
+        }
+    }
+}
+
+// A residual unit's 1x1 conv1d and the unit's residual connection: y = residual + conv.
+@compute @workgroup_size(64)
+fn conv1d_residual(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let tile = conv1d_tile(wg, t);
+    for (var n = tile.lane; n < CHANNELS * FRAMES; n += p.lanes) {
+        let index = tile_output(tile, n);
+        if (index != NONE) {
+            y[index] = residual[index] + tile_value(tile, n);
+        }
+    }
+}
+
+// The output conv1d and PCM = tanh(conv). The input is clamped to +-15, where tanh is +-1
+// in f32, so fast-math implementations cannot overflow.
+@compute @workgroup_size(64)
+fn conv1d_tanh(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let tile = conv1d_tile(wg, t);
+    for (var n = tile.lane; n < CHANNELS * FRAMES; n += p.lanes) {
+        let index = tile_output(tile, n);
+        if (index != NONE) {
+            y[index] = tanh(clamp(tile_value(tile, n), -15.0, 15.0));
+        }
+    }
+}
+
+// Adds one phase's two terms of an input channel (weights `at` and `at + r`) to its sum.
+fn transpose_terms(s: Sum4, at: u32, r: u32, now: vec4<f32>, before: vec4<f32>) -> Sum4 {
+    return add4(add4(s, weight(at) * now), weight(at + r) * before);
 }
 
 // ConvTranspose1d, kernel 2r, stride r, weight [in, out, 2r], keeping the first T*r outputs:
 // y[s, o] = b[o] + sum_i w[i, o, s % r] x[s / r, i] + w[i, o, s % r + r] x[s / r - 1, i];
 // `hist` holds the previous frame. A workgroup per (WG / lanes output channels, FRAMES
-// input frames, phase s % r): its frames share their weights.
+// input frames, PHASES phases s % r); each phase's terms in input-channel order.
 @compute @workgroup_size(64)
 fn conv_transpose(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = p.kernel;
     let o = wg.x * (WG / p.lanes) + t / p.lanes;
     let lane = t % p.lanes;
     let q0 = wg.y * FRAMES;   // first input frame; frame q is q + 1 in [hist | x]
-    let phase = wg.z;
-    var acc = Sum4(vec4<f32>(0.0), vec4<f32>(0.0));
+    let phase = wg.z * PHASES;
+    let phases = min(PHASES, r - phase);
+    var acc = array<Sum4, 4>();
     if (o < p.out_ch) {
         for (var i = lane; i < p.in_ch; i += p.lanes) {
-            let base = (i * p.out_ch + o) * 2u * r;
-            acc = add4(acc, weight(base + phase) * extended4(q0 + 1u, i));
-            acc = add4(acc, weight(base + phase + r) * extended4(q0, i));
+            let at = (i * p.out_ch + o) * 2u * r + phase;
+            let now = extended4(q0 + 1u, i);
+            let before = extended4(q0, i);
+            acc[0] = transpose_terms(acc[0], at, r, now, before);
+            if (phases > 1u) {
+                acc[1] = transpose_terms(acc[1], at + 1u, r, now, before);
+            }
         }
     }
-    let total = reduce_lanes(t, acc);
-    if (o < p.out_ch && lane == 0u) {
-        for (var f = 0u; f < FRAMES; f++) {
-            if (q0 + f < p.frames) {
-                y[((q0 + f) * r + phase) * p.out_ch + o] = finish(total[f], o);
-            }
+    reduce_lanes(t, acc, PHASES);
+    if (o >= p.out_ch) {
+        return;
+    }
+    // The channel's outputs, shared among its lanes.
+    for (var n = lane; n < PHASES * FRAMES; n += p.lanes) {
+        let k = n / FRAMES;
+        let f = n % FRAMES;
+        if (k < phases && q0 + f < p.frames) {
+            y[((q0 + f) * r + phase + k) * p.out_ch + o] = finish(reduced(k, t - lane, f), o);
         }
     }
 }
@@ -202,36 +333,29 @@ fn accurate_sin(value: f32) -> f32 {
     return sign * (((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r);
 }
 
-// snake(x) = x + sin(alpha x)^2 / (alpha + 1e-9), alpha per channel (`w`, BF16); flag 2
-// rounds to BF16 (the result feeds a convolution).
+// snake(v) = v + sin(alpha v)^2 / (alpha + 1e-9).
+fn snake_of(v: f32, alpha: f32) -> f32 {
+    let s = accurate_sin(alpha * v);
+    return v + s * s / (alpha + 1e-9);
+}
+
+// y = snake(x), alpha per channel (`w`, BF16); flag 2 rounds to BF16 (the result feeds a
+// convolution).
 @compute @workgroup_size(64)
 fn snake(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let n = index(gid, nwg);
     if (n >= p.count) {
         return;
     }
-    let alpha = weight(n % p.out_ch);
-    let v = x[n];
-    let s = accurate_sin(alpha * v);
-    var out = v + s * s / (alpha + 1e-9);
+    var out = snake_of(x[n], weight(n % p.out_ch));
     if ((p.flags & 2u) != 0u) {
         out = round_bf16(out);
     }
     y[n] = out;
 }
 
-// PCM = tanh(x). The input is clamped to +-15, where tanh is +-1 in f32, so fast-math
-// implementations cannot overflow.
-@compute @workgroup_size(64)
-fn tanh_out(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let n = index(gid, nwg);
-    if (n >= p.count) {
-        return;
-    }
-    y[n] = tanh(clamp(x[n], -15.0, 15.0));
-}
-
-// The history after this chunk: the last `history` frames of [hist | x], into `y`.
+// The history after this chunk: the last `history` frames of [hist | x], into `y`. A chunk
+// of at least `history` frames reads x only, so `y` may then be the history itself.
 @compute @workgroup_size(64)
 fn shift_history(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let n = index(gid, nwg);

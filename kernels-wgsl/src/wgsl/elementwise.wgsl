@@ -44,7 +44,7 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     out[i] = maybe_round(g / (1.0 + exp(-g)) * a[gate + p.width]);
 }
 
-// out = a + b (the voice tower's and the codec's residual connections).
+// out = a + b (the voice tower's residual connections).
 @compute @workgroup_size(64)
 fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = element(gid, nwg);
