@@ -104,6 +104,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         y.first_audio_s,
         y.tokens_per_s
     );
+    let per_token = |seconds: f64| seconds / y.tokens.max(1) as f64 * 1e6;
+    eprintln!(
+        "  forwards per token: submit {:.0} us (the GPU idle), record the next step {:.0} us (the GPU busy), wait for the logits {:.0} us; sampling {:.0} us",
+        per_token(y.submit_s),
+        per_token(y.record_s),
+        per_token(y.wait_s),
+        per_token(y.sampling_s)
+    );
     let c = &report.codec;
     eprintln!(
         "codec chunk of {} codes ({} samples): {:.3} ms GPU, {} launches",

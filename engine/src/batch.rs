@@ -264,8 +264,10 @@ impl<'e> Batcher<'e> {
         };
         // The codec submissions inside the window are counted as codec time.
         let forward = forward_start.elapsed().saturating_sub(codec_time);
+        let split = self.session.take_forward_split();
         for job in &mut self.jobs {
             job.stats.time_split.forward += forward;
+            job.stats.time_split.forward_split += split;
         }
         let (cond_logits, uncond_logits) = if separate {
             (&first[..], &second[..])

@@ -6,8 +6,10 @@
 //! through their own lane's cache, so a prefill equals the same tokens fed one by one, and a
 //! guidance pair run as two lanes of one step equals two separate runs, bit for bit.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use drama_graph::drama3::{self, ModelSpec, StepShape, row_source};
 
@@ -135,6 +137,29 @@ pub struct Session<'e> {
     /// its shape's readback holds).
     submitted: u64,
     last_of_shape: HashMap<(usize, bool), u64>,
+    /// Host time of the forwards since [`Session::take_forward_split`] last ran.
+    forward_split: Cell<ForwardSplit>,
+}
+
+/// Where the host's time went in forwards ([`Session::submit`] then [`Session::logits`]),
+/// summed over steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ForwardSplit {
+    /// Checking and writing the step's inputs and submitting its recorded commands (the GPU
+    /// has nothing to run meanwhile).
+    pub submit: Duration,
+    /// Recording the next step's commands (while the GPU runs this one).
+    pub record: Duration,
+    /// Waiting for the logits and reading them back.
+    pub wait: Duration,
+}
+
+impl std::ops::AddAssign for ForwardSplit {
+    fn add_assign(&mut self, other: ForwardSplit) {
+        self.submit += other.submit;
+        self.record += other.record;
+        self.wait += other.wait;
+    }
 }
 
 impl<'e> Session<'e> {
@@ -200,6 +225,7 @@ impl<'e> Session<'e> {
             moe_kept,
             submitted: 0,
             last_of_shape: HashMap::new(),
+            forward_split: Cell::default(),
         })
     }
 
@@ -343,6 +369,7 @@ impl<'e> Session<'e> {
     /// on (the next step's commands are recorded meanwhile); [`Session::logits`] reads its
     /// result. Work submitted after it runs after it.
     pub fn submit(&mut self, rows: &[Row]) -> Result<SubmittedStep, EngineError> {
+        let start = Instant::now();
         let key = self.write_step_inputs(rows, false)?;
         let gpu = self.engine.gpu.clone();
         let exe = &self.steps[&key];
@@ -351,8 +378,14 @@ impl<'e> Session<'e> {
             _ => exe.encode(&gpu),
         };
         let submission = gpu.queue.submit([commands]);
+        let submitted = Instant::now();
         // Record the next step of this shape while the GPU runs this one.
         self.prepared = Some((key, exe.encode(&gpu)));
+        self.add_forward_time(ForwardSplit {
+            submit: submitted - start,
+            record: submitted.elapsed(),
+            wait: Duration::ZERO,
+        });
         self.submitted += 1;
         self.last_of_shape.insert(key, self.submitted);
         Ok(SubmittedStep {
@@ -372,7 +405,24 @@ impl<'e> Session<'e> {
                 step.key.0
             )));
         }
-        self.steps[&step.key].read_encoded_logits(&self.engine.gpu, step.submission)
+        let start = Instant::now();
+        let logits = self.steps[&step.key].read_encoded_logits(&self.engine.gpu, step.submission);
+        self.add_forward_time(ForwardSplit {
+            wait: start.elapsed(),
+            ..ForwardSplit::default()
+        });
+        logits
+    }
+
+    /// The host time of the forwards since the last call, and starts counting anew.
+    pub fn take_forward_split(&self) -> ForwardSplit {
+        self.forward_split.take()
+    }
+
+    fn add_forward_time(&self, time: ForwardSplit) {
+        let mut total = self.forward_split.get();
+        total += time;
+        self.forward_split.set(total);
     }
 
     /// Checks `rows`, compiles their step shape if needed and writes the step's inputs;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::batch::Batcher;
 use crate::error::EngineError;
 use crate::sampling::SamplingParams;
-use crate::session::Engine;
+use crate::session::{Engine, ForwardSplit};
 
 /// How the guidance lanes run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +78,9 @@ pub struct SynthesisStats {
 pub struct TimeSplit {
     /// The batched forwards the job took part in: submit until the logits are on the host.
     pub forward: Duration,
+    /// How the forwards' time divides (its parts add up to `forward`, to within the
+    /// bookkeeping between them).
+    pub forward_split: ForwardSplit,
     /// Its guidance mixes and sampling.
     pub sampling: Duration,
     /// Its codec chunks: submit until the PCM is on the host.

@@ -237,7 +237,8 @@ fn tokens_by_plain_loop(engine: &Engine, request: &SynthesisRequest) -> Vec<u32>
 /// A guided request of two segments, each capped at a token count that is not a multiple
 /// of the codec chunk: the batcher's PCM (chunks queued behind the forwards, flushed at the
 /// end, the codec stream running on across segments) equals the codec's decode of the
-/// tokens a plain loop generates, bit for bit, and their number matches the stats.
+/// tokens a plain loop generates, bit for bit, and their number matches the stats (as does
+/// the division of the forwards' host time).
 #[test]
 fn batcher_audio_equals_the_codec_of_a_plain_loops_tokens() {
     let mut rng = rng("batch plain loop");
@@ -261,6 +262,16 @@ fn batcher_audio_equals_the_codec_of_a_plain_loops_tokens() {
     .unwrap();
     assert_eq!(stats.tokens, tokens.len(), "tokens");
     assert_eq!(stats.samples, got.len(), "samples counted");
+    // The forwards' host time, divided: each part measured, together within the forwards.
+    let (forward, split) = (stats.time_split.forward, stats.time_split.forward_split);
+    assert!(
+        [split.submit, split.record, split.wait].iter().all(|d| !d.is_zero()),
+        "{split:?}"
+    );
+    assert!(
+        split.submit + split.record + split.wait <= forward,
+        "{split:?} of {forward:?}"
+    );
     assert_eq!(got.len(), want.len(), "samples");
     assert!(
         got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
