@@ -290,17 +290,25 @@ fn transpose_grid(cin: usize, cout: usize, frames: usize, rate: usize) -> [u32; 
     ]
 }
 
-/// The convolutions that carry history, in decoding order: (frames kept, channels).
+/// The convolutions that carry history, in decoding order: (frames kept, channels). A
+/// conv1d of kernel size 1 carries none (see [`Builder::conv1d`]); a transposed convolution
+/// always keeps one frame.
 fn history_shapes(c: &crate::checkpoint::config::CodecConfig) -> Vec<(usize, usize)> {
     let k = c.kernel_size;
-    let mut shapes = vec![((k - 1), c.codebook_dim)];
+    let mut shapes = Vec::new();
+    let mut conv = |frames: usize, channels: usize| {
+        if frames > 0 {
+            shapes.push((frames, channels));
+        }
+    };
+    conv(k - 1, c.codebook_dim);
     for u in 0..c.upsample_rates.len() {
-        shapes.push((1, c.channels[u]));
+        conv(1, c.channels[u]);
         for &d in &c.residual_dilations {
-            shapes.push(((k - 1) * d, c.channels[u + 1]));
+            conv((k - 1) * d, c.channels[u + 1]);
         }
     }
-    shapes.push(((k - 1), *c.channels.last().expect("validated")));
+    conv(k - 1, *c.channels.last().expect("validated"));
     shapes
 }
 

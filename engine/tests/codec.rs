@@ -161,6 +161,13 @@ fn a_wide_codec_matches_reference_and_streams_exactly() {
     );
 }
 
+/// Convolutions of kernel size 1 (which the contract allows: an odd positive size) carry no
+/// history; the transposed convolutions between them still do, and each must get its own.
+#[test]
+fn a_codec_of_kernel_size_one_matches_reference_and_streams_exactly() {
+    matches_reference_and_streams_exactly("codec kernel 1", |p| p.config.codec.kernel_size = 1, 17);
+}
+
 /// An input longer than one chunk program takes (64 codes) runs as several programs and
 /// gives the samples of the same codes streamed eight at a time, bit for bit.
 #[test]

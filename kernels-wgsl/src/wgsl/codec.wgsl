@@ -28,8 +28,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
-// The outputs of the conv1d entry points other than `conv1d` (see `conv1d_snake` and
-// `conv1d_residual`).
+// What the epilogues of `conv1d_snake` (alpha, BF16) and `conv1d_residual` (the residual
+// stream) read besides the convolution.
 @group(0) @binding(6) var<storage, read> alpha: array<u32>;
 @group(0) @binding(7) var<storage, read> residual: array<f32>;
 
