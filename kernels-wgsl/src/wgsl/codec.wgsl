@@ -262,11 +262,6 @@ fn conv1d_tanh(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
 }
 
-// Adds one phase's two terms of an input channel (weights `at` and `at + r`) to its sum.
-fn transpose_terms(s: Sum4, at: u32, r: u32, now: vec4<f32>, before: vec4<f32>) -> Sum4 {
-    return add4(add4(s, weight(at) * now), weight(at + r) * before);
-}
-
 // ConvTranspose1d, kernel 2r, stride r, weight [in, out, 2r], keeping the first T*r outputs:
 // y[s, o] = b[o] + sum_i w[i, o, s % r] x[s / r, i] + w[i, o, s % r + r] x[s / r - 1, i];
 // `hist` holds the previous frame. A workgroup per (WG / lanes output channels, FRAMES
@@ -282,12 +277,23 @@ fn conv_transpose(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     var acc = array<Sum4, 4>();
     if (o < p.out_ch) {
         for (var i = lane; i < p.in_ch; i += p.lanes) {
+            // `at` is even (2r per channel pair, even phases): one word holds both phases'
+            // weights of the current frame, and of the previous frame too when r is even.
             let at = (i * p.out_ch + o) * 2u * r + phase;
             let now = extended4(q0 + 1u, i);
             let before = extended4(q0, i);
-            acc[0] = transpose_terms(acc[0], at, r, now, before);
+            let word = w[at / 2u];
+            let now_w = vec2<f32>(bf16_half(word, 0u), bf16_half(word, 1u));
+            var before_w = vec2<f32>(weight(at + r), 0.0);
+            if ((r & 1u) == 0u) {
+                let pair = w[(at + r) / 2u];
+                before_w = vec2<f32>(bf16_half(pair, 0u), bf16_half(pair, 1u));
+            } else if (phases > 1u) {
+                before_w.y = weight(at + r + 1u);
+            }
+            acc[0] = add4(add4(acc[0], now_w.x * now), before_w.x * before);
             if (phases > 1u) {
-                acc[1] = transpose_terms(acc[1], at + 1u, r, now, before);
+                acc[1] = add4(add4(acc[1], now_w.y * now), before_w.y * before);
             }
         }
     }
