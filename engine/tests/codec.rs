@@ -168,6 +168,48 @@ fn a_codec_of_kernel_size_one_matches_reference_and_streams_exactly() {
     matches_reference_and_streams_exactly("codec kernel 1", |p| p.config.codec.kernel_size = 1, 17);
 }
 
+/// Codec architectures drawn at random each run (kernel sizes 1 to 7, one to three stages of
+/// rates 1 to 6, channel counts from 1, one to three dilations): each within a BF16 flip's
+/// reach of the reference, and streamed in chunks of 1, 4 + 5 and 8 + 1 codes equal to its
+/// whole decode, bit for bit.
+#[test]
+fn random_codec_architectures_match_reference_and_stream_exactly() {
+    let mut rng = rng("codec random architectures");
+    for _ in 0..3 {
+        let mut preset = Preset::by_name("tiny").expect("tiny preset");
+        let mut draw = |low: u32, high: u32| (low + rng.next_u32() % (high - low + 1)) as usize;
+        let stages = draw(1, 3);
+        let codec = &mut preset.config.codec;
+        codec.kernel_size = 2 * draw(0, 3) + 1;
+        codec.codebook_dim = draw(1, 24);
+        codec.upsample_rates = (0..stages).map(|_| draw(1, 6)).collect();
+        codec.channels = (0..=stages).map(|_| draw(1, 40)).collect();
+        codec.residual_dilations = (0..draw(1, 3)).map(|_| draw(1, 5)).collect();
+        let label = format!("{codec:?}");
+        let fixture = Fixture::generated(&preset, rng.next_u64());
+        let checkpoint = fixture.open();
+        let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
+        let codes = random_codes(&mut rng, &checkpoint, 9);
+        let whole = decoder.decode(&codes).unwrap();
+        let want = decode(&checkpoint, &codes, Rounding::Contract);
+        let err = rel_l2(&whole, &want);
+        assert!(err <= 5e-2, "{label}: PCM rel-L2 {err:.2e} against the reference");
+        for chunks in [vec![1usize; 9], vec![4, 5], vec![8, 1]] {
+            decoder.reset();
+            let mut streamed = Vec::new();
+            let mut start = 0;
+            for n in chunks.iter().copied() {
+                streamed.extend(decoder.decode(&codes[start..start + n]).unwrap());
+                start += n;
+            }
+            assert!(
+                streamed.len() == whole.len() && streamed.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{label}: chunks {chunks:?} differ from the whole decode"
+            );
+        }
+    }
+}
+
 /// An input longer than one chunk program takes (64 codes) runs as several programs and
 /// gives the samples of the same codes streamed eight at a time, bit for bit.
 #[test]
