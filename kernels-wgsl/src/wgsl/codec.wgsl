@@ -135,7 +135,7 @@ fn reduce_lanes(t: u32, s: array<Sum4, 4>, outputs: u32) {
 // After `reduce_lanes`: frame f of output k of the channel whose lane 0 is thread `first`.
 // Any thread of the workgroup may read it, so a channel's lanes share the writing of its
 // outputs (with its lane 0 writing them all, the epilogues ran one after another: the
-// bench codec's 1x1 convolutions took three times as long).
+// bench codec's twelve 1x1 convolutions took 631 us of an H200 chunk against 346 us).
 fn reduced(k: u32, first: u32, f: u32) -> f32 {
     let at = k * WG + first;
     return (part_value[at] + part_error[at])[f];
