@@ -72,7 +72,7 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // thread PHASES phases of one channel (their weights lie side by side). Each output's terms
 // keep their order, so neither changes a bit. H200, one chunk of 8 codes of the bench
 // codec, conv1d launches: 1, 2, 4 channels per thread 3.4, 2.0, 1.5 ms (the same registers
-// spent on frames, 2 channels x 8 frames or 1 x 16, 1.65 and 2.0 ms: the activation loads
+// spent on frames, 2 channels x 8 frames or 1 x 16, 1.58 and 1.90 ms: the activation loads
 // are the cost); conv_transpose: 1, 2, 8 phases per thread 0.77, 0.51, 0.54 ms (one channel
 // and phase per thread, with the epilogues in their own launches, took 1.80 and 0.49 ms).
 const FRAMES: u32 = 4u;
