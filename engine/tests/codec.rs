@@ -29,6 +29,27 @@ fn clean_count(errors: &[f64]) -> usize {
     errors.iter().filter(|&&e| e <= 1e-6).count()
 }
 
+/// Whether two PCM streams hold the same samples, bit for bit.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Decodes `codes` from a reset decoder in pieces of the given lengths, in order, and
+/// asserts their PCM is `whole`'s, bit for bit (`label` names the case).
+fn assert_streams_exactly(decoder: &mut CodecDecoder, codes: &[u32], whole: &[f32], pieces: &[usize], label: &str) {
+    decoder.reset();
+    let mut streamed = Vec::new();
+    let mut start = 0;
+    for &n in pieces {
+        streamed.extend(decoder.decode(&codes[start..start + n]).unwrap());
+        start += n;
+    }
+    assert!(
+        same_bits(&streamed, whole),
+        "{label}: chunks {pieces:?} differ from the whole decode"
+    );
+}
+
 /// PCM rel-L2 against the contract-rounding reference of `codes` and five random
 /// utterances of as many codes; each within a BF16 flip's reach (5e-2).
 fn reference_errors(
@@ -116,19 +137,8 @@ fn matches_reference_and_streams_exactly(label: &str, change: fn(&mut Preset), l
             clean_count(&again)
         );
     }
-    for chunks in [vec![1usize; length], vec![3, 1, length - 4], vec![length - 1, 1]] {
-        decoder.reset();
-        let mut streamed = Vec::new();
-        let mut start = 0;
-        for n in chunks.iter().copied() {
-            streamed.extend(decoder.decode(&codes[start..start + n]).unwrap());
-            start += n;
-        }
-        let same = streamed.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(
-            same && streamed.len() == whole.len(),
-            "chunks {chunks:?} differ from the whole decode"
-        );
+    for pieces in [vec![1usize; length], vec![3, 1, length - 4], vec![length - 1, 1]] {
+        assert_streams_exactly(&mut decoder, &codes, &whole, &pieces, label);
     }
     decoder.reset();
     assert_eq!(decoder.decode(&codes).unwrap(), whole, "a reset decoder repeats itself");
@@ -194,18 +204,8 @@ fn random_codec_architectures_match_reference_and_stream_exactly() {
         let want = decode(&checkpoint, &codes, Rounding::Contract);
         let err = rel_l2(&whole, &want);
         assert!(err <= 5e-2, "{label}: PCM rel-L2 {err:.2e} against the reference");
-        for chunks in [vec![1usize; 9], vec![4, 5], vec![8, 1]] {
-            decoder.reset();
-            let mut streamed = Vec::new();
-            let mut start = 0;
-            for n in chunks.iter().copied() {
-                streamed.extend(decoder.decode(&codes[start..start + n]).unwrap());
-                start += n;
-            }
-            assert!(
-                streamed.len() == whole.len() && streamed.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{label}: chunks {chunks:?} differ from the whole decode"
-            );
+        for pieces in [vec![1usize; 9], vec![4, 5], vec![8, 1]] {
+            assert_streams_exactly(&mut decoder, &codes, &whole, &pieces, &label);
         }
     }
 }
@@ -219,12 +219,8 @@ fn codec_long_input_equals_its_chunks() {
     let codes = random_codes(&mut rng, &checkpoint, 150);
     let whole = decoder.decode(&codes).unwrap();
     assert_eq!(whole.len(), codes.len() * checkpoint.config.codec.samples_per_code());
-    decoder.reset();
-    let streamed: Vec<f32> = codes.chunks(8).flat_map(|c| decoder.decode(c).unwrap()).collect();
-    assert!(
-        streamed.len() == whole.len() && streamed.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "150 codes at once differ from chunks of 8"
-    );
+    let eights: Vec<usize> = codes.chunks(8).map(<[u32]>::len).collect();
+    assert_streams_exactly(&mut decoder, &codes, &whole, &eights, "150 codes at once");
 }
 
 /// The benchmark's timed chunk runs the whole chunk program: a positive GPU time and, one
