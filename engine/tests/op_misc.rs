@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use drama_engine::numerics::round_to_bf16;
 use drama_engine::reference::ops::{self, RouterSpec};
-use drama_kernels::{AttentionParams, ElementwiseParams, Kernel, MoeParams, NormParams, RouterParams};
+use drama_kernels::{AttentionParams, ConvOutput, ElementwiseParams, Kernel, MoeParams, NormParams, RouterParams};
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
@@ -598,4 +598,119 @@ fn snake_matches_reference_to_a_few_ulps() {
         scale.push(exact.abs() + sine.abs() / a);
     }
     check(label, &got, &want, &scale, 2.0 * f64::from(f32::EPSILON));
+}
+
+/// A codec conv1d whose launch also runs the step after it (snake2, the residual add, tanh)
+/// writes what the convolution followed by that step's own kernel writes: bit for bit for
+/// the snake and the add (the same arithmetic), within f32 rounding of the host's tanh for
+/// the output convolution. Random shapes with a history, channel counts that leave the last
+/// thread's set of four channels partial, narrow and wide inputs (2 and 16 threads per
+/// output channel).
+#[test]
+fn conv_epilogues_give_their_own_kernels_bits() {
+    let label = "conv epilogues";
+    let mut rng = rng(label);
+    let gpu = gpu();
+    for (cin, cout) in [(24usize, 10usize), (130, 37)] {
+        let (frames, kernel, dilation) = (13usize, 3usize, 2usize);
+        let history = (kernel - 1) * dilation;
+        let lanes = 1usize << (cin / 8).clamp(1, 64).ilog2();
+        let params = drama_kernels::CodecParams {
+            frames: frames as u32,
+            in_ch: cin as u32,
+            out_ch: cout as u32,
+            kernel: kernel as u32,
+            dilation: dilation as u32,
+            history: history as u32,
+            flags: 3,
+            count: (frames * cout) as u32,
+            lanes: lanes as u32,
+            pad: [0; 3],
+        };
+        let p = gpu.uniform("p", &params);
+        let x = gpu.buffer_with("x", &f32_bytes(&bf16_values(&mut rng, frames * cin, 2.0)));
+        let hist = gpu.buffer_with("hist", &f32_bytes(&bf16_values(&mut rng, history * cin, 2.0)));
+        let w = gpu.buffer_with("w", &pack_bf16(&bf16_values(&mut rng, cout * cin * kernel, 0.3)));
+        let bias = gpu.buffer_with("bias", &pack_bf16(&bf16_values(&mut rng, cout, 0.5)));
+        let alphas: Vec<f32> = bf16_values(&mut rng, cout, 1.0)
+            .iter()
+            .map(|a| round_to_bf16(0.1 + a.abs()))
+            .collect();
+        let alpha = gpu.buffer_with("alpha", &pack_bf16(&alphas));
+        let residual = gpu.buffer_with("residual", &f32_bytes(&uniform(&mut rng, frames * cout, 3.0)));
+        let count = frames * cout;
+        let conv_grid = [cout.div_ceil(64 / lanes * 4) as u32, frames.div_ceil(4) as u32, 1];
+        let grid = [count.div_ceil(64) as u32, 1, 1];
+        let out = |name: &str| poisoned(gpu, name, count);
+        let conv = |output, extra: Option<&wgpu::Buffer>, y: &wgpu::Buffer| {
+            let mut buffers = vec![&p, &x, &hist, &w, &bias, y];
+            buffers.extend(extra);
+            dispatch(gpu, Kernel::Conv1d(output), &buffers, conv_grid)
+        };
+        // The convolution, then each step in its own launch.
+        let (plain, snaked, added) = (out("plain"), out("snaked"), out("added"));
+        let snake_params = gpu.uniform(
+            "snake p",
+            &drama_kernels::CodecParams {
+                out_ch: cout as u32,
+                flags: 2,
+                count: count as u32,
+                ..Default::default()
+            },
+        );
+        let add_params = gpu.uniform(
+            "add p",
+            &ElementwiseParams {
+                count: count as u32,
+                ..Default::default()
+            },
+        );
+        run(
+            gpu,
+            &[
+                conv(ConvOutput::Plain, None, &plain),
+                dispatch(gpu, Kernel::Snake, &[&snake_params, &plain, &alpha, &snaked], grid),
+                dispatch(gpu, Kernel::Add, &[&add_params, &residual, &plain, &added], grid),
+            ],
+        );
+        // The fused launches.
+        let (fused_snake, fused_add, pcm) = (out("fused snake"), out("fused add"), out("pcm"));
+        run(
+            gpu,
+            &[
+                conv(ConvOutput::Snake, Some(&alpha), &fused_snake),
+                conv(ConvOutput::Residual, Some(&residual), &fused_add),
+                conv(ConvOutput::Tanh, None, &pcm),
+            ],
+        );
+        let plain_values = gpu.read_f32(&plain).unwrap();
+        assert!(
+            plain_values.iter().all(|v| v.is_finite()),
+            "{cin} -> {cout}: the plain convolution left outputs unwritten"
+        );
+        for (name, fused, separate) in [
+            ("conv1d_snake", &fused_snake, &snaked),
+            ("conv1d_residual", &fused_add, &added),
+        ] {
+            let (got, want) = (gpu.read_f32(fused).unwrap(), gpu.read_f32(separate).unwrap());
+            let first = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(
+                first, None,
+                "{cin} -> {cout}: {name} differs from its two launches at output {first:?}"
+            );
+        }
+        // WGSL leaves tanh's accuracy to the platform: 1e-4 here, far below what a missing
+        // or misplaced tanh would change (the convolution's outputs reach well past 1).
+        assert!(
+            plain_values.iter().any(|v| v.abs() > 1.0),
+            "{cin} -> {cout}: outputs too small to tell"
+        );
+        for (got, v) in gpu.read_f32(&pcm).unwrap().iter().zip(&plain_values) {
+            let want = v.clamp(-15.0, 15.0).tanh();
+            assert!(
+                (got - want).abs() <= 1e-4,
+                "{cin} -> {cout}: tanh({v}) = {want}, got {got}"
+            );
+        }
+    }
 }
