@@ -78,6 +78,8 @@ struct Builder<'a> {
     tensors: &'a HashMap<String, wgpu::Buffer>,
     histories: &'a [History],
     next_history: usize,
+    /// A 4-byte buffer bound where a launch reads no history.
+    no_history: wgpu::Buffer,
     dispatches: Vec<Dispatch>,
 }
 
@@ -147,7 +149,7 @@ impl Builder<'_> {
         };
         if frames >= history.frames {
             // Reads x only: the history binding is never read.
-            let unread = self.gpu.buffer("unread history", 4);
+            let unread = self.no_history.clone();
             return self.launch(Kernel::ShiftHistory, &params, &[x, &unread, &current], count);
         }
         self.launch(Kernel::ShiftHistory, &params, &[x, &current, &next], count)?;
@@ -195,8 +197,9 @@ impl Builder<'_> {
             resources.extend(extra.as_ref());
             me.launch_over(Kernel::Conv1d(kernel), &params, &resources, grid)
         };
-        if k == 1 {
-            let none = self.gpu.buffer("no history", 4);
+        // No history for kernel size 1 (`history_shapes` lists none either).
+        if params.history == 0 {
+            let none = self.no_history.clone();
             launch(self, &none)?;
         } else {
             self.with_history(x, frames, launch)?;
@@ -386,6 +389,7 @@ impl CodecDecoder {
             tensors: &w.tensors,
             histories: &self.histories,
             next_history: 0,
+            no_history: w.gpu.buffer("no history", 4),
             dispatches: Vec::new(),
         };
         let mut x = b.conv1d(
