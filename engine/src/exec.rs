@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use drama_graph::drama3::{STEP_INPUTS, StepShape, row_source};
-use drama_graph::ir::{LinearMember, Op, Projection, ValueKind};
+use drama_graph::ir::{LinearMember, Op, PairHalf, Projection, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
@@ -16,7 +16,7 @@ use drama_kernels::{
 
 use crate::error::EngineError;
 use crate::gpu::{Dispatch, Gpu, Readback};
-use crate::weights::{GpuLinear, GpuWeights, stack_key};
+use crate::weights::{GpuLinear, GpuWeights, Segment, stack_key};
 
 /// A compiled step: planned buffers and the recorded launches.
 pub struct Executable {
@@ -209,6 +209,27 @@ impl<'a> Lowering<'a> {
                 };
                 self.lower_linear(members, *in_features, io)?;
             }
+            Op::LinearPair {
+                first,
+                second,
+                in_features,
+            } => {
+                let (x, rows) = (self.buffer(inputs[0])?, self.rows(inputs[0]));
+                let io = |half: &PairHalf, y| LinearIo {
+                    x,
+                    y,
+                    rows,
+                    column: 0,
+                    y_stride: half.width(),
+                    round: half.round_output,
+                    residual: None,
+                    swiglu: half.swiglu,
+                    combine: None,
+                    cache: None,
+                };
+                let ios = [io(first, out), io(second, self.buffer(node.outputs[1])?)];
+                self.lower_linear_pair([first, second], *in_features, ios)?;
+            }
             Op::Attention {
                 heads,
                 kv_heads,
@@ -337,20 +358,8 @@ impl<'a> Lowering<'a> {
         io: LinearIo<'_>,
     ) -> Result<(), EngineError> {
         let weights = self.bind.weights;
-        let check = |name: &str, linear: &GpuLinear| {
-            if linear.in_features == in_features {
-                Ok(())
-            } else {
-                Err(EngineError::Unsupported(format!("{name}: input width mismatch")))
-            }
-        };
         if io.swiglu || stacks(members) {
-            let key = stack_key(members);
-            let linear = weights
-                .linears
-                .get(&key)
-                .ok_or_else(|| EngineError::Unsupported(format!("{key}: not uploaded as a stack")))?;
-            check(&key, linear)?;
+            let linear = self.stacked_weight(members, in_features)?;
             // A SwiGLU stack writes one feature per gate/up row pair.
             let y_stride = if io.swiglu { linear.out } else { io.y_stride };
             let launches = linear_launches(self.gpu, linear, &weights.placeholder, &LinearIo { y_stride, ..io })?;
@@ -360,10 +369,51 @@ impl<'a> Lowering<'a> {
         let mut column = 0;
         for member in members {
             let linear = &weights.linears[&member.weight];
-            check(&member.weight, linear)?;
+            check_input_width(&member.weight, linear, in_features)?;
             let launches = linear_launches(self.gpu, linear, &weights.placeholder, &LinearIo { column, ..io })?;
             self.dispatches.extend(launches);
             column += member.out;
+        }
+        Ok(())
+    }
+
+    /// The uploaded stack of `members` (a SwiGLU pair or a [`stacks`] group).
+    fn stacked_weight(&self, members: &[LinearMember], in_features: usize) -> Result<&'a GpuLinear, EngineError> {
+        let key = stack_key(members);
+        let linear = self
+            .bind
+            .weights
+            .linears
+            .get(&key)
+            .ok_or_else(|| EngineError::Unsupported(format!("{key}: not uploaded as a stack")))?;
+        check_input_width(&key, linear, in_features)?;
+        Ok(linear)
+    }
+
+    /// A linear pair: one launch when each half's weight is one segment, else each half's
+    /// own launches (the same bits either way).
+    fn lower_linear_pair(
+        &mut self,
+        halves: [&PairHalf; 2],
+        in_features: usize,
+        ios: [LinearIo<'_>; 2],
+    ) -> Result<(), EngineError> {
+        let weights = self.bind.weights;
+        let half_weight = |half: &PairHalf| match half.members.as_slice() {
+            [single] if !half.swiglu => {
+                let linear = &weights.linears[&single.weight];
+                check_input_width(&single.weight, linear, in_features).map(|()| linear)
+            }
+            members => self.stacked_weight(members, in_features),
+        };
+        let linears = [half_weight(halves[0])?, half_weight(halves[1])?];
+        if linears.iter().all(|l| l.segments.len() == 1) {
+            let launch = linear_pair_launch(self.gpu, linears, &weights.placeholder, [&ios[0], &ios[1]])?;
+            self.dispatches.push(launch);
+            return Ok(());
+        }
+        for (half, io) in halves.into_iter().zip(ios) {
+            self.lower_linear(&half.members, in_features, io)?;
         }
         Ok(())
     }
@@ -446,6 +496,15 @@ impl<'a> Lowering<'a> {
             scale: 1.0 / (head_dim as f32).sqrt(),
             pad: 0,
         }
+    }
+}
+
+/// Refuses a linear whose uploaded input width is not the node's.
+fn check_input_width(name: &str, linear: &GpuLinear, in_features: usize) -> Result<(), EngineError> {
+    if linear.in_features == in_features {
+        Ok(())
+    } else {
+        Err(EngineError::Unsupported(format!("{name}: input width mismatch")))
     }
 }
 
@@ -532,79 +591,134 @@ pub fn linear_launches(
     placeholder: &wgpu::Buffer,
     io: &LinearIo<'_>,
 ) -> Result<Vec<Dispatch>, EngineError> {
+    let kernel = Kernel::dense_linear(linear.format, PassRows::for_rows(io.rows), io.cache.is_some());
+    linear
+        .segments
+        .iter()
+        .map(|segment| {
+            let launch = segment_launch(linear, segment, placeholder, io)?;
+            Ok(gpu.dispatch(kernel, &launch.params, &launch.resources, launch.grid)?)
+        })
+        .collect()
+}
+
+/// Two BF16 linears of one segment each over the same input as one launch
+/// (`Kernel::LinearPair`): the first's workgroups, then the second's, each computing what
+/// its own [`linear_launches`] launch would.
+pub fn linear_pair_launch(
+    gpu: &Gpu,
+    [first, second]: [&GpuLinear; 2],
+    placeholder: &wgpu::Buffer,
+    [first_io, second_io]: [&LinearIo<'_>; 2],
+) -> Result<Dispatch, EngineError> {
+    let one_bf16_segment = |l: &GpuLinear| l.format == WeightFormat::Bf16 && l.bias.is_none() && l.segments.len() == 1;
+    if !(one_bf16_segment(first) && one_bf16_segment(second) && first.in_features == second.in_features) {
+        return Err(EngineError::Unsupported(
+            "a linear pair needs two bias-free BF16 weights of one segment and one input width".into(),
+        ));
+    }
+    let mut launch = segment_launch(first, &first.segments[0], placeholder, first_io)?;
+    let tail = segment_launch(second, &second.segments[0], placeholder, second_io)?;
+    launch.params.split_groups = launch.grid[0];
+    launch.params.second_out_features = tail.params.out_features;
+    launch.params.second_y_stride = tail.params.y_stride;
+    launch.params.second_flags = tail.params.flags;
+    // The last two bindings are the second weight and output (see `segment_launch`).
+    let count = launch.resources.len();
+    launch.resources[count - 2] = &second.segments[0].codes;
+    launch.resources[count - 1] = second_io.y;
+    launch.grid[0] += tail.grid[0];
+    let kernel = Kernel::LinearPair(PassRows::for_rows(first_io.rows));
+    Ok(gpu.dispatch(kernel, &launch.params, &launch.resources, launch.grid)?)
+}
+
+/// One dense-linear launch before it is dispatched.
+struct SegmentLaunch<'a> {
+    params: LinearParams,
+    resources: Vec<&'a wgpu::Buffer>,
+    grid: [u32; 3],
+}
+
+/// The parameters, bindings and grid of the launch that computes one weight segment.
+fn segment_launch<'a>(
+    linear: &'a GpuLinear,
+    segment: &'a Segment,
+    placeholder: &'a wgpu::Buffer,
+    io: &LinearIo<'a>,
+) -> Result<SegmentLaunch<'a>, EngineError> {
     let bias = linear.bias.as_ref().unwrap_or(placeholder);
-    let mut launches = Vec::new();
     // A SwiGLU segment holds two weight rows (gate, up) per output feature.
     let rows_per_feature = if io.swiglu { 2 } else { 1 };
-    for segment in &linear.segments {
-        let first = io.column + segment.range.start;
-        if let Some(cache) = io.cache
-            && !(first.is_multiple_of(cache.head_dim) && segment.range.len().is_multiple_of(cache.head_dim))
-        {
-            return Err(EngineError::Unsupported(format!(
-                "a [q|k|v] weight segment at column {first} of {} rows does not hold whole heads of {}",
-                segment.range.len(),
-                cache.head_dim
-            )));
-        }
-        let params = LinearParams {
-            rows: io.rows as u32,
-            in_features: linear.in_features as u32,
-            out_features: (segment.range.len() * rows_per_feature) as u32,
-            out_offset: first as u32,
-            y_stride: io.y_stride as u32,
-            x_row_div: 1,
-            expert_begin: 0,
-            expert_end: 0,
-            flags: u32::from(linear.bias.is_some())
-                | if io.round { 2 } else { 0 }
-                | if io.residual.is_some() { 4 } else { 0 }
-                | if io.swiglu { 8 } else { 0 }
-                | if io.combine.is_some() { 16 } else { 0 },
-            tensor_scale: linear.tensor_scale,
-            bias_offset: segment.range.start as u32,
-            combine_k: io.combine.map_or(0, |c| c.k as u32),
-            gate_stride: io.combine.map_or(0, |c| c.gate_stride as u32),
-            head_dim: io.cache.map_or(0, |c| c.head_dim as u32),
-            q_width: io.cache.map_or(0, |c| c.q_width as u32),
-            capacity: io.cache.map_or(0, |c| c.capacity as u32),
-        };
-        let mut resources = vec![io.x, &segment.codes];
-        if linear.format != WeightFormat::Bf16 {
-            resources.push(&segment.scales);
-        }
-        let [routed_weights, routed_out, gate_logits] = match io.combine {
-            Some(c) => [c.routed_weights, c.routed_out, c.gate_logits],
-            None => [placeholder; 3],
-        };
-        // Without a cache write the caches' read_write bindings get y, which the kernel
-        // then never touches through them.
-        let [row_lane, row_pos, rope_table, k_cache, v_cache] = match io.cache {
-            Some(c) => [c.row_lane, c.row_pos, c.rope_table, c.k_cache, c.v_cache],
-            None => [placeholder, placeholder, placeholder, io.y, io.y],
-        };
-        resources.extend([
-            bias,
-            routed_weights,
-            io.y,
-            routed_out,
-            io.residual.unwrap_or(placeholder),
-            gate_logits,
-            row_lane,
-            row_pos,
-            rope_table,
-            k_cache,
-            v_cache,
-        ]);
-        let grid = [
-            (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),
-            1,
-            1,
-        ];
-        let kernel = Kernel::dense_linear(linear.format, PassRows::for_rows(io.rows), io.cache.is_some());
-        launches.push(gpu.dispatch(kernel, &params, &resources, grid)?);
+    let first = io.column + segment.range.start;
+    if let Some(cache) = io.cache
+        && !(first.is_multiple_of(cache.head_dim) && segment.range.len().is_multiple_of(cache.head_dim))
+    {
+        return Err(EngineError::Unsupported(format!(
+            "a [q|k|v] weight segment at column {first} of {} rows does not hold whole heads of {}",
+            segment.range.len(),
+            cache.head_dim
+        )));
     }
-    Ok(launches)
+    let params = LinearParams {
+        rows: io.rows as u32,
+        in_features: linear.in_features as u32,
+        out_features: (segment.range.len() * rows_per_feature) as u32,
+        out_offset: first as u32,
+        y_stride: io.y_stride as u32,
+        x_row_div: 1,
+        flags: u32::from(linear.bias.is_some())
+            | if io.round { 2 } else { 0 }
+            | if io.residual.is_some() { 4 } else { 0 }
+            | if io.swiglu { 8 } else { 0 }
+            | if io.combine.is_some() { 16 } else { 0 },
+        tensor_scale: linear.tensor_scale,
+        bias_offset: segment.range.start as u32,
+        combine_k: io.combine.map_or(0, |c| c.k as u32),
+        gate_stride: io.combine.map_or(0, |c| c.gate_stride as u32),
+        head_dim: io.cache.map_or(0, |c| c.head_dim as u32),
+        q_width: io.cache.map_or(0, |c| c.q_width as u32),
+        capacity: io.cache.map_or(0, |c| c.capacity as u32),
+        ..Default::default()
+    };
+    let mut resources = vec![io.x, &segment.codes];
+    if linear.format != WeightFormat::Bf16 {
+        resources.push(&segment.scales);
+    }
+    let [routed_weights, routed_out, gate_logits] = match io.combine {
+        Some(c) => [c.routed_weights, c.routed_out, c.gate_logits],
+        None => [placeholder; 3],
+    };
+    // Without a cache write the caches' read_write bindings get y, which the kernel then
+    // never touches through them; the second weight and output of a linear pair get w and y.
+    let [row_lane, row_pos, rope_table, k_cache, v_cache] = match io.cache {
+        Some(c) => [c.row_lane, c.row_pos, c.rope_table, c.k_cache, c.v_cache],
+        None => [placeholder, placeholder, placeholder, io.y, io.y],
+    };
+    resources.extend([
+        bias,
+        routed_weights,
+        io.y,
+        routed_out,
+        io.residual.unwrap_or(placeholder),
+        gate_logits,
+        row_lane,
+        row_pos,
+        rope_table,
+        k_cache,
+        v_cache,
+        &segment.codes,
+        io.y,
+    ]);
+    let grid = [
+        (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),
+        1,
+        1,
+    ];
+    Ok(SegmentLaunch {
+        params,
+        resources,
+        grid,
+    })
 }
 
 impl Executable {

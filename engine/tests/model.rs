@@ -8,11 +8,12 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use drama_engine::checkpoint::{Checkpoint, names};
+use drama_engine::checkpoint::{Checkpoint, LayerMlp, names};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::reference::ops::Rounding;
 use drama_engine::reference::{ForcedRoutes, ReferenceModel, weights};
 use drama_engine::session::{Engine, Row, RowSource, Session};
+use drama_kernels::Kernel;
 use rand_core::Rng;
 
 /// A random utterance: text ids and audio ids (audio_bos first, then codes).
@@ -324,20 +325,30 @@ fn chunked_equals_whole() {
     }
 }
 
-/// Weights split into many small bindings (a forced 32 KiB limit) give the same bits.
+/// Weights split into many small bindings give the same bits: tiny-fp8 under a forced 32 KiB
+/// limit, and tiny under 8 KiB, which also splits the shared experts' SwiGLU stacks, so each
+/// MoE layer launches its linear pair's halves apart (the plain engine runs them as one).
 #[test]
 fn split_weights_equal_unsplit() {
-    let mut rng = rng("split");
-    let f = Fixture::preset("tiny-fp8", rng.next_u64());
-    let (text, audio) = utterance(&f.open(), &mut rng, 5, 4);
+    split_case("tiny-fp8", 32768, false, (5, 4));
+    // Eight rows at most: an activation row of the tiny preset takes up to 1 KiB.
+    split_case("tiny", 8192, true, (2, 1));
+}
+
+/// One checkpoint, one step of the voice prefix and `text` tokens and `codes` audio codes
+/// after audio_bos, under a storage-binding `limit`.
+fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize, usize)) {
+    let mut rng = rng(&format!("split {preset}"));
+    let f = Fixture::preset(preset, rng.next_u64());
+    let (text, audio) = utterance(&f.open(), &mut rng, text, codes);
     let p = f.open().config.speech.voice_prefix_len;
     let rows = rows_for(0, p, &text, &audio);
     let small = Gpu::new(&GpuOptions {
-        max_storage_binding: Some(32768),
+        max_storage_binding: Some(limit),
         ..Default::default()
     })
     .unwrap();
-    assert_eq!(small.caps.max_storage_binding, 32768);
+    assert_eq!(small.caps.max_storage_binding, limit);
     let split_engine = Engine::load(Arc::new(small), f.open()).unwrap();
     let plain_engine = Engine::load(shared_gpu(), f.open()).unwrap();
     let count = |e: &Engine| -> usize {
@@ -352,19 +363,33 @@ fn split_weights_equal_unsplit() {
     let (segments, plain_segments) = (count(&split_engine), count(&plain_engine));
     assert!(
         segments > plain_segments,
-        "the small limit must split weights ({segments} vs {plain_segments})"
+        "{preset}: the small limit must split weights ({segments} vs {plain_segments})"
     );
-    let a = Session::new(&split_engine, 1, rows.len())
-        .unwrap()
-        .step(&rows, false)
-        .unwrap()
-        .logits;
-    let b = Session::new(&plain_engine, 1, rows.len())
-        .unwrap()
-        .step(&rows, false)
-        .unwrap()
-        .logits;
-    assert_eq!(bits(&a), bits(&b));
+    let mut split_session = Session::new(&split_engine, 1, rows.len()).unwrap();
+    let mut plain_session = Session::new(&plain_engine, 1, rows.len()).unwrap();
+    let a = split_session.step(&rows, false).unwrap().logits;
+    let b = plain_session.step(&rows, false).unwrap().logits;
+    assert_eq!(bits(&a), bits(&b), "{preset}");
+    // Rerunning the step (profiled: a list of its launches) rewrites the same cache entries.
+    let pair_launches = |s: &mut Session<'_>| {
+        let launches = s.profiled_step(&rows).unwrap();
+        launches
+            .iter()
+            .filter(|(k, _)| matches!(k, Kernel::LinearPair(_)))
+            .count()
+    };
+    let moe_layers = f.open().layers.iter().filter(|l| matches!(l, LayerMlp::Moe(_))).count();
+    assert_eq!(
+        pair_launches(&mut plain_session),
+        moe_layers,
+        "{preset}: one pair launch per MoE layer"
+    );
+    let split_pairs = if pairs_split { 0 } else { moe_layers };
+    assert_eq!(
+        pair_launches(&mut split_session),
+        split_pairs,
+        "{preset}: split pairs launch their halves"
+    );
 }
 
 /// A step whose routed-expert launch would need more than 65535 workgroups along one

@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
+use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch};
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
+use drama_engine::weights::{GpuLinear, Segment};
 use drama_kernels::{Kernel, LinearParams, PassRows, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
@@ -166,14 +168,14 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
         let p = gpu.uniform("params", &params);
         let wb = gpu.buffer_with("w", &codes);
         let sb = gpu.buffer_with("scales", &scales);
-        // The MoE combine's and the cache write's bindings are unused here (y stands in for
-        // the read_write ones).
+        // The MoE combine's, the cache write's and the linear pair's bindings are unused here
+        // (w and y stand in for the pair's, y for the other read_write ones).
         let none = &bb;
         let mut buffers: Vec<&wgpu::Buffer> = vec![&p, &xb, &wb];
         if w.format != WeightFormat::Bf16 {
             buffers.push(&sb);
         }
-        buffers.extend([&bb, none, &y, none, &rb, none, none, none, none, &y, &y]);
+        buffers.extend([&bb, none, &y, none, &rb, none, none, none, none, &y, &y, &wb, &y]);
         dispatches.push(dispatch(
             gpu,
             kernel,
@@ -453,6 +455,8 @@ fn linear_swiglu_epilogue_matches_reference() {
                     &placeholder,
                     &y,
                     &y,
+                    &wb,
+                    &y,
                 ],
                 grid,
             ));
@@ -533,6 +537,8 @@ fn linear_moe_combine_epilogue_matches_reference() {
                 &bias,
                 &bias,
                 &y,
+                &y,
+                &wb,
                 &y,
             ],
             [(out as u32).div_ceil(WeightFormat::Bf16.rows_per_workgroup()), 1, 1],
@@ -728,6 +734,8 @@ fn linear_cache_write_matches_reference() {
                     &table_b,
                     &kc,
                     &vc,
+                    &wb,
+                    &y,
                 ]);
                 let grid = [(w.rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1];
                 dispatches.push(dispatch(
@@ -808,4 +816,133 @@ fn linear_cache_write_matches_reference() {
         }
         assert_rows_alone_match(&label, &y, rows, out, |r| run(r, 1).0);
     }
+}
+
+/// A BF16 linear of one segment holding `codes` (`out` features), as the engine uploads it.
+fn one_segment_linear(gpu: &drama_engine::gpu::Gpu, codes: &[u8], out: usize, in_features: usize) -> GpuLinear {
+    GpuLinear {
+        format: WeightFormat::Bf16,
+        out,
+        in_features,
+        segments: vec![Segment {
+            range: 0..out,
+            codes: gpu.buffer_with("w", codes),
+            scales: gpu.buffer_with("scales", &[0; 4]),
+            expert_scales: None,
+        }],
+        bias: None,
+        tensor_scale: 1.0,
+    }
+}
+
+/// The linear pair (one launch computing two linears over the same rows: a MoE layer's
+/// router logits, plain and unrounded, and its shared expert's BF16 SwiGLU stack) writes
+/// exactly the bits the two linears' own launches write, within the FP64 reference's bound,
+/// for both pass widths and sizes drawn fresh (odd widths: partial workgroups on both
+/// sides of the split); a pair with a quantized half is refused by name.
+#[test]
+fn linear_pair_gives_each_linears_own_bits() {
+    let gpu = gpu();
+    let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
+    for rows in [1, 2, 5] {
+        let mut rng = rng(&format!("linear pair rows {rows}"));
+        let plain_out = 1 + (rng.next_u32() % 40) as usize;
+        let features = 1 + (rng.next_u32() % 40) as usize;
+        let cols = 8 * (1 + (rng.next_u32() % 12) as usize);
+        let label = format!("linear pair rows {rows} plain {plain_out} swiglu {features} in {cols}");
+        let plain = random_weights(&mut rng, WeightFormat::Bf16, plain_out, cols);
+        let gate = random_weights(&mut rng, WeightFormat::Bf16, features, cols);
+        let up = random_weights(&mut rng, WeightFormat::Bf16, features, cols);
+        let x = bf16_values(&mut rng, rows * cols, 2.0);
+        let xb = gpu.buffer_with("x", &f32_bytes(&x));
+        let first = one_segment_linear(gpu, &plain.packed, plain_out, cols);
+        let stack = [gate.packed.as_slice(), up.packed.as_slice()].concat();
+        let second = one_segment_linear(gpu, &stack, features, cols);
+        let io = |y, width, swiglu| LinearIo {
+            x: &xb,
+            y,
+            rows,
+            column: 0,
+            y_stride: width,
+            round: swiglu,
+            residual: None,
+            swiglu,
+            combine: None,
+            cache: None,
+        };
+        let (pair_a, pair_b) = (
+            poisoned(gpu, "pair a", rows * plain_out),
+            poisoned(gpu, "pair b", rows * features),
+        );
+        let ios = [&io(&pair_a, plain_out, false), &io(&pair_b, features, true)];
+        run(
+            gpu,
+            &[linear_pair_launch(gpu, [&first, &second], &placeholder, ios).unwrap()],
+        );
+        let (apart_a, apart_b) = (
+            poisoned(gpu, "apart a", rows * plain_out),
+            poisoned(gpu, "apart b", rows * features),
+        );
+        let mut apart = linear_launches(gpu, &first, &placeholder, &io(&apart_a, plain_out, false)).unwrap();
+        apart.extend(linear_launches(gpu, &second, &placeholder, &io(&apart_b, features, true)).unwrap());
+        run(gpu, &apart);
+        let (got_a, got_b) = (gpu.read_f32(&pair_a).unwrap(), gpu.read_f32(&pair_b).unwrap());
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&got_a),
+            bits(&gpu.read_f32(&apart_a).unwrap()),
+            "{label}: first linear"
+        );
+        assert_eq!(
+            bits(&got_b),
+            bits(&gpu.read_f32(&apart_b).unwrap()),
+            "{label}: second linear"
+        );
+        let (mut want_a, mut scale_a, mut want_b, mut scale_b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for r in 0..rows {
+            let xr = &x[r * cols..(r + 1) * cols];
+            for n in 0..plain_out {
+                want_a.push(dot(&plain, n, xr));
+                scale_a.push(
+                    (0..cols)
+                        .map(|c| (plain.decoded[n * cols + c] * f64::from(xr[c])).abs())
+                        .sum(),
+                );
+            }
+            for n in 0..features {
+                let (value, bound) = swiglu_reference(dot(&gate, n, xr), dot(&up, n, xr));
+                want_b.push(value);
+                scale_b.push(bound / TOL);
+            }
+        }
+        check(&format!("{label}: first"), &got_a, &want_a, &scale_a, TOL);
+        check(&format!("{label}: second"), &got_b, &want_b, &scale_b, TOL);
+    }
+    let mut rng = rng("linear pair refusal");
+    let quantized = random_weights(&mut rng, WeightFormat::Nvfp4, 4, 32);
+    let mut nvfp4 = one_segment_linear(gpu, &quantized.packed, 4, 32);
+    nvfp4.format = WeightFormat::Nvfp4;
+    let bf16 = one_segment_linear(gpu, &pack_bf16(&bf16_values(&mut rng, 4 * 32, 1.0)), 4, 32);
+    let (xb, y) = (gpu.buffer_with("x", &f32_bytes(&[1.0; 32])), poisoned(gpu, "y", 4));
+    let io = LinearIo {
+        x: &xb,
+        y: &y,
+        rows: 1,
+        column: 0,
+        y_stride: 4,
+        round: false,
+        residual: None,
+        swiglu: false,
+        combine: None,
+        cache: None,
+    };
+    let Err(error) = linear_pair_launch(gpu, [&bf16, &nvfp4], &placeholder, [&io, &io]) else {
+        panic!("a pair with an NVFP4 half was launched");
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("a linear pair needs two bias-free BF16 weights"),
+        "{error}"
+    );
 }

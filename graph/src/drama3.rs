@@ -8,8 +8,8 @@ use drama_kernels::WeightFormat;
 use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
-use crate::ir::{CacheWrite, DType, LinearMember, Op, Projection, RouterOp, ValueId, ValueKind};
-use crate::select::{stacks_expert_swiglu, stacks_swiglu};
+use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
+use crate::select::{pairs, stacks_expert_swiglu, stacks_swiglu};
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
 pub trait WeightNames {
@@ -359,9 +359,10 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
     Ok(g.b.finish())
 }
 
-/// The members of each linear node of a step, in output-column order, and whether it
-/// computes a SwiGLU (the same for every step shape): what the engine uploads, stacking the
-/// SwiGLU pairs and the groups [`crate::select::stacks`] names.
+/// The members of each linear node of a step (each half of a linear pair counting as one),
+/// in output-column order, and whether it computes a SwiGLU (the same for every step shape):
+/// what the engine uploads, stacking the SwiGLU pairs and the groups
+/// [`crate::select::stacks`] names.
 pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<(Vec<LinearMember>, bool)>, GraphError> {
     let shape = StepShape {
         rows: 1,
@@ -374,9 +375,12 @@ pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<(V
     Ok(graph
         .nodes
         .iter()
-        .filter_map(|node| match &node.op {
-            Op::Linear { members, swiglu, .. } => Some((members.clone(), *swiglu)),
-            _ => None,
+        .flat_map(|node| match &node.op {
+            Op::Linear { members, swiglu, .. } => vec![(members.clone(), *swiglu)],
+            Op::LinearPair { first, second, .. } => {
+                [first, second].map(|half| (half.members.clone(), half.swiglu)).to_vec()
+            }
+            _ => Vec::new(),
         })
         .collect())
 }
@@ -392,7 +396,35 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     if gate_column {
         members.push((l(LayerWeight::SharedGate), 1, false));
     }
-    let logits = g.linear(&at("router_logits"), normed, &members, false, None)?;
+    let router = PairHalf {
+        members: g.members(&members),
+        round_output: false,
+        swiglu: false,
+    };
+    let [shared_gate, shared_up, shared_down] =
+        [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
+    let shared = PairHalf {
+        members: g.members(&[
+            (shared_gate.clone(), s.shared_width, false),
+            (shared_up.clone(), s.shared_width, false),
+        ]),
+        round_output: true,
+        swiglu: true,
+    };
+    // The router logits and the shared expert's activation read the same row: one launch
+    // computes both where it can.
+    let (logits, shared_act) = if s.shared_width > 0 && pairs(&router, &shared) {
+        let pair = Op::LinearPair {
+            first: router,
+            second: shared,
+            in_features: g.b_width(normed),
+        };
+        let outputs = g.b.node(&at("router_logits"), pair, &[normed])?;
+        (outputs[0], Some(outputs[1]))
+    } else {
+        let logits = g.linear_node(&at("router_logits"), normed, router.members, false, None, false)?;
+        (logits, None)
+    };
     let route = RouterOp {
         layer: i,
         kept: moe.kept,
@@ -448,10 +480,11 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
             .node1(&at("hidden"), Op::MoeCombine { k: s.top_k }, &[x, down, weights]);
     }
     // The shared expert; its down projection combines the layer as it writes.
-    let [gate_m, up_m, down_m] =
-        [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
-    let act = g.swiglu_act(&at("shared_expert"), normed, [gate_m, up_m], s.shared_width)?;
-    let members = g.members(&[(down_m, s.hidden, false)]);
+    let act = match shared_act {
+        Some(act) => act,
+        None => g.swiglu_act(&at("shared_expert"), normed, [shared_gate, shared_up], s.shared_width)?,
+    };
+    let members = g.members(&[(shared_down, s.hidden, false)]);
     g.b.node1(
         &at("hidden"),
         Op::Linear {

@@ -76,6 +76,12 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
         .map(|(index, node)| {
             let formats = match &node.op {
                 Op::Linear { members, .. } => members.iter().map(|m| format!("{:?}", m.format)).collect(),
+                Op::LinearPair { first, second, .. } => first
+                    .members
+                    .iter()
+                    .chain(&second.members)
+                    .map(|m| format!("{:?}", m.format))
+                    .collect(),
                 Op::Experts { projections, .. } => projections.iter().map(|(_, f)| format!("{f:?}")).collect(),
                 _ => Vec::new(),
             };

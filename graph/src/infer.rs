@@ -119,6 +119,25 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows_of(x), out], dtype)])
         }
+        Op::LinearPair {
+            first,
+            second,
+            in_features,
+        } => {
+            arity(inputs, 1)?;
+            let x = inputs[0];
+            expect(is_bf16(x.dtype) && width_of(x) == *in_features, || {
+                format!("x must be BF16 of width {in_features}")
+            })?;
+            expect(crate::select::pairs(first, second), || {
+                "a linear pair needs bias-free BF16 members, a SwiGLU half a [gate, up] pair of one width".into()
+            })?;
+            let output = |half: &crate::ir::PairHalf| {
+                let dtype = if half.round_output { DType::Bf16 } else { DType::F32 };
+                (vec![rows_of(x), half.width()], dtype)
+            };
+            Ok(vec![output(first), output(second)])
+        }
         Op::Attention {
             heads,
             kv_heads,

@@ -67,6 +67,29 @@ pub struct LinearMember {
     pub bias: bool,
 }
 
+/// One linear of an [`Op::LinearPair`]: bias-free BF16 members (one weight, or several
+/// stacked as [`Op::Linear`] stacks them) and what its output is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PairHalf {
+    /// The linears, in output-column order; with `swiglu`, [gate, up] of one width.
+    pub members: Vec<LinearMember>,
+    /// Round outputs to BF16.
+    pub round_output: bool,
+    /// The members are [gate, up]: the output is silu(gate) * up, one member wide.
+    pub swiglu: bool,
+}
+
+impl PairHalf {
+    /// Output features.
+    pub fn width(&self) -> usize {
+        if self.swiglu {
+            self.members[0].out
+        } else {
+            self.members.iter().map(|m| m.out).sum()
+        }
+    }
+}
+
 /// Which projection of a routed expert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -167,6 +190,19 @@ pub enum Op {
         /// values into its lane's caches as it computes them.
         cache_write: Option<CacheWrite>,
     },
+    /// Two linears over the same input computed by one launch, each with its own weight and
+    /// output: a MoE layer's router logits (with the shared expert's gate logit) and its
+    /// shared expert's SwiGLU activation (see [`crate::select::pairs`]). Input: x (BF16).
+    /// Outputs: the first half's, then the second half's; each has the bits the half alone
+    /// would have as an [`Op::Linear`].
+    LinearPair {
+        /// The linear computed by the first workgroups.
+        first: PairHalf,
+        /// The linear computed by the others.
+        second: PairHalf,
+        /// Input features.
+        in_features: usize,
+    },
     /// Causal grouped-query attention with RoPE of the queries. Inputs: [q|k|v] (q not yet
     /// rotated) as made by the linear that wrote this step's keys and values into the
     /// caches, row_lane, row_pos, k_cache, v_cache.
@@ -220,6 +256,7 @@ impl Op {
             Op::Embed { .. } => "embed",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Linear { .. } => "linear",
+            Op::LinearPair { .. } => "linear_pair",
             Op::Attention { .. } => "attention",
             Op::Router(_) => "router",
             Op::Experts { .. } => "experts",

@@ -1,10 +1,10 @@
 //! Kernel choice: which kernel entry points each op launches (one per linear member unless
 //! the members are stacked; the engine adds one launch per weight segment when a weight is
-//! split).
+//! split, and launches a linear pair's halves apart when either half's weight is split).
 
 use drama_kernels::{Kernel, PassRows, WeightFormat};
 
-use crate::ir::{LinearMember, Op};
+use crate::ir::{LinearMember, Op, PairHalf};
 
 /// Whether [gate, up] members can be stacked with the SwiGLU computed in the linear's
 /// epilogue: a stack (see [`stacks`]) without biases.
@@ -29,6 +29,17 @@ pub fn stacks(members: &[LinearMember]) -> bool {
             .all(|m| m.format == WeightFormat::Bf16 && m.bias == members[0].bias)
 }
 
+/// Whether two linears over one input can share a launch ([`crate::ir::Op::LinearPair`]):
+/// every member bias-free BF16 (so each half is one weight or a stack of them), and a
+/// SwiGLU half a [`stacks_swiglu`] pair.
+pub fn pairs(first: &PairHalf, second: &PairHalf) -> bool {
+    [first, second].iter().all(|half| {
+        !half.members.is_empty()
+            && half.members.iter().all(|m| m.format == WeightFormat::Bf16 && !m.bias)
+            && (!half.swiglu || stacks_swiglu(&half.members))
+    })
+}
+
 /// The kernels an op launches, in order, for `rows` activation rows (which pick the dense
 /// linears' pass width).
 pub fn kernels_of(op: &Op, rows: usize) -> Vec<Kernel> {
@@ -46,6 +57,7 @@ pub fn kernels_of(op: &Op, rows: usize) -> Vec<Kernel> {
                 members.iter().map(|m| kernel(m.format)).collect()
             }
         }
+        Op::LinearPair { .. } => vec![Kernel::LinearPair(pass)],
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router(_) => vec![Kernel::Route],
         Op::Experts {

@@ -186,6 +186,9 @@ pub enum Kernel {
     /// The dense linear of an attention layer's [q|k|v] projection, which also writes each
     /// row's keys (rotated) and values into the KV caches.
     LinearKv(WeightFormat, PassRows),
+    /// Two BF16 linears over the same input in one launch, each with its own weight and
+    /// output (a MoE layer's router logits and its shared expert's SwiGLU).
+    LinearPair(PassRows),
     /// Routed-expert linear: expert per slot read on the GPU.
     Gathered(WeightFormat),
     /// RMSNorm.
@@ -249,6 +252,7 @@ impl Kernel {
                     .flat_map(move |pass| [Kernel::Linear(f, pass), Kernel::LinearKv(f, pass)])
             })
             .collect();
+        all.extend([PassRows::Two, PassRows::Eight].map(Kernel::LinearPair));
         all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
         all.extend([
             Kernel::RmsNorm,
@@ -280,6 +284,7 @@ impl Kernel {
     pub fn module(self) -> Module {
         match self {
             Kernel::Linear(f, pass) | Kernel::LinearKv(f, pass) => Module::Linear(f, pass),
+            Kernel::LinearPair(pass) => Module::Linear(WeightFormat::Bf16, pass),
             // One activation row per slot.
             Kernel::Gathered(f) => Module::Linear(f, PassRows::Two),
             Kernel::RmsNorm => Module::Norm,
@@ -302,6 +307,7 @@ impl Kernel {
         match self {
             Kernel::Linear(..) => "linear",
             Kernel::LinearKv(..) => "linear_kv",
+            Kernel::LinearPair(_) => "linear_pair",
             Kernel::Gathered(_) => "gathered",
             Kernel::RmsNorm => "rms_norm",
             Kernel::Attend => "attend",
@@ -332,12 +338,13 @@ impl Kernel {
     pub fn bindings(self) -> &'static [u32] {
         match self {
             // params, x, w, (scales,) bias, routed_weights, y, routed_out, residual,
-            // gate_logits, row_lane, row_pos, rope_table, k_cache, v_cache: BF16 weights
-            // have no scales
-            Kernel::Linear(WeightFormat::Bf16, _) | Kernel::LinearKv(WeightFormat::Bf16, _) => {
-                &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+            // gate_logits, row_lane, row_pos, rope_table, k_cache, v_cache, w_second,
+            // y_second: BF16 weights have no scales (every dense entry point names the
+            // pair's second weight and output, which only `linear_pair` touches)
+            Kernel::Linear(WeightFormat::Bf16, _) | Kernel::LinearKv(WeightFormat::Bf16, _) | Kernel::LinearPair(_) => {
+                &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
             }
-            Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+            Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],

@@ -39,6 +39,14 @@ pub struct LinearParams {
     pub q_width: u32,
     /// `linear_kv`: positions per lane in the caches.
     pub capacity: u32,
+    /// `linear_pair`: workgroups of the first linear (the rest compute the second).
+    pub split_groups: u32,
+    /// `linear_pair`: the second linear's weight rows.
+    pub second_out_features: u32,
+    /// `linear_pair`: floats per row of the second linear's output.
+    pub second_y_stride: u32,
+    /// `linear_pair`: the second linear's flags (as `flags`).
+    pub second_flags: u32,
 }
 
 /// `norm.wgsl` parameters.

@@ -128,8 +128,8 @@ pub struct Gpu {
 }
 
 /// The storage bindings the engine's largest kernel uses (the NVFP4 and FP8 dense linears:
-/// fourteen; Metal offers 31, lavapipe 32, NVIDIA far more).
-const NEEDED_STORAGE_BUFFERS: u32 = 14;
+/// sixteen; Metal offers 31, lavapipe 32, NVIDIA far more).
+const NEEDED_STORAGE_BUFFERS: u32 = 16;
 
 impl Gpu {
     /// Opens the adapter of the chosen backend. Never falls back to another backend.

@@ -40,6 +40,12 @@
 //               thread row computes the two halves of a head's rows (j and
 //               j + head_dim / 2), so it can rotate its keys and write them and its values
 //               into the KV caches (see `write_cache`).
+//   `linear_pair`: two BF16 linears over the same input in one launch, each with its own
+//               weight (`w`, `w_second`), output (`y`, `y_second`), width, stride and
+//               flags: the first `split_groups` workgroups compute the first, the rest the
+//               second, each exactly as `linear` would (a MoE layer's router logits and its
+//               shared expert's SwiGLU: one launch fewer per layer). BF16 only: the second
+//               weight has no scales of its own.
 //   `gathered`: routed experts; a workgroup per (GATHERED_ROWS weight rows, slot), four
 //               per thread row (two [gate, up] pairs with SwiGLU), the slot's expert read
 //               from `expert_ids` on the GPU. Experts outside
@@ -75,6 +81,10 @@ struct Params {
     head_dim: u32,      // linear_kv: floats per head
     q_width: u32,       // linear_kv: y columns before the keys (the queries)
     capacity: u32,      // linear_kv: positions per lane in the caches
+    split_groups: u32,  // linear_pair: workgroups of the first linear
+    second_out_features: u32, // linear_pair: the second linear's weight rows,
+    second_y_stride: u32,     // floats per row of its output,
+    second_flags: u32,        // and flags (its output starts at column 0)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -97,6 +107,9 @@ struct Params {
 @group(0) @binding(12) var<storage, read> rope_table: array<f32>;      // [position, head_dim / 2] (cos, sin)
 @group(0) @binding(13) var<storage, read_write> k_cache: array<f32>;    // [lane * capacity + position, kv width]
 @group(0) @binding(14) var<storage, read_write> v_cache: array<f32>;
+// The second linear of `linear_pair`.
+@group(0) @binding(15) var<storage, read> w_second: array<Unit>;
+@group(0) @binding(16) var<storage, read_write> y_second: array<f32>;
 
 var<workgroup> partial: array<f32, 2u * WG * MAX_ROWS>;         // two planes
 var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * MAX_ROWS>;
@@ -227,21 +240,54 @@ fn unit_scale(row: u32, k: u32) -> f32 {
     return scale_of(scale_word(row, k), row, k);
 }
 
-// A weight row's finished value: tensor scale, bias, BF16 rounding as the flags ask.
-fn finish(acc: f32, n: u32, tensor_scale: f32) -> f32 {
+// A weight row's finished value: tensor scale, bias, BF16 rounding as `flags` ask.
+fn finish(acc: f32, n: u32, tensor_scale: f32, flags: u32) -> f32 {
     var v = acc * tensor_scale;
-    if ((p.flags & 1u) != 0u) {
+    if ((flags & 1u) != 0u) {
         let b = n + p.bias_offset;
         v += bf16_half(bias[b / 2u], b & 1u);
     }
-    if ((p.flags & 2u) != 0u) {
+    if ((flags & 2u) != 0u) {
         v = round_bf16(v);
     }
     return v;
 }
 
-fn swiglu_mode() -> bool {
-    return (p.flags & 8u) != 0u;
+fn swiglu_mode(flags: u32) -> bool {
+    return (flags & 8u) != 0u;
+}
+
+// What a dense launch computes: the linear of `p`, or the second one of `linear_pair`.
+struct Part {
+    out_features: u32,
+    y_stride: u32,
+    out_offset: u32,
+    flags: u32,
+}
+
+fn part_of(second: bool) -> Part {
+    if (second) {
+        return Part(p.second_out_features, p.second_y_stride, 0u, p.second_flags);
+    }
+    return Part(p.out_features, p.y_stride, p.out_offset, p.flags);
+}
+
+// Unit `i` of the part's weight (`second` is a constant at every call, so each inlined copy
+// reads one buffer).
+fn weight_unit(i: u32, second: bool) -> Unit {
+    if (second) {
+        return w_second[i];
+    }
+    return w[i];
+}
+
+// Writes output element `index` of the part.
+fn store_output(index: u32, value: f32, second: bool) {
+    if (second) {
+        y_second[index] = value;
+    } else {
+        y[index] = value;
+    }
 }
 
 // Flag 16: this linear is a MoE layer's shared-expert down projection, and its output
@@ -260,11 +306,11 @@ fn combine(row: u32, column: u32, index: u32, value: f32) -> f32 {
 }
 
 // A plain (not SwiGLU) output with the residual (flag 4) or the MoE combine (flag 16).
-fn epilogue(row: u32, column: u32, index: u32, value: f32) -> f32 {
-    if ((p.flags & 16u) != 0u) {
+fn epilogue(row: u32, column: u32, index: u32, value: f32, flags: u32) -> f32 {
+    if ((flags & 16u) != 0u) {
         return combine(row, column, index, value);
     }
-    if ((p.flags & 4u) != 0u) {
+    if ((flags & 4u) != 0u) {
         return residual[index] + value;
     }
     return value;
@@ -297,9 +343,9 @@ fn write_cache(row: u32, column: u32, a: f32, b: f32) {
 }
 
 // silu(gate) * up, rounded to BF16 when flag 2 rounds.
-fn swiglu(g: f32, u: f32) -> f32 {
+fn swiglu(g: f32, u: f32, flags: u32) -> f32 {
     var v = g / (1.0 + exp(-g)) * u;
-    if ((p.flags & 2u) != 0u) {
+    if ((flags & 2u) != 0u) {
         v = round_bf16(v);
     }
     return v;
@@ -318,20 +364,20 @@ struct RowPair {
     valid_b: bool,
 }
 
-fn plan_rows(group: u32, thread_row: u32, cache: bool) -> RowPair {
+fn plan_rows(group: u32, thread_row: u32, cache: bool, part: Part) -> RowPair {
     if (cache) {
         let half = p.head_dim / 2u;
         let pair = group * THREAD_ROWS + thread_row;
         let a = pair / half * p.head_dim + pair % half;
-        let valid = a < p.out_features;
+        let valid = a < part.out_features;
         return RowPair(a, a + half, a, a + half, valid, valid);
     }
-    if (!swiglu_mode()) {
+    if (!swiglu_mode(part.flags)) {
         let a = group * ROWS_PER_GROUP + thread_row;
         let b = a + THREAD_ROWS;
-        return RowPair(a, b, a, b, a < p.out_features, b < p.out_features);
+        return RowPair(a, b, a, b, a < part.out_features, b < part.out_features);
     }
-    let width = p.out_features / 2u;
+    let width = part.out_features / 2u;
     let feature = group * THREAD_ROWS + thread_row;
     let valid = feature < width;
     return RowPair(feature, feature, feature, feature + width, valid, valid);
@@ -339,25 +385,38 @@ fn plan_rows(group: u32, thread_row: u32, cache: bool) -> RowPair {
 
 @compute @workgroup_size(64)
 fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    linear_rows(wg, t, false);
+    linear_rows(wg, t, false, false);
 }
 
 // An attention layer's [q | k | v] projection, writing the KV caches as it goes (see
 // `write_cache`). Its own entry point, passing `cache` as a constant, so that a compiler that
 // inlines `linear_rows` (NVIDIA's did) drops that code from the other linears (with it behind
 // a flag of the parameter block, the large NVFP4 linear of the bench took 930 us on the H200,
-// 664-801 us this way, 583 us before the cache write existed). Both entry points still name
-// the cache bindings.
+// 664-801 us this way, 583 us before the cache write existed). Every dense entry point still
+// names the cache bindings and the pair's second weight and output.
 @compute @workgroup_size(64)
 fn linear_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    linear_rows(wg, t, true);
+    linear_rows(wg, t, true, false);
 }
 
-// The dense linear; `cache` (a constant at each entry point) adds the KV-cache write.
-fn linear_rows(wg: vec3<u32>, t: u32, cache: bool) {
+// Two linears in one launch (see the list of entry points): each workgroup computes one of
+// them with the partition and reduction tree `linear` uses, so the bits are `linear`'s.
+@compute @workgroup_size(64)
+fn linear_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    if (wg.x < p.split_groups) {
+        linear_rows(wg, t, false, false);
+    } else {
+        linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), t, false, true);
+    }
+}
+
+// The dense linear; `cache` (a constant at each entry point) adds the KV-cache write, and
+// `second` (a constant at each call) makes it the second linear of `linear_pair`.
+fn linear_rows(wg: vec3<u32>, t: u32, cache: bool, second: bool) {
     let thread_row = t / LANES;
     let lane = t % LANES;
-    let plan = plan_rows(wg.x, thread_row, cache);
+    let part = part_of(second);
+    let plan = plan_rows(wg.x, thread_row, cache, part);
     let na = plan.row_a;
     // An invalid row B reads row A's units (in bounds) and is never written.
     let nb = select(na, plan.row_b, plan.valid_b);
@@ -377,10 +436,10 @@ fn linear_rows(wg: vec3<u32>, t: u32, cache: bool) {
             var k = lane;
             let f0 = min(k, last);
             let f1 = min(k + LANES, last);
-            var a0 = w[base_a + f0];
-            var b0 = w[base_b + f0];
-            var a1 = w[base_a + f1];
-            var b1 = w[base_b + f1];
+            var a0 = weight_unit(base_a + f0, second);
+            var b0 = weight_unit(base_b + f0, second);
+            var a1 = weight_unit(base_a + f1, second);
+            var b1 = weight_unit(base_b + f1, second);
             var sa0 = scale_word(na, f0);
             var sb0 = scale_word(nb, f0);
             var sa1 = scale_word(na, f1);
@@ -389,10 +448,10 @@ fn linear_rows(wg: vec3<u32>, t: u32, cache: bool) {
                 let k1 = min(k + LANES, last);
                 let n0 = min(k + 2u * LANES, last);
                 let n1 = min(k + 3u * LANES, last);
-                let next_a0 = w[base_a + n0];
-                let next_b0 = w[base_b + n0];
-                let next_a1 = w[base_a + n1];
-                let next_b1 = w[base_b + n1];
+                let next_a0 = weight_unit(base_a + n0, second);
+                let next_b0 = weight_unit(base_b + n0, second);
+                let next_a1 = weight_unit(base_a + n1, second);
+                let next_b1 = weight_unit(base_b + n1, second);
                 let next_sa0 = scale_word(na, n0);
                 let next_sb0 = scale_word(nb, n0);
                 let next_sa1 = scale_word(na, n1);
@@ -415,25 +474,27 @@ fn linear_rows(wg: vec3<u32>, t: u32, cache: bool) {
         }
         store_partials(t, acc_a, acc_b);
         let sum = reduce_lanes(t, count);
-        let value_a = finish(sum.x, na, p.tensor_scale);
-        let value_b = finish(sum.y, nb, p.tensor_scale);
-        let row_base = (row0 + lane) * p.y_stride + p.out_offset;
+        let value_a = finish(sum.x, na, p.tensor_scale, part.flags);
+        let value_b = finish(sum.y, nb, p.tensor_scale, part.flags);
+        let row_base = (row0 + lane) * part.y_stride + part.out_offset;
         if (lane < count) {
-            if (swiglu_mode()) {
+            if (swiglu_mode(part.flags)) {
                 if (plan.valid_a) {
-                    y[row_base + plan.feature_a] = swiglu(value_a, value_b);
+                    store_output(row_base + plan.feature_a, swiglu(value_a, value_b, part.flags), second);
                 }
             } else {
                 if (plan.valid_a) {
                     let index = row_base + plan.feature_a;
-                    y[index] = epilogue(row0 + lane, p.out_offset + plan.feature_a, index, value_a);
+                    let column = part.out_offset + plan.feature_a;
+                    store_output(index, epilogue(row0 + lane, column, index, value_a, part.flags), second);
                 }
                 if (plan.valid_b) {
                     let index = row_base + plan.feature_b;
-                    y[index] = epilogue(row0 + lane, p.out_offset + plan.feature_b, index, value_b);
+                    let column = part.out_offset + plan.feature_b;
+                    store_output(index, epilogue(row0 + lane, column, index, value_b, part.flags), second);
                 }
                 if (cache && plan.valid_a) {
-                    write_cache(row0 + lane, p.out_offset + plan.feature_a, value_a, value_b);
+                    write_cache(row0 + lane, part.out_offset + plan.feature_a, value_a, value_b);
                 }
             }
         }
@@ -487,7 +548,7 @@ struct RowQuad {
 }
 
 fn plan_quad(group: u32, thread_row: u32) -> RowQuad {
-    if (!swiglu_mode()) {
+    if (!swiglu_mode(p.flags)) {
         let first = group * GATHERED_ROWS + thread_row;
         let rows = vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u) * THREAD_ROWS;
         let valid = rows < vec4<u32>(p.out_features);
@@ -581,33 +642,33 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         return;
     }
     let row_base = slot * p.y_stride + p.out_offset;
-    if (swiglu_mode()) {
+    if (swiglu_mode(p.flags)) {
         // SwiGLU stacks keep two tensor scales per expert: gate, then up.
         let gate_scale = expert_scales[local_expert * 2u];
         let up_scale = expert_scales[local_expert * 2u + 1u];
         if (quad.valid.x) {
-            let gate = finish(sum.x, quad.rows.x, gate_scale);
-            let up = finish(sum.y, quad.rows.y, up_scale);
-            y[row_base + quad.features.x] = swiglu(gate, up);
+            let gate = finish(sum.x, quad.rows.x, gate_scale, p.flags);
+            let up = finish(sum.y, quad.rows.y, up_scale, p.flags);
+            y[row_base + quad.features.x] = swiglu(gate, up, p.flags);
         }
         if (quad.valid.z) {
-            let gate = finish(sum.z, quad.rows.z, gate_scale);
-            let up = finish(sum.w, quad.rows.w, up_scale);
-            y[row_base + quad.features.y] = swiglu(gate, up);
+            let gate = finish(sum.z, quad.rows.z, gate_scale, p.flags);
+            let up = finish(sum.w, quad.rows.w, up_scale, p.flags);
+            y[row_base + quad.features.y] = swiglu(gate, up, p.flags);
         }
         return;
     }
     let scale = expert_scales[local_expert];
     if (quad.valid.x) {
-        y[row_base + quad.rows.x] = finish(sum.x, quad.rows.x, scale);
+        y[row_base + quad.rows.x] = finish(sum.x, quad.rows.x, scale, p.flags);
     }
     if (quad.valid.y) {
-        y[row_base + quad.rows.y] = finish(sum.y, quad.rows.y, scale);
+        y[row_base + quad.rows.y] = finish(sum.y, quad.rows.y, scale, p.flags);
     }
     if (quad.valid.z) {
-        y[row_base + quad.rows.z] = finish(sum.z, quad.rows.z, scale);
+        y[row_base + quad.rows.z] = finish(sum.z, quad.rows.z, scale, p.flags);
     }
     if (quad.valid.w) {
-        y[row_base + quad.rows.w] = finish(sum.w, quad.rows.w, scale);
+        y[row_base + quad.rows.w] = finish(sum.w, quad.rows.w, scale, p.flags);
     }
 }
