@@ -306,56 +306,74 @@ fn gathered_case(
     let x_rows = if shared_input { tokens } else { slots };
     let x = bf16_values(&mut rng, x_rows * in_, 2.0);
     let split = experts / 2;
-    let xb = gpu.buffer_with("x", &f32_bytes(&x));
-    let idb = gpu.buffer_with("ids", &u32_bytes(&ids));
     // Each expert keeps its own tensor scale.
     let expert_scales: Vec<f32> = all.iter().map(|w| w.tensor_scale).collect();
-    let bias = gpu.buffer_with("bias", &[0; 4]);
-    let y = poisoned(gpu, "y", slots * out);
-    let mut dispatches = Vec::new();
-    let mut keep = Vec::new();
-    for (begin, end) in [(0, split), (split, experts)] {
-        let segment = &all[begin..end];
-        let packed: Vec<u8> = segment.iter().flat_map(|w| w.packed.clone()).collect();
-        let scales: Vec<u8> = segment.iter().flat_map(|w| w.scales.clone()).collect();
-        let params = LinearParams {
-            rows: slots as u32,
-            in_features: in_ as u32,
-            out_features: out as u32,
-            out_offset: 0,
-            y_stride: out as u32,
-            x_row_div: if shared_input { k as u32 } else { 1 },
-            expert_begin: begin as u32,
-            expert_end: end as u32,
-            flags: 2,
-            tensor_scale: 1.0,
-            bias_offset: 0,
-            ..Default::default()
-        };
-        let p = gpu.uniform("params", &params);
-        let wb = gpu.buffer_with("w", &packed);
-        let sb = gpu.buffer_with("scales", &scales);
-        let tb = gpu.buffer_with("expert_scales", &f32_bytes(&expert_scales[begin..end]));
-        let kernel = Kernel::Gathered(format);
-        let buffers: Vec<&wgpu::Buffer> = if format == WeightFormat::Bf16 {
-            vec![&p, &xb, &wb, &bias, &idb, &y, &tb]
-        } else {
-            vec![&p, &xb, &wb, &sb, &bias, &idb, &y, &tb]
-        };
-        dispatches.push(dispatch(
-            gpu,
-            kernel,
-            &buffers,
-            [
+    // The launches over `ids` (slots) reading `x` (the slots' or the tokens' rows).
+    let launch = |ids: &[u32], x: &[f32]| -> Vec<f32> {
+        let slots = ids.len();
+        let xb = gpu.buffer_with("x", &f32_bytes(x));
+        let idb = gpu.buffer_with("ids", &u32_bytes(ids));
+        let bias = gpu.buffer_with("bias", &[0; 4]);
+        let y = poisoned(gpu, "y", slots * out);
+        let mut dispatches = Vec::new();
+        let mut keep = Vec::new();
+        for (begin, end) in [(0, split), (split, experts)] {
+            let segment = &all[begin..end];
+            let packed: Vec<u8> = segment.iter().flat_map(|w| w.packed.clone()).collect();
+            let scales: Vec<u8> = segment.iter().flat_map(|w| w.scales.clone()).collect();
+            let params = LinearParams {
+                rows: slots as u32,
+                in_features: in_ as u32,
+                out_features: out as u32,
+                out_offset: 0,
+                y_stride: out as u32,
+                x_row_div: if shared_input { k as u32 } else { 1 },
+                expert_begin: begin as u32,
+                expert_end: end as u32,
+                flags: 2,
+                tensor_scale: 1.0,
+                bias_offset: 0,
+                ..Default::default()
+            };
+            let p = gpu.uniform("params", &params);
+            let wb = gpu.buffer_with("w", &packed);
+            let sb = gpu.buffer_with("scales", &scales);
+            let tb = gpu.buffer_with("expert_scales", &f32_bytes(&expert_scales[begin..end]));
+            let kernel = Kernel::Gathered(format);
+            let buffers: Vec<&wgpu::Buffer> = if format == WeightFormat::Bf16 {
+                vec![&p, &xb, &wb, &bias, &idb, &y, &tb]
+            } else {
+                vec![&p, &xb, &wb, &sb, &bias, &idb, &y, &tb]
+            };
+            let grid = [
                 (out as u32).div_ceil(format.gathered_rows_per_workgroup()),
                 slots as u32,
                 1,
-            ],
-        ));
-        keep.push((p, wb, sb, tb));
+            ];
+            dispatches.push(dispatch(gpu, kernel, &buffers, grid));
+            keep.push((p, wb, sb, tb));
+        }
+        run(gpu, &dispatches);
+        gpu.read_f32(&y).unwrap()
+    };
+    let got = launch(&ids, &x);
+    // Each token's slots alone (their experts now shared with no other token's slot) give
+    // the bits they have among all the slots.
+    for token in [0, tokens - 1] {
+        let (first, last) = (token * k, (token + 1) * k);
+        let token_x = if shared_input {
+            &x[token * in_..(token + 1) * in_]
+        } else {
+            &x[first * in_..last * in_]
+        };
+        let alone = launch(&ids[first..last], token_x);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&alone),
+            bits(&got[first * out..last * out]),
+            "{label}: token {token} alone"
+        );
     }
-    run(gpu, &dispatches);
-    let got = gpu.read_f32(&y).unwrap();
     let mut want = Vec::new();
     let mut scale = Vec::new();
     for s in 0..slots {
