@@ -368,8 +368,7 @@ impl<'a> Lowering<'a> {
         }
         let mut column = 0;
         for member in members {
-            let linear = &weights.linears[&member.weight];
-            check_input_width(&member.weight, linear, in_features)?;
+            let linear = self.uploaded_weight(&member.weight, in_features)?;
             let launches = linear_launches(self.gpu, linear, &weights.placeholder, &LinearIo { column, ..io })?;
             self.dispatches.extend(launches);
             column += member.out;
@@ -379,14 +378,21 @@ impl<'a> Lowering<'a> {
 
     /// The uploaded stack of `members` (a SwiGLU pair or a [`stacks`] group).
     fn stacked_weight(&self, members: &[LinearMember], in_features: usize) -> Result<&'a GpuLinear, EngineError> {
-        let key = stack_key(members);
+        self.uploaded_weight(&stack_key(members), in_features)
+    }
+
+    /// The uploaded linear under `key` (a weight name or a [`stack_key`]), checked against
+    /// the node's input width.
+    fn uploaded_weight(&self, key: &str, in_features: usize) -> Result<&'a GpuLinear, EngineError> {
         let linear = self
             .bind
             .weights
             .linears
-            .get(&key)
-            .ok_or_else(|| EngineError::Unsupported(format!("{key}: not uploaded as a stack")))?;
-        check_input_width(&key, linear, in_features)?;
+            .get(key)
+            .ok_or_else(|| EngineError::Unsupported(format!("{key}: not uploaded")))?;
+        if linear.in_features != in_features {
+            return Err(EngineError::Unsupported(format!("{key}: input width mismatch")));
+        }
         Ok(linear)
     }
 
@@ -400,10 +406,7 @@ impl<'a> Lowering<'a> {
     ) -> Result<(), EngineError> {
         let weights = self.bind.weights;
         let half_weight = |half: &PairHalf| match half.members.as_slice() {
-            [single] if !half.swiglu => {
-                let linear = &weights.linears[&single.weight];
-                check_input_width(&single.weight, linear, in_features).map(|()| linear)
-            }
+            [single] if !half.swiglu => self.uploaded_weight(&single.weight, in_features),
             members => self.stacked_weight(members, in_features),
         };
         let linears = [half_weight(halves[0])?, half_weight(halves[1])?];
@@ -496,15 +499,6 @@ impl<'a> Lowering<'a> {
             scale: 1.0 / (head_dim as f32).sqrt(),
             pad: 0,
         }
-    }
-}
-
-/// Refuses a linear whose uploaded input width is not the node's.
-fn check_input_width(name: &str, linear: &GpuLinear, in_features: usize) -> Result<(), EngineError> {
-    if linear.in_features == in_features {
-        Ok(())
-    } else {
-        Err(EngineError::Unsupported(format!("{name}: input width mismatch")))
     }
 }
 

@@ -82,9 +82,9 @@ struct Params {
     q_width: u32,       // linear_kv: y columns before the keys (the queries)
     capacity: u32,      // linear_kv: positions per lane in the caches
     split_groups: u32,  // linear_pair: workgroups of the first linear
-    second_out_features: u32, // linear_pair: the second linear's weight rows,
-    second_y_stride: u32,     // floats per row of its output,
-    second_flags: u32,        // and flags (its output starts at column 0)
+    second_out_features: u32,  // linear_pair: the second linear's weight rows,
+    second_y_stride: u32,      //   its output's floats per row
+    second_flags: u32,         //   and its flags (its output starts at column 0)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
