@@ -703,9 +703,12 @@ fn segment_launch<'a>(
         &segment.codes,
         io.y,
     ]);
+    // A workgroup row per pass over the activation rows, up to the dispatch limit (the
+    // kernel strides over any passes beyond it).
+    let passes = (io.rows as u32).div_ceil(PassRows::for_rows(io.rows).count());
     let grid = [
         (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),
-        1,
+        passes.min(u32::from(u16::MAX)),
         1,
     ];
     Ok(SegmentLaunch {

@@ -384,8 +384,12 @@ fn plan_rows(group: u32, thread_row: u32, cache: bool, part: Part) -> RowPair {
 }
 
 @compute @workgroup_size(64)
-fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    linear_rows(wg, t, false, false);
+fn linear(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    linear_rows(wg, groups.y, t, false, false);
 }
 
 // An attention layer's [q | k | v] projection, writing the KV caches as it goes (see
@@ -395,24 +399,36 @@ fn linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 // 664-801 us this way, 583 us before the cache write existed). Every dense entry point still
 // names the cache bindings and the pair's second weight and output.
 @compute @workgroup_size(64)
-fn linear_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    linear_rows(wg, t, true, false);
+fn linear_kv(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    linear_rows(wg, groups.y, t, true, false);
 }
 
 // Two linears in one launch (see the list of entry points): each workgroup computes one of
 // them with the partition and reduction tree `linear` uses, so the bits are `linear`'s.
 @compute @workgroup_size(64)
-fn linear_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+fn linear_pair(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
     if (wg.x < p.split_groups) {
-        linear_rows(wg, t, false, false);
+        linear_rows(wg, groups.y, t, false, false);
     } else {
-        linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), t, false, true);
+        linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), groups.y, t, false, true);
     }
 }
 
 // The dense linear; `cache` (a constant at each entry point) adds the KV-cache write, and
-// `second` (a constant at each call) makes it the second linear of `linear_pair`.
-fn linear_rows(wg: vec3<u32>, t: u32, cache: bool, second: bool) {
+// `second` (a constant at each call) makes it the second linear of `linear_pair`. The grid's
+// `row_blocks` workgroup rows share the passes over the activation rows (workgroup row y
+// takes passes y, y + row_blocks, ...): a prefill's passes run side by side instead of one
+// after another in each workgroup, and a row's result does not depend on which workgroup
+// computed it.
+fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool) {
     let thread_row = t / LANES;
     let lane = t % LANES;
     let part = part_of(second);
@@ -422,7 +438,7 @@ fn linear_rows(wg: vec3<u32>, t: u32, cache: bool, second: bool) {
     let nb = select(na, plan.row_b, plan.valid_b);
     let units = p.in_features / UNIT;
     let x_row = p.in_features / 4u;
-    for (var row0 = 0u; row0 < p.rows; row0 += MAX_ROWS) {
+    for (var row0 = wg.y * MAX_ROWS; row0 < p.rows; row0 += row_blocks * MAX_ROWS) {
         let count = min(MAX_ROWS, p.rows - row0);
         var acc_a = array<f32, MAX_ROWS>();
         var acc_b = array<f32, MAX_ROWS>();
