@@ -10,7 +10,7 @@ use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    AttentionParams, ElementwiseParams, Kernel, LinearParams, MoeParams, NormParams, PassRows, RouterParams,
+    AttentionParams, ElementwiseParams, Kernel, LINEAR_PASS_ROWS, LinearParams, MoeParams, NormParams, RouterParams,
     WeightFormat,
 };
 
@@ -585,7 +585,7 @@ pub fn linear_launches(
     placeholder: &wgpu::Buffer,
     io: &LinearIo<'_>,
 ) -> Result<Vec<Dispatch>, EngineError> {
-    let kernel = Kernel::dense_linear(linear.format, PassRows::for_rows(io.rows), io.cache.is_some());
+    let kernel = Kernel::dense_linear(linear.format, io.cache.is_some());
     linear
         .segments
         .iter()
@@ -622,8 +622,7 @@ pub fn linear_pair_launch(
     launch.resources[count - 2] = &second.segments[0].codes;
     launch.resources[count - 1] = second_io.y;
     launch.grid[0] += tail.grid[0];
-    let kernel = Kernel::LinearPair(PassRows::for_rows(first_io.rows));
-    Ok(gpu.dispatch(kernel, &launch.params, &launch.resources, launch.grid)?)
+    Ok(gpu.dispatch(Kernel::LinearPair, &launch.params, &launch.resources, launch.grid)?)
 }
 
 /// One dense-linear launch before it is dispatched.
@@ -705,7 +704,7 @@ fn segment_launch<'a>(
     ]);
     // A workgroup row per pass over the activation rows, up to the dispatch limit (the
     // kernel strides over any passes beyond it).
-    let passes = (io.rows as u32).div_ceil(PassRows::for_rows(io.rows).count());
+    let passes = io.rows.div_ceil(LINEAR_PASS_ROWS) as u32;
     let grid = [
         (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),
         passes.min(u32::from(u16::MAX)),

@@ -35,23 +35,21 @@ pub struct Engine {
 
 impl Engine {
     /// Uploads the checkpoint's backbone to the device and builds every pipeline a step can
-    /// use (both pass widths), so that no request waits for shader compilation.
+    /// use, so that no request waits for shader compilation.
     pub fn load(gpu: Arc<Gpu>, checkpoint: Checkpoint) -> Result<Engine, EngineError> {
         let spec = model_spec(&checkpoint);
         let groups = drama3::linear_groups(&spec, &CheckpointNames)?;
         let weights = GpuWeights::upload(&gpu, &checkpoint, &groups)?;
-        for rows in [1, 8] {
-            let shape = StepShape {
-                rows,
-                lanes: 1,
-                capacity: 1,
-                prefix_rows: 1,
-                trace: false,
-            };
-            for node in drama3::build(&spec, &CheckpointNames, shape)?.nodes {
-                for kernel in drama_graph::select::kernels_of(&node.op, rows) {
-                    gpu.pipeline(kernel)?;
-                }
+        let shape = StepShape {
+            rows: 1,
+            lanes: 1,
+            capacity: 1,
+            prefix_rows: 1,
+            trace: false,
+        };
+        for node in drama3::build(&spec, &CheckpointNames, shape)?.nodes {
+            for kernel in drama_graph::select::kernels_of(&node.op) {
+                gpu.pipeline(kernel)?;
             }
         }
         Ok(Engine {

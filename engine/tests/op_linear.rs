@@ -7,7 +7,7 @@ use common::*;
 use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch};
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::weights::{GpuLinear, Segment};
-use drama_kernels::{Kernel, LinearParams, PassRows, WeightFormat};
+use drama_kernels::{Kernel, LINEAR_PASS_ROWS, LinearParams, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
@@ -129,9 +129,7 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
     let bb = gpu.buffer_with("bias", &bias_bytes);
     let rb = gpu.buffer_with("residual", &f32_bytes(residual.unwrap_or(&[0.0])));
     let y = poisoned(gpu, "y", rows * w.rows);
-    // One or two rows take the two-row kernel, more the eight-row one: the batch-invariance
-    // check below compares the two.
-    let kernel = Kernel::Linear(w.format, PassRows::for_rows(rows));
+    let kernel = Kernel::Linear(w.format);
     let mut dispatches = Vec::new();
     for (start, end) in [(0, split), (split, w.rows)] {
         if start == end {
@@ -176,10 +174,9 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
             buffers.push(&sb);
         }
         buffers.extend([&bb, none, &y, none, &rb, none, none, none, none, &y, &y, &wb, &y]);
-        // Two workgroup rows share the passes over the activation rows (for 9 to 16 rows a
-        // pass each; 19 rows make one of them take two passes).
-        let pass = PassRows::for_rows(rows).count() as usize;
-        let row_blocks = rows.div_ceil(pass).min(2) as u32;
+        // At most two workgroup rows share the passes over the activation rows, so that
+        // longer batches make a workgroup take several passes.
+        let row_blocks = rows.div_ceil(LINEAR_PASS_ROWS).min(2) as u32;
         dispatches.push(dispatch(
             gpu,
             kernel,
@@ -466,7 +463,7 @@ fn linear_swiglu_epilogue_matches_reference() {
             ];
             dispatches.push(dispatch(
                 gpu,
-                Kernel::Linear(WeightFormat::Bf16, PassRows::for_rows(rows)),
+                Kernel::Linear(WeightFormat::Bf16),
                 &[
                     &p,
                     &xb,
@@ -549,7 +546,7 @@ fn linear_moe_combine_epilogue_matches_reference() {
         let y = poisoned(gpu, "y", rows * out);
         let launch = dispatch(
             gpu,
-            Kernel::Linear(WeightFormat::Bf16, PassRows::for_rows(rows)),
+            Kernel::Linear(WeightFormat::Bf16),
             &[
                 &p,
                 &xb,
@@ -765,12 +762,7 @@ fn linear_cache_write_matches_reference() {
                     &y,
                 ]);
                 let grid = [(w.rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1];
-                dispatches.push(dispatch(
-                    gpu,
-                    Kernel::LinearKv(format, PassRows::for_rows(count)),
-                    &buffers,
-                    grid,
-                ));
+                dispatches.push(dispatch(gpu, Kernel::LinearKv(format), &buffers, grid));
                 column += w.rows;
             }
             run(gpu, &dispatches);

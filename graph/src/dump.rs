@@ -92,10 +92,7 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
                 inputs: node.inputs.iter().map(|&i| graph.value(i).name.clone()).collect(),
                 outputs: node.outputs.iter().map(|&o| value_dump(graph, plan, o)).collect(),
                 formats,
-                kernels: kernels_of(&node.op, node.inputs.first().map_or(1, |&i| graph.value(i).shape[0]))
-                    .iter()
-                    .map(|k| format!("{k:?}"))
-                    .collect(),
+                kernels: kernels_of(&node.op).iter().map(|k| format!("{k:?}")).collect(),
                 attributes: node.op.clone(),
             }
         })

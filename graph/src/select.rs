@@ -2,7 +2,7 @@
 //! the members are stacked; the engine adds one launch per weight segment when a weight is
 //! split, and launches a linear pair's halves apart when either half's weight is split).
 
-use drama_kernels::{Kernel, PassRows, WeightFormat};
+use drama_kernels::{Kernel, WeightFormat};
 
 use crate::ir::{LinearMember, Op, PairHalf};
 
@@ -40,24 +40,22 @@ pub fn pairs(first: &PairHalf, second: &PairHalf) -> bool {
     })
 }
 
-/// The kernels an op launches, in order, for `rows` activation rows (which pick the dense
-/// linears' pass width).
-pub fn kernels_of(op: &Op, rows: usize) -> Vec<Kernel> {
-    let pass = PassRows::for_rows(rows);
+/// The kernels an op launches, in order.
+pub fn kernels_of(op: &Op) -> Vec<Kernel> {
     match op {
         Op::Embed { .. } => vec![Kernel::EmbedF32, Kernel::EmbedBf16, Kernel::EmbedBf16],
         Op::RmsNorm { .. } => vec![Kernel::RmsNorm],
         Op::Linear {
             members, cache_write, ..
         } => {
-            let kernel = |format| Kernel::dense_linear(format, pass, cache_write.is_some());
+            let kernel = |format| Kernel::dense_linear(format, cache_write.is_some());
             if stacks(members) {
                 vec![kernel(WeightFormat::Bf16)]
             } else {
                 members.iter().map(|m| kernel(m.format)).collect()
             }
         }
-        Op::LinearPair { .. } => vec![Kernel::LinearPair(pass)],
+        Op::LinearPair { .. } => vec![Kernel::LinearPair],
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router(_) => vec![Kernel::Route],
         Op::Experts {

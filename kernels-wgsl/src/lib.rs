@@ -50,38 +50,15 @@ pub enum ConvOutput {
     Tanh,
 }
 
-/// Activation rows a dense linear launch applies each decoded weight to per pass over its
-/// weights (`linear.wgsl`'s MAX_ROWS). Two-row passes need fewer registers, which makes
-/// steps of one or two rows faster; larger batches take eight rows per pass. A row's result
-/// is the same bits either way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-pub enum PassRows {
-    /// Up to two rows per pass.
-    Two,
-    /// Up to eight rows per pass.
-    Eight,
-}
-
-impl PassRows {
-    /// The pass width for a launch over `rows` activation rows.
-    pub fn for_rows(rows: usize) -> PassRows {
-        if rows <= 2 { PassRows::Two } else { PassRows::Eight }
-    }
-
-    /// Rows per pass.
-    pub fn count(self) -> u32 {
-        match self {
-            PassRows::Two => 2,
-            PassRows::Eight => 8,
-        }
-    }
-}
+/// Activation rows a dense linear workgroup applies each decoded weight to per pass over its
+/// weights (`linear.wgsl`'s PASS_ROWS); a launch gives each pass its own workgroup row.
+pub const LINEAR_PASS_ROWS: usize = 2;
 
 /// A compilable WGSL module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Module {
-    /// `linear.wgsl` with one weight format and pass width.
-    Linear(WeightFormat, PassRows),
+    /// `linear.wgsl` with one weight format.
+    Linear(WeightFormat),
     /// `norm.wgsl`.
     Norm,
     /// `attention.wgsl`: RoPE, KV writes, attention.
@@ -122,13 +99,10 @@ impl WeightFormat {
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 14] = [
-        Module::Linear(WeightFormat::Bf16, PassRows::Two),
-        Module::Linear(WeightFormat::Bf16, PassRows::Eight),
-        Module::Linear(WeightFormat::Nvfp4, PassRows::Two),
-        Module::Linear(WeightFormat::Nvfp4, PassRows::Eight),
-        Module::Linear(WeightFormat::Fp8Block, PassRows::Two),
-        Module::Linear(WeightFormat::Fp8Block, PassRows::Eight),
+    pub const ALL: [Module; 11] = [
+        Module::Linear(WeightFormat::Bf16),
+        Module::Linear(WeightFormat::Nvfp4),
+        Module::Linear(WeightFormat::Fp8Block),
         Module::Norm,
         Module::Attention,
         Module::Router,
@@ -143,7 +117,7 @@ impl Module {
     pub fn source(self) -> String {
         // The helpers a family needs besides COMMON, and its file.
         let (helpers, family) = match self {
-            Module::Linear(format, pass) => {
+            Module::Linear(format) => {
                 let format_source = match format {
                     WeightFormat::Bf16 => include_str!("wgsl/fmt_bf16.wgsl"),
                     WeightFormat::Nvfp4 => include_str!("wgsl/fmt_nvfp4.wgsl"),
@@ -151,11 +125,7 @@ impl Module {
                 };
                 // The format file refers to the bindings and `Params` declared by linear.wgsl,
                 // which WGSL allows in any order at module scope.
-                let max_rows = format!("const MAX_ROWS: u32 = {}u;", pass.count());
-                return format!(
-                    "{COMMON}\n{max_rows}\n{}\n{format_source}",
-                    include_str!("wgsl/linear.wgsl")
-                );
+                return format!("{COMMON}\n{}\n{format_source}", include_str!("wgsl/linear.wgsl"));
             }
             Module::Norm => (REDUCE, include_str!("wgsl/norm.wgsl")),
             Module::Attention => (REDUCE, include_str!("wgsl/attention.wgsl")),
@@ -172,7 +142,7 @@ impl Module {
     /// A short name for labels and dumps.
     pub fn name(self) -> String {
         match self {
-            Module::Linear(format, pass) => format!("linear_{format:?}_{}", pass.count()).to_lowercase(),
+            Module::Linear(format) => format!("linear_{format:?}").to_lowercase(),
             other => format!("{other:?}").to_lowercase(),
         }
     }
@@ -182,13 +152,13 @@ impl Module {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
     /// Dense linear, each decoded weight applied to up to the pass width's activation rows.
-    Linear(WeightFormat, PassRows),
+    Linear(WeightFormat),
     /// The dense linear of an attention layer's [q|k|v] projection, which also writes each
     /// row's keys (rotated) and values into the KV caches.
-    LinearKv(WeightFormat, PassRows),
+    LinearKv(WeightFormat),
     /// Two BF16 linears over the same input in one launch, each with its own weight and
     /// output (a MoE layer's router logits and its shared expert's SwiGLU).
-    LinearPair(PassRows),
+    LinearPair,
     /// Routed-expert linear: expert per slot read on the GPU.
     Gathered(WeightFormat),
     /// RMSNorm.
@@ -231,13 +201,13 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The dense linear for `format` and `pass`: [`Kernel::LinearKv`] when it also writes the
+    /// The dense linear for `format`: [`Kernel::LinearKv`] when it also writes the
     /// KV caches (an attention projection), [`Kernel::Linear`] otherwise.
-    pub fn dense_linear(format: WeightFormat, pass: PassRows, writes_cache: bool) -> Kernel {
+    pub fn dense_linear(format: WeightFormat, writes_cache: bool) -> Kernel {
         if writes_cache {
-            Kernel::LinearKv(format, pass)
+            Kernel::LinearKv(format)
         } else {
-            Kernel::Linear(format, pass)
+            Kernel::Linear(format)
         }
     }
 
@@ -246,13 +216,9 @@ impl Kernel {
         let formats = [WeightFormat::Bf16, WeightFormat::Nvfp4, WeightFormat::Fp8Block];
         let mut all: Vec<Kernel> = formats
             .iter()
-            .flat_map(|&f| {
-                [PassRows::Two, PassRows::Eight]
-                    .into_iter()
-                    .flat_map(move |pass| [Kernel::Linear(f, pass), Kernel::LinearKv(f, pass)])
-            })
+            .flat_map(|&f| [Kernel::Linear(f), Kernel::LinearKv(f)])
             .collect();
-        all.extend([PassRows::Two, PassRows::Eight].map(Kernel::LinearPair));
+        all.push(Kernel::LinearPair);
         all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
         all.extend([
             Kernel::RmsNorm,
@@ -283,10 +249,8 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f, pass) | Kernel::LinearKv(f, pass) => Module::Linear(f, pass),
-            Kernel::LinearPair(pass) => Module::Linear(WeightFormat::Bf16, pass),
-            // One activation row per slot.
-            Kernel::Gathered(f) => Module::Linear(f, PassRows::Two),
+            Kernel::Linear(f) | Kernel::LinearKv(f) | Kernel::Gathered(f) => Module::Linear(f),
+            Kernel::LinearPair => Module::Linear(WeightFormat::Bf16),
             Kernel::RmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route => Module::Router,
@@ -307,7 +271,7 @@ impl Kernel {
         match self {
             Kernel::Linear(..) => "linear",
             Kernel::LinearKv(..) => "linear_kv",
-            Kernel::LinearPair(_) => "linear_pair",
+            Kernel::LinearPair => "linear_pair",
             Kernel::Gathered(_) => "gathered",
             Kernel::RmsNorm => "rms_norm",
             Kernel::Attend => "attend",
@@ -341,7 +305,7 @@ impl Kernel {
             // gate_logits, row_lane, row_pos, rope_table, k_cache, v_cache, w_second,
             // y_second: BF16 weights have no scales (every dense entry point names the
             // pair's second weight and output, which only `linear_pair` touches)
-            Kernel::Linear(WeightFormat::Bf16, _) | Kernel::LinearKv(WeightFormat::Bf16, _) | Kernel::LinearPair(_) => {
+            Kernel::Linear(WeightFormat::Bf16) | Kernel::LinearKv(WeightFormat::Bf16) | Kernel::LinearPair => {
                 &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
             }
             Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],

@@ -1,11 +1,13 @@
 // Linear layers y = x W^T (+ bias), FP32 accumulation, for every weight format.
 //
-// MAX_ROWS, the activation rows per pass over the weights (2 or 8), is declared ahead of
-// this file when the module is assembled: two-row modules serve steps of one or two rows
-// with half the registers (an H200 decode step: 2.89 -> 2.79 ms for one lane, 3.49 -> 3.34
-// ms for a pair; eight-row passes stay faster for eight lanes, 7.15 against 7.67 ms).
-// Both compute every row with the same partition and reduction tree, so a row's bits do
-// not depend on which one ran.
+// A dense workgroup applies each decoded weight unit to PASS_ROWS (2) activation rows per
+// pass over its weights, and a launch gives every pass its own workgroup row (see
+// `linear_rows`). Eight-row passes, one after another in each workgroup, were the choice
+// for steps of more than two rows until the passes got workgroups of their own: then two
+// rows per pass made an H200 eight-lane decode step 5.35 -> 4.82 ms (prefill unchanged, one
+// and two lanes unchanged). Every row is computed with the same partition and reduction
+// tree whichever pass and workgroup it falls in, so a row's bits never depend on the rows
+// beside it.
 //
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
 // fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
@@ -29,7 +31,7 @@
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP weight rows; each unit is decoded once
-//               and applied to up to MAX_ROWS activation rows per pass. With flag 4 the
+//               and applied to up to PASS_ROWS activation rows per pass. With flag 4 the
 //               output is added to `residual` (the residual stream) as it is written.
 //               With flag 8 the weight rows are a [gate | up] stack and the output is
 //               silu(gate) * up (each rounded first when flag 2 rounds): row A of a thread
@@ -111,8 +113,10 @@ struct Params {
 @group(0) @binding(15) var<storage, read> w_second: array<Unit>;
 @group(0) @binding(16) var<storage, read_write> y_second: array<f32>;
 
-var<workgroup> partial: array<f32, 2u * WG * MAX_ROWS>;         // two planes
-var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * MAX_ROWS>;
+const PASS_ROWS: u32 = 2u;
+
+var<workgroup> partial: array<f32, 2u * WG * PASS_ROWS>;         // two planes
+var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * PASS_ROWS>;
 var<workgroup> slot_expert: u32;
 
 // Two units' decoded weights (rows A and B) dotted with the activation row at `x_vec`;
@@ -130,10 +134,10 @@ fn unit_dot2(a: array<vec4<f32>, VECS>, b: array<vec4<f32>, VECS>, x_vec: u32) -
     return s;
 }
 
-// Adds one unit of rows A and B (column `k`) to the sums of `count` activation rows.
+// Adds one unit of rows A and B (column `k`) to the sums of `count` (1 or 2) activation rows.
 fn apply_pair(
-    acc_a: ptr<function, array<f32, MAX_ROWS>>,
-    acc_b: ptr<function, array<f32, MAX_ROWS>>,
+    acc_a: ptr<function, array<f32, PASS_ROWS>>,
+    acc_b: ptr<function, array<f32, PASS_ROWS>>,
     a: array<vec4<f32>, VECS>,
     b: array<vec4<f32>, VECS>,
     scale: vec2<f32>,
@@ -145,65 +149,20 @@ fn apply_pair(
     (*acc_a)[0] += d.x;
     (*acc_b)[0] += d.y;
     if (count > 1u) {
-        d = unit_dot2(a, b, x_vec + 1u * x_row) * scale;
+        d = unit_dot2(a, b, x_vec + x_row) * scale;
         (*acc_a)[1] += d.x;
         (*acc_b)[1] += d.y;
-    }
-    if (MAX_ROWS > 2u && count > 2u) {
-        d = unit_dot2(a, b, x_vec + 2u * x_row) * scale;
-        (*acc_a)[min(2u, MAX_ROWS - 1u)] += d.x;
-        (*acc_b)[min(2u, MAX_ROWS - 1u)] += d.y;
-    }
-    if (MAX_ROWS > 2u && count > 3u) {
-        d = unit_dot2(a, b, x_vec + 3u * x_row) * scale;
-        (*acc_a)[min(3u, MAX_ROWS - 1u)] += d.x;
-        (*acc_b)[min(3u, MAX_ROWS - 1u)] += d.y;
-    }
-    if (MAX_ROWS > 2u && count > 4u) {
-        d = unit_dot2(a, b, x_vec + 4u * x_row) * scale;
-        (*acc_a)[min(4u, MAX_ROWS - 1u)] += d.x;
-        (*acc_b)[min(4u, MAX_ROWS - 1u)] += d.y;
-    }
-    if (MAX_ROWS > 2u && count > 5u) {
-        d = unit_dot2(a, b, x_vec + 5u * x_row) * scale;
-        (*acc_a)[min(5u, MAX_ROWS - 1u)] += d.x;
-        (*acc_b)[min(5u, MAX_ROWS - 1u)] += d.y;
-    }
-    if (MAX_ROWS > 2u && count > 6u) {
-        d = unit_dot2(a, b, x_vec + 6u * x_row) * scale;
-        (*acc_a)[min(6u, MAX_ROWS - 1u)] += d.x;
-        (*acc_b)[min(6u, MAX_ROWS - 1u)] += d.y;
-    }
-    if (MAX_ROWS > 2u && count > 7u) {
-        d = unit_dot2(a, b, x_vec + 7u * x_row) * scale;
-        (*acc_a)[min(7u, MAX_ROWS - 1u)] += d.x;
-        (*acc_b)[min(7u, MAX_ROWS - 1u)] += d.y;
     }
 }
 
 // A thread's sums, row A's in the first plane of `partial`, row B's in the second.
-fn store_partials(t: u32, acc_a: array<f32, MAX_ROWS>, acc_b: array<f32, MAX_ROWS>) {
-    let a = t * MAX_ROWS;
-    let b = (WG + t) * MAX_ROWS;
+fn store_partials(t: u32, acc_a: array<f32, PASS_ROWS>, acc_b: array<f32, PASS_ROWS>) {
+    let a = t * PASS_ROWS;
+    let b = (WG + t) * PASS_ROWS;
     partial[a] = acc_a[0];
     partial[a + 1u] = acc_a[1];
     partial[b] = acc_b[0];
     partial[b + 1u] = acc_b[1];
-    if (MAX_ROWS > 2u) {
-        // Eight-row passes (the indices stay in bounds for two-row passes, where this is dead).
-        partial[a + 2u] = acc_a[min(2u, MAX_ROWS - 1u)];
-        partial[a + 3u] = acc_a[min(3u, MAX_ROWS - 1u)];
-        partial[a + 4u] = acc_a[min(4u, MAX_ROWS - 1u)];
-        partial[a + 5u] = acc_a[min(5u, MAX_ROWS - 1u)];
-        partial[a + 6u] = acc_a[min(6u, MAX_ROWS - 1u)];
-        partial[a + 7u] = acc_a[min(7u, MAX_ROWS - 1u)];
-        partial[b + 2u] = acc_b[min(2u, MAX_ROWS - 1u)];
-        partial[b + 3u] = acc_b[min(3u, MAX_ROWS - 1u)];
-        partial[b + 4u] = acc_b[min(4u, MAX_ROWS - 1u)];
-        partial[b + 5u] = acc_b[min(5u, MAX_ROWS - 1u)];
-        partial[b + 6u] = acc_b[min(6u, MAX_ROWS - 1u)];
-        partial[b + 7u] = acc_b[min(7u, MAX_ROWS - 1u)];
-    }
 }
 
 // Sums the LANES partials of rows A and B of each thread row for activation rows < count
@@ -219,17 +178,17 @@ fn reduce_lanes(t: u32, count: u32) -> vec2<f32> {
         for (var plane = 0u; plane < 2u; plane++) {
             var s = 0.0;
             for (var i = 0u; i < 8u; i++) {
-                s += partial[(plane * WG + thread_row * LANES + group * 8u + i) * MAX_ROWS + r];
+                s += partial[(plane * WG + thread_row * LANES + group * 8u + i) * PASS_ROWS + r];
             }
-            group_sums[((plane * THREAD_ROWS + thread_row) * GROUPS + group) * MAX_ROWS + r] = s;
+            group_sums[((plane * THREAD_ROWS + thread_row) * GROUPS + group) * PASS_ROWS + r] = s;
         }
     }
     workgroupBarrier();
     var sum = vec2<f32>(0.0);
     if (lane < count) {
         for (var g = 0u; g < GROUPS; g++) {
-            sum.x += group_sums[(thread_row * GROUPS + g) * MAX_ROWS + lane];
-            sum.y += group_sums[((THREAD_ROWS + thread_row) * GROUPS + g) * MAX_ROWS + lane];
+            sum.x += group_sums[(thread_row * GROUPS + g) * PASS_ROWS + lane];
+            sum.y += group_sums[((THREAD_ROWS + thread_row) * GROUPS + g) * PASS_ROWS + lane];
         }
     }
     return sum;
@@ -438,10 +397,10 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
     let nb = select(na, plan.row_b, plan.valid_b);
     let units = p.in_features / UNIT;
     let x_row = p.in_features / 4u;
-    for (var row0 = wg.y * MAX_ROWS; row0 < p.rows; row0 += row_blocks * MAX_ROWS) {
-        let count = min(MAX_ROWS, p.rows - row0);
-        var acc_a = array<f32, MAX_ROWS>();
-        var acc_b = array<f32, MAX_ROWS>();
+    for (var row0 = wg.y * PASS_ROWS; row0 < p.rows; row0 += row_blocks * PASS_ROWS) {
+        let count = min(PASS_ROWS, p.rows - row0);
+        var acc_a = array<f32, PASS_ROWS>();
+        var acc_b = array<f32, PASS_ROWS>();
         if (plan.valid_a) {
             let base_a = na * units;
             let base_b = nb * units;
