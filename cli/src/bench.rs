@@ -91,6 +91,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         print_profile(&s.label, &s.profile);
     }
     eprintln!("prefill {} rows: {:.2} ms", report.prefill.rows, report.prefill.gpu_ms);
+    print_profile("prefill", &report.prefill.profile);
     let y = &report.synthesis;
     eprintln!(
         "synthesis: {} tokens, {:.2} s audio, {:.2} s wall (forwards {:.2} s, sampling {:.3} s, codec {:.2} s), RTF {:.3}, first audio {:.3} s, {:.1} tokens/s",

@@ -161,6 +161,9 @@ pub struct PrefillResult {
     pub gpu_ms: f64,
     /// Rows per second.
     pub rows_per_s: f64,
+    /// Launches and GPU time per kernel kind of one profiled prefill (one launch per pass;
+    /// empty without timestamps).
+    pub profile: Vec<KernelShare>,
 }
 
 /// The end-to-end synthesis measurement.
@@ -599,10 +602,17 @@ pub fn prefill(engine: &Engine, options: &BenchOptions) -> Result<PrefillResult,
         })
         .collect();
     let gpu_ms = median_ms(options.repeats.min(5), || Ok(session.timed_step(&rows)?.1))?;
+    // Rerunning the prompt rewrites the same cache entries.
+    let profile = if engine.gpu.caps.timestamps {
+        kernel_shares(session.profiled_step(&rows)?)
+    } else {
+        Vec::new()
+    };
     Ok(PrefillResult {
         rows: options.prefill_rows,
         gpu_ms,
         rows_per_s: options.prefill_rows as f64 / (gpu_ms * 1e-3),
+        profile,
     })
 }
 
