@@ -10,8 +10,8 @@ use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    AttentionParams, ElementwiseParams, Kernel, LINEAR_PASS_ROWS, LinearParams, MoeParams, NormParams, RouterParams,
-    WeightFormat,
+    AttentionParams, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, MoeParams, NormParams,
+    RouterParams, WeightFormat,
 };
 
 use crate::error::EngineError;
@@ -302,15 +302,36 @@ impl<'a> Lowering<'a> {
                 in_features,
                 k,
                 swiglu,
+                grouped,
             } => {
                 let (x, ids) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
+                let slots = if *grouped {
+                    let blocks = self.rows(inputs[2]);
+                    Slots::Grouped {
+                        blocks: (self.buffer(inputs[2])?, blocks),
+                        order: self.buffer(inputs[3])?,
+                    }
+                } else {
+                    Slots::Each(ids)
+                };
                 let shape = ExpertShape {
                     slots: self.rows(inputs[1]) * k,
                     k: *k,
                     width: *width,
                     in_features: *in_features,
                 };
-                self.lower_experts(*layer, projections, *swiglu, shape, [x, ids, out])?;
+                self.lower_experts(*layer, projections, *swiglu, shape, ExpertIo { x, slots, out })?;
+            }
+            Op::GroupSlots { experts } => {
+                let slots = self.rows(inputs[0]) * self.graph.value(inputs[0]).shape[1];
+                let params = GroupParams {
+                    slots: slots as u32,
+                    experts: *experts as u32,
+                    blocks: self.rows(node.outputs[0]) as u32,
+                    pad: 0,
+                };
+                let resources = [self.buffer(inputs[0])?, out, self.buffer(node.outputs[1])?];
+                self.launch(Kernel::GroupSlots, &params, &resources, [1, 1, 1])?;
             }
             Op::Swiglu { round_output } => {
                 let shape = &self.graph.value(node.outputs[0]).shape;
@@ -429,7 +450,7 @@ impl<'a> Lowering<'a> {
         projections: &[(Projection, WeightFormat)],
         swiglu: bool,
         shape: ExpertShape,
-        [x, ids, out]: [&wgpu::Buffer; 3],
+        io: ExpertIo<'_>,
     ) -> Result<(), EngineError> {
         let weights = self.bind.weights;
         let stacks: Vec<Vec<Projection>> = if swiglu {
@@ -465,17 +486,26 @@ impl<'a> Lowering<'a> {
                     ..Default::default()
                 };
                 let expert_scales = segment.expert_scales.as_ref().expect("expert segment");
-                let mut resources = vec![x, &segment.codes];
+                let mut resources = vec![io.x, &segment.codes];
                 if linear.format != WeightFormat::Bf16 {
                     resources.push(&segment.scales);
                 }
-                resources.extend([&weights.placeholder, ids, out, expert_scales]);
-                self.launch(
-                    Kernel::Gathered(linear.format),
-                    &params,
-                    &resources,
-                    [(shape.width as u32).div_ceil(rows_per_group), shape.slots as u32, 1],
-                )?;
+                let groups = (shape.width as u32).div_ceil(rows_per_group);
+                match io.slots {
+                    Slots::Each(ids) => {
+                        resources.extend([&weights.placeholder, ids, io.out, expert_scales]);
+                        let grid = [groups, shape.slots as u32, 1];
+                        self.launch(Kernel::Gathered(linear.format), &params, &resources, grid)?;
+                    }
+                    Slots::Grouped {
+                        blocks: (blocks, count),
+                        order,
+                    } => {
+                        resources.extend([&weights.placeholder, blocks, io.out, expert_scales, order]);
+                        let grid = [groups, count as u32, 1];
+                        self.launch(Kernel::GatheredGrouped(linear.format), &params, &resources, grid)?;
+                    }
+                }
             }
         }
         Ok(())
@@ -500,6 +530,28 @@ impl<'a> Lowering<'a> {
             pad: 0,
         }
     }
+}
+
+/// What an experts node reads and writes.
+struct ExpertIo<'a> {
+    /// Input rows (the tokens' for gate/up, the slots' for down).
+    x: &'a wgpu::Buffer,
+    /// How the launches find their slots.
+    slots: Slots<'a>,
+    /// Output [slots, width].
+    out: &'a wgpu::Buffer,
+}
+
+/// How an experts node's launches find their slots.
+enum Slots<'a> {
+    /// A workgroup row per slot, its expert read from the ids.
+    Each(&'a wgpu::Buffer),
+    /// A workgroup row per block of slots sharing an expert: the blocks (buffer and count)
+    /// and the slot order of a group_slots node.
+    Grouped {
+        blocks: (&'a wgpu::Buffer, usize),
+        order: &'a wgpu::Buffer,
+    },
 }
 
 /// The sizes of an experts node.

@@ -40,16 +40,19 @@ impl Engine {
         let spec = model_spec(&checkpoint);
         let groups = drama3::linear_groups(&spec, &CheckpointNames)?;
         let weights = GpuWeights::upload(&gpu, &checkpoint, &groups)?;
-        let shape = StepShape {
-            rows: 1,
-            lanes: 1,
-            capacity: 1,
-            prefix_rows: 1,
-            trace: false,
-        };
-        for node in drama3::build(&spec, &CheckpointNames, shape)?.nodes {
-            for kernel in drama_graph::select::kernels_of(&node.op) {
-                gpu.pipeline(kernel)?;
+        // A decode step's kernels, and a prefill's (its routed experts grouped).
+        for rows in [1, drama_graph::select::GROUPED_EXPERT_ROWS] {
+            let shape = StepShape {
+                rows,
+                lanes: 1,
+                capacity: rows,
+                prefix_rows: 1,
+                trace: false,
+            };
+            for node in drama3::build(&spec, &CheckpointNames, shape)?.nodes {
+                for kernel in drama_graph::select::kernels_of(&node.op) {
+                    gpu.pipeline(kernel)?;
+                }
             }
         }
         Ok(Engine {

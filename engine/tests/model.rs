@@ -303,8 +303,9 @@ fn chunked_equals_whole() {
     let checkpoint = f.open();
     let p = checkpoint.config.speech.voice_prefix_len;
     let v = checkpoint.config.speech.audio_vocab_size;
-    // Long enough that attention spans three chunks of positions; the single-row decode
-    // steps also take the two-row linear modules where the whole step takes eight-row ones.
+    // Long enough that attention spans three chunks of positions; the whole step also runs
+    // its routed experts grouped by expert (at least GROUPED_EXPERT_ROWS rows) where the
+    // single-row decode steps run them slot by slot.
     let codes = 2 * drama_kernels::ATTENTION_CHUNK + 10;
     let (text, audio) = utterance(&checkpoint, &mut rng, 6, codes);
     let rows = rows_for(0, p, &text, &audio);
@@ -389,14 +390,16 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
     );
 }
 
-/// A step whose routed-expert launch would need more than 65535 workgroups along one
-/// dimension is refused with an error naming the limit, never a panic.
+/// A step whose launches would need more than 65535 workgroups along one dimension is
+/// refused with an error naming the limit, never a panic.
 #[test]
 fn an_oversized_step_is_refused_not_a_panic() {
     let f = Fixture::preset("tiny", 2);
     let engine = Engine::load(shared_gpu(), f.open()).unwrap();
-    // 4100 lanes x 4 prefix rows = 16400 rows; x top-4 = 65600 expert slots per layer.
-    let lanes = 4100;
+    // 16400 lanes x 4 prefix rows = 65600 rows: routing and attention launch a workgroup row
+    // per token row (a step this large runs its routed experts over blocks of slots, a
+    // quarter as many).
+    let lanes = 16400;
     let rows: Vec<Row> = (0..lanes)
         .flat_map(|lane| {
             (0..4).map(move |pos| Row {

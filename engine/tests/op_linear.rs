@@ -7,7 +7,7 @@ use common::*;
 use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch};
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::weights::{GpuLinear, Segment};
-use drama_kernels::{Kernel, LINEAR_PASS_ROWS, LinearParams, WeightFormat};
+use drama_kernels::{EXPERT_GROUP_SLOTS, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
@@ -314,14 +314,31 @@ fn gathered_case(
     let split = experts / 2;
     // Each expert keeps its own tensor scale.
     let expert_scales: Vec<f32> = all.iter().map(|w| w.tensor_scale).collect();
-    // The launches over `ids` (slots) reading `x` (the slots' or the tokens' rows).
-    let launch = |ids: &[u32], x: &[f32]| -> Vec<f32> {
+    // The launches over `ids` (slots) reading `x` (the slots' or the tokens' rows): a
+    // workgroup row per slot, or with `grouped` per block of slots that share an expert,
+    // grouped on the GPU first (their outputs poisoned too).
+    let launch = |ids: &[u32], x: &[f32], grouped: bool| -> Vec<f32> {
         let slots = ids.len();
         let xb = gpu.buffer_with("x", &f32_bytes(x));
         let idb = gpu.buffer_with("ids", &u32_bytes(ids));
         let bias = gpu.buffer_with("bias", &[0; 4]);
         let y = poisoned(gpu, "y", slots * out);
+        let blocks = slots.div_ceil(EXPERT_GROUP_SLOTS) + experts;
+        let (blocks_b, order_b) = (poisoned(gpu, "blocks", 4 * blocks), poisoned(gpu, "order", slots));
+        let group_params = gpu.uniform(
+            "group params",
+            &GroupParams {
+                slots: slots as u32,
+                experts: experts as u32,
+                blocks: blocks as u32,
+                pad: 0,
+            },
+        );
         let mut dispatches = Vec::new();
+        if grouped {
+            let buffers = [&group_params, &idb, &blocks_b, &order_b];
+            dispatches.push(dispatch(gpu, Kernel::GroupSlots, &buffers, [1, 1, 1]));
+        }
         let mut keep = Vec::new();
         for (begin, end) in [(0, split), (split, experts)] {
             let segment = &all[begin..end];
@@ -345,15 +362,20 @@ fn gathered_case(
             let wb = gpu.buffer_with("w", &packed);
             let sb = gpu.buffer_with("scales", &scales);
             let tb = gpu.buffer_with("expert_scales", &f32_bytes(&expert_scales[begin..end]));
-            let kernel = Kernel::Gathered(format);
-            let buffers: Vec<&wgpu::Buffer> = if format == WeightFormat::Bf16 {
-                vec![&p, &xb, &wb, &bias, &idb, &y, &tb]
+            let mut buffers: Vec<&wgpu::Buffer> = vec![&p, &xb, &wb];
+            if format != WeightFormat::Bf16 {
+                buffers.push(&sb);
+            }
+            let (kernel, grid_rows) = if grouped {
+                buffers.extend([&bias, &blocks_b, &y, &tb, &order_b]);
+                (Kernel::GatheredGrouped(format), blocks)
             } else {
-                vec![&p, &xb, &wb, &sb, &bias, &idb, &y, &tb]
+                buffers.extend([&bias, &idb, &y, &tb]);
+                (Kernel::Gathered(format), slots)
             };
             let grid = [
                 (out as u32).div_ceil(format.gathered_rows_per_workgroup()),
-                slots as u32,
+                grid_rows as u32,
                 1,
             ];
             dispatches.push(dispatch(gpu, kernel, &buffers, grid));
@@ -362,7 +384,10 @@ fn gathered_case(
         run(gpu, &dispatches);
         gpu.read_f32(&y).unwrap()
     };
-    let got = launch(&ids, &x);
+    let got = launch(&ids, &x, false);
+    // Grouped by expert (four slots per block at most), every slot gets the same bits.
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&launch(&ids, &x, true)), bits(&got), "{label}: grouped");
     // Each token's slots alone (their experts now shared with no other token's slot) give
     // the bits they have among all the slots.
     for token in [0, tokens - 1] {
@@ -372,8 +397,7 @@ fn gathered_case(
         } else {
             &x[first * in_..last * in_]
         };
-        let alone = launch(&ids[first..last], token_x);
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let alone = launch(&ids[first..last], token_x, false);
         assert_eq!(
             bits(&alone),
             bits(&got[first * out..last * out]),
@@ -403,6 +427,13 @@ fn gathered_experts_match_reference_across_segments() {
     gathered_case(WeightFormat::Nvfp4, 4, 40, 32, 2, 3, false);
     gathered_case(WeightFormat::Fp8Block, 3, 17, 48, 2, 2, true);
     gathered_case(WeightFormat::Bf16, 3, 9, 24, 3, 2, false);
+    // Many slots over few experts: blocks of four and a remainder per expert, and more
+    // slots than one grouping window (256).
+    gathered_case(WeightFormat::Nvfp4, 6, 20, 32, 70, 4, true);
+    // Wide inputs: each thread takes a second unit per batch (and the last batch's second
+    // load is clamped).
+    gathered_case(WeightFormat::Nvfp4, 5, 24, 1040, 5, 4, true);
+    gathered_case(WeightFormat::Bf16, 3, 12, 520, 4, 3, false);
 }
 
 /// The SwiGLU reference of one feature: gate and up rounded to BF16, silu(gate) * up

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
 use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
-use crate::select::{pairs, stacks_expert_swiglu, stacks_swiglu};
+use crate::select::{GROUPED_EXPERT_ROWS, pairs, stacks_expert_swiglu, stacks_swiglu};
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
 pub trait WeightNames {
@@ -145,6 +145,8 @@ struct Build<'a> {
     spec: &'a ModelSpec,
     names: &'a dyn WeightNames,
     trace: bool,
+    /// Token rows of the step.
+    rows: usize,
 }
 
 impl Build<'_> {
@@ -251,6 +253,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         spec,
         names,
         trace: shape.trace,
+        rows: shape.rows,
     };
     let row_table = g.b.input("row_table", vec![rows], DType::U32, ValueKind::Input);
     let row_index = g.b.input("row_index", vec![rows], DType::U32, ValueKind::Input);
@@ -445,6 +448,13 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         g.b.output(ids);
         g.b.output(weights);
     }
+    // Steps of many rows group their slots by expert once per layer (see GROUPED_EXPERT_ROWS).
+    let groups = if g.rows >= GROUPED_EXPERT_ROWS {
+        let grouping = Op::GroupSlots { experts: moe.kept };
+        g.b.node(&at("group_slots"), grouping, &[ids])?
+    } else {
+        Vec::new()
+    };
     let expert =
         |g: &mut Build<'_>, label: &str, projections: &[Projection], input: ValueId, out: usize, swiglu: bool| {
             let in_features = *g.b.shape(input).last().unwrap_or(&0);
@@ -460,8 +470,12 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
                     in_features,
                     k: s.top_k,
                     swiglu,
+                    grouped: !groups.is_empty(),
                 },
-                &[input, ids],
+                &[input, ids]
+                    .into_iter()
+                    .chain(groups.iter().copied())
+                    .collect::<Vec<_>>(),
             )
         };
     let gate_up = [Projection::Gate, Projection::Up];

@@ -182,10 +182,20 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             in_features,
             k,
             swiglu,
+            grouped,
             ..
         } => {
-            arity(inputs, 2)?;
+            arity(inputs, if *grouped { 4 } else { 2 })?;
             let (x, ids) = (inputs[0], inputs[1]);
+            if *grouped {
+                expect(
+                    inputs[2].dtype == DType::U32 && width_of(inputs[2]) == 4 && inputs[3].dtype == DType::U32,
+                    || "grouped experts need the blocks and order of a group_slots node".into(),
+                )?;
+                expect(rows_of(inputs[3]) == rows_of(ids) * k, || {
+                    "the slot order must hold every slot".into()
+                })?;
+            }
             expect(is_bf16(x.dtype) && width_of(x) == *in_features, || {
                 "x must be BF16 of width in_features".into()
             })?;
@@ -212,6 +222,19 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 return Ok(vec![(vec![slots, *out], DType::Bf16)]);
             }
             Ok(vec![(vec![slots, out * projections.len()], DType::Bf16)])
+        }
+        Op::GroupSlots { experts } => {
+            arity(inputs, 1)?;
+            let ids = inputs[0];
+            expect(ids.dtype == DType::U32 && ids.shape.len() == 2, || {
+                "ids must be U32 [tokens, k]".into()
+            })?;
+            expect((1..=512).contains(experts), || {
+                format!("{experts} experts: grouping takes 1 to 512")
+            })?;
+            let slots = rows_of(ids) * width_of(ids);
+            let blocks = slots.div_ceil(drama_kernels::EXPERT_GROUP_SLOTS) + experts;
+            Ok(vec![(vec![blocks, 4], DType::U32), (vec![slots, 1], DType::U32)])
         }
         Op::Swiglu { round_output } => {
             arity(inputs, 1)?;

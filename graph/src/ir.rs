@@ -218,8 +218,17 @@ pub enum Op {
     },
     /// Top-k routing. Input: router logits. Outputs: ids (U32 [rows, k]), then weights.
     Router(RouterOp),
+    /// A step's routed-expert slots grouped by expert, for [`Op::Experts`] with `grouped`.
+    /// Input: ids (U32 [rows, k]). Outputs: blocks (U32 [slots / 4 rounded up + experts, 4]:
+    /// expert, first index into the order, count of up to four slots, 0) and the order (U32
+    /// [slots, 1]: the slots expert by expert).
+    GroupSlots {
+        /// Kept experts of the layer (local ids are below this).
+        experts: usize,
+    },
     /// Routed-expert projections of one input, expert per slot read on the GPU, outputs
-    /// side by side (gate and up together). Inputs: x, ids.
+    /// side by side (gate and up together). Inputs: x, ids, and with `grouped` the blocks
+    /// and order of a [`Op::GroupSlots`].
     Experts {
         /// Decoder layer.
         layer: usize,
@@ -234,6 +243,9 @@ pub enum Op {
         /// The projections are [gate, up], stacked per expert: the output is
         /// silu(gate) * up, `out` wide (see [`crate::select::stacks_expert_swiglu`]).
         swiglu: bool,
+        /// Launched over blocks of slots that share an expert (the same bits as per slot;
+        /// see [`crate::select::GROUPED_EXPERT_ROWS`]).
+        grouped: bool,
     },
     /// silu(gate) * up. Input: [gate | up] rows; output half as wide.
     Swiglu {
@@ -260,6 +272,7 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::Router(_) => "router",
             Op::Experts { .. } => "experts",
+            Op::GroupSlots { .. } => "group_slots",
             Op::Swiglu { .. } => "swiglu",
             Op::MoeCombine { .. } => "moe_combine",
         }

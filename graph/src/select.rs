@@ -29,6 +29,11 @@ pub fn stacks(members: &[LinearMember]) -> bool {
             .all(|m| m.format == WeightFormat::Bf16 && m.bias == members[0].bias)
 }
 
+/// Steps of at least this many rows launch their routed experts over blocks of slots that
+/// share an expert (after a [`Op::GroupSlots`] per layer): a prefill's slots share experts
+/// many times over, a decode step's rarely, and the grouping costs a launch.
+pub const GROUPED_EXPERT_ROWS: usize = 16;
+
 /// Whether two linears over one input can share a launch ([`crate::ir::Op::LinearPair`]):
 /// every member bias-free BF16 (so each half is one weight or a stack of them), and a
 /// SwiGLU half a [`stacks_swiglu`] pair.
@@ -60,10 +65,21 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         Op::Router(_) => vec![Kernel::Route],
         Op::Experts {
             projections,
-            swiglu: true,
+            swiglu,
+            grouped,
             ..
-        } => vec![Kernel::Gathered(projections[0].1)],
-        Op::Experts { projections, .. } => projections.iter().map(|(_, f)| Kernel::Gathered(*f)).collect(),
+        } => {
+            let kernel = |format| {
+                if *grouped {
+                    Kernel::GatheredGrouped(format)
+                } else {
+                    Kernel::Gathered(format)
+                }
+            };
+            let launched = if *swiglu { &projections[..1] } else { &projections[..] };
+            launched.iter().map(|(_, f)| kernel(*f)).collect()
+        }
+        Op::GroupSlots { .. } => vec![Kernel::GroupSlots],
         Op::Swiglu { .. } => vec![Kernel::Swiglu],
         Op::MoeCombine { .. } => vec![Kernel::MoeCombine],
     }

@@ -12,8 +12,8 @@
 mod params;
 
 pub use params::{
-    AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, LinearParams, MoeParams, NormParams, ProbeParams,
-    RouterParams,
+    AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, GroupParams, LinearParams, MoeParams, NormParams,
+    ProbeParams, RouterParams,
 };
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
@@ -53,6 +53,10 @@ pub enum ConvOutput {
 /// Activation rows a dense linear workgroup applies each decoded weight to per pass over its
 /// weights (`linear.wgsl`'s PASS_ROWS); a launch gives each pass its own workgroup row.
 pub const LINEAR_PASS_ROWS: usize = 2;
+
+/// Slots of one expert a `gathered_grouped` workgroup computes together (`linear.wgsl`'s and
+/// `moe.wgsl`'s GROUP_SLOTS).
+pub const EXPERT_GROUP_SLOTS: usize = 4;
 
 /// A compilable WGSL module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -161,6 +165,11 @@ pub enum Kernel {
     LinearPair,
     /// Routed-expert linear: expert per slot read on the GPU.
     Gathered(WeightFormat),
+    /// Routed-expert linear over blocks of slots that share an expert (from
+    /// [`Kernel::GroupSlots`]), each expert's rows read once per block.
+    GatheredGrouped(WeightFormat),
+    /// Groups a step's routed-expert slots by expert.
+    GroupSlots,
     /// RMSNorm.
     RmsNorm,
     /// Causal grouped-query attention over one chunk of positions (queries rotated as they
@@ -219,7 +228,11 @@ impl Kernel {
             .flat_map(|&f| [Kernel::Linear(f), Kernel::LinearKv(f)])
             .collect();
         all.push(Kernel::LinearPair);
-        all.extend(formats.iter().map(|&f| Kernel::Gathered(f)));
+        all.extend(
+            formats
+                .iter()
+                .flat_map(|&f| [Kernel::Gathered(f), Kernel::GatheredGrouped(f)]),
+        );
         all.extend([
             Kernel::RmsNorm,
             Kernel::Attend,
@@ -249,7 +262,9 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f) | Kernel::LinearKv(f) | Kernel::Gathered(f) => Module::Linear(f),
+            Kernel::Linear(f) | Kernel::LinearKv(f) | Kernel::Gathered(f) | Kernel::GatheredGrouped(f) => {
+                Module::Linear(f)
+            }
             Kernel::LinearPair => Module::Linear(WeightFormat::Bf16),
             Kernel::RmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendCombine => Module::Attention,
@@ -257,7 +272,7 @@ impl Kernel {
             Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 | Kernel::Gelu | Kernel::MeanRows => {
                 Module::Elementwise
             }
-            Kernel::MoeCombine => Module::Moe,
+            Kernel::MoeCombine | Kernel::GroupSlots => Module::Moe,
             Kernel::Conv1d(_) | Kernel::ConvTranspose | Kernel::Snake | Kernel::ShiftHistory | Kernel::Copy => {
                 Module::Codec
             }
@@ -273,6 +288,8 @@ impl Kernel {
             Kernel::LinearKv(..) => "linear_kv",
             Kernel::LinearPair => "linear_pair",
             Kernel::Gathered(_) => "gathered",
+            Kernel::GatheredGrouped(_) => "gathered_grouped",
+            Kernel::GroupSlots => "group_slots",
             Kernel::RmsNorm => "rms_norm",
             Kernel::Attend => "attend",
             Kernel::AttendCombine => "attend_combine",
@@ -312,6 +329,11 @@ impl Kernel {
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],
+            // params, x, w, (scales,) bias, slot_blocks, y, expert_scales, slot_order
+            Kernel::GatheredGrouped(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7, 8],
+            Kernel::GatheredGrouped(_) => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+            // params, expert_ids, blocks, order
+            Kernel::GroupSlots => &[0, 1, 2, 3],
             // params, x, weight, y
             Kernel::RmsNorm => &[0, 1, 2, 3],
             // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, scratch
@@ -350,7 +372,7 @@ impl Kernel {
     /// Invocations per workgroup.
     pub fn workgroup_size(self) -> u32 {
         match self {
-            Kernel::ReadBandwidth | Kernel::Attend | Kernel::RmsNorm | Kernel::Route => 256,
+            Kernel::ReadBandwidth | Kernel::Attend | Kernel::RmsNorm | Kernel::Route | Kernel::GroupSlots => 256,
             _ => 64,
         }
     }

@@ -145,6 +145,20 @@ pub struct MoeParams {
     pub pad: u32,
 }
 
+/// `moe.wgsl`'s `group_slots` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GroupParams {
+    /// Routed-expert slots of the step.
+    pub slots: u32,
+    /// Local expert ids are below this.
+    pub experts: u32,
+    /// Entries of the blocks buffer.
+    pub blocks: u32,
+    /// Padding.
+    pub pad: u32,
+}
+
 /// `codec.wgsl` parameters.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]

@@ -568,52 +568,71 @@ fn reduce_quad(t: u32) -> vec4<f32> {
     return sum;
 }
 
-@compute @workgroup_size(64)
-fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let thread_row = t / LANES;
-    let lane = t % LANES;
-    let quad = plan_quad(wg.x, thread_row);
-    let slot = wg.y;
-    if (t == 0u) {
-        slot_expert = expert_ids[slot];
+// Slots of one expert a `gathered_grouped` workgroup computes in one pass over its rows.
+const GROUP_SLOTS: u32 = 4u;
+
+// The four rows' sums of the first `count` (1 to GROUP_SLOTS) slots routed to one expert
+// (weight rows `n`, activation vec4s from `x_at`): the rows' units are loaded once for all
+// the slots, and each slot's sum gets exactly the terms, in the same order, that it gets
+// when computed alone.
+fn expert_sums(n: vec4<u32>, valid: bool, lane: u32, x_at: vec4<u32>, count: u32) -> array<vec4<f32>, GROUP_SLOTS> {
+    var acc = array<vec4<f32>, GROUP_SLOTS>();
+    if (!valid) {
+        return acc;
     }
-    let expert = workgroupUniformLoad(&slot_expert);
-    if (expert < p.expert_begin || expert >= p.expert_end) {
-        return;
-    }
-    let local_expert = expert - p.expert_begin;
-    let n = vec4<u32>(local_expert * p.out_features) + quad.rows;
-    let x_base = (slot / p.x_row_div) * (p.in_features / 4u);
     let units = p.in_features / UNIT;
-    var acc = vec4<f32>(0.0);
-    if (quad.valid.x) {
-        let base = n * units;
-        let last = units - 1u;
-        for (var k = lane; k < units; k += 2u * LANES) {
-            // Eight loads issued together (past the end: the last unit, not used).
-            let k1 = min(k + LANES, last);
-            let a0 = w[base.x + k];
-            let b0 = w[base.y + k];
-            let c0 = w[base.z + k];
-            let d0 = w[base.w + k];
-            let a1 = w[base.x + k1];
-            let b1 = w[base.y + k1];
-            let c1 = w[base.z + k1];
-            let d1 = w[base.w + k1];
-            let s0 = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
-            let s1 = vec4<f32>(unit_scale(n.x, k1), unit_scale(n.y, k1), unit_scale(n.z, k1), unit_scale(n.w, k1));
-            acc += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), x_base + k * VECS) * s0;
-            if (k + LANES < units) {
-                acc += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), x_base + k1 * VECS) * s1;
+    let base = n * units;
+    let last = units - 1u;
+    for (var k = lane; k < units; k += 2u * LANES) {
+        // Eight loads issued together (past the end: the last unit, not used).
+        let k1 = min(k + LANES, last);
+        let a0 = w[base.x + k];
+        let b0 = w[base.y + k];
+        let c0 = w[base.z + k];
+        let d0 = w[base.w + k];
+        let a1 = w[base.x + k1];
+        let b1 = w[base.y + k1];
+        let c1 = w[base.z + k1];
+        let d1 = w[base.w + k1];
+        let s0 = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
+        let s1 = vec4<f32>(unit_scale(n.x, k1), unit_scale(n.y, k1), unit_scale(n.z, k1), unit_scale(n.w, k1));
+        let at0 = x_at + vec4<u32>(k * VECS);
+        acc[0] += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), at0.x) * s0;
+        if (count > 1u) {
+            acc[1] += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), at0.y) * s0;
+        }
+        if (count > 2u) {
+            acc[2] += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), at0.z) * s0;
+        }
+        if (count > 3u) {
+            acc[3] += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), at0.w) * s0;
+        }
+        if (k + LANES < units) {
+            let at1 = x_at + vec4<u32>(k1 * VECS);
+            acc[0] += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), at1.x) * s1;
+            if (count > 1u) {
+                acc[1] += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), at1.y) * s1;
+            }
+            if (count > 2u) {
+                acc[2] += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), at1.z) * s1;
+            }
+            if (count > 3u) {
+                acc[3] += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), at1.w) * s1;
             }
         }
     }
+    return acc;
+}
+
+// Reduces one slot's sums of the thread rows' four weight rows and writes them (lane 0 of
+// each thread row writes). Every invocation must call it.
+fn finish_slot(t: u32, slot: u32, acc: vec4<f32>, quad: RowQuad, local_expert: u32) {
     partial[t] = acc.x;
     partial[WG + t] = acc.y;
     partial[2u * WG + t] = acc.z;
     partial[3u * WG + t] = acc.w;
     let sum = reduce_quad(t);
-    if (lane != 0u) {
+    if (t % LANES != 0u) {
         return;
     }
     let row_base = slot * p.y_stride + p.out_offset;
@@ -645,5 +664,70 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     }
     if (quad.valid.w) {
         y[row_base + quad.rows.w] = finish(sum.w, quad.rows.w, scale, p.flags);
+    }
+}
+
+// A workgroup per (GATHERED_ROWS weight rows, slot).
+@compute @workgroup_size(64)
+fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let quad = plan_quad(wg.x, t / LANES);
+    let slot = wg.y;
+    if (t == 0u) {
+        slot_expert = expert_ids[slot];
+    }
+    let expert = workgroupUniformLoad(&slot_expert);
+    if (expert < p.expert_begin || expert >= p.expert_end) {
+        return;
+    }
+    let local_expert = expert - p.expert_begin;
+    let n = vec4<u32>(local_expert * p.out_features) + quad.rows;
+    let x_at = vec4<u32>((slot / p.x_row_div) * (p.in_features / 4u));
+    let acc = expert_sums(n, quad.valid.x, t % LANES, x_at, 1u);
+    finish_slot(t, slot, acc[0], quad, local_expert);
+}
+
+// `gathered_grouped`'s view of binding 5 and 8: the blocks of up to GROUP_SLOTS slots that
+// share an expert, and the slots in expert order (made by `group_slots` in moe.wgsl).
+@group(0) @binding(5) var<storage, read> slot_blocks: array<vec4<u32>>;   // (expert, first, count, 0)
+@group(0) @binding(8) var<storage, read> slot_order: array<u32>;
+
+var<workgroup> block_count: u32;
+
+// A workgroup per (GATHERED_ROWS weight rows, block of slots routed to one expert): the
+// expert's rows are read once for the block's slots instead of once per slot (steps of
+// many rows, whose slots share experts). Each slot gets the bits `gathered` gives it.
+@compute @workgroup_size(64)
+fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let quad = plan_quad(wg.x, t / LANES);
+    let block = slot_blocks[wg.y];
+    if (t == 0u) {
+        slot_expert = block.x;
+        block_count = block.z;
+    }
+    let expert = workgroupUniformLoad(&slot_expert);
+    let count = workgroupUniformLoad(&block_count);
+    if (count == 0u || expert < p.expert_begin || expert >= p.expert_end) {
+        return;
+    }
+    let local_expert = expert - p.expert_begin;
+    let n = vec4<u32>(local_expert * p.out_features) + quad.rows;
+    let last = block.y + count - 1u;
+    let slots = vec4<u32>(
+        slot_order[block.y],
+        slot_order[min(block.y + 1u, last)],
+        slot_order[min(block.y + 2u, last)],
+        slot_order[min(block.y + 3u, last)],
+    );
+    let x_at = slots / p.x_row_div * (p.in_features / 4u);
+    let acc = expert_sums(n, quad.valid.x, t % LANES, x_at, count);
+    finish_slot(t, slots.x, acc[0], quad, local_expert);
+    if (count > 1u) {
+        finish_slot(t, slots.y, acc[1], quad, local_expert);
+    }
+    if (count > 2u) {
+        finish_slot(t, slots.z, acc[2], quad, local_expert);
+    }
+    if (count > 3u) {
+        finish_slot(t, slots.w, acc[3], quad, local_expert);
     }
 }

@@ -33,3 +33,90 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     }
     out[i] = residual[i] + sum;
 }
+
+// Groups a step's routed-expert slots by expert for `gathered_grouped` (linear.wgsl), one
+// 256-invocation workgroup: `order` lists the slots expert by expert (ascending slot within
+// an expert), and `blocks` gives each run of up to GROUP_SLOTS of an expert's slots as
+// (expert, first index into `order`, count, 0), experts ascending; blocks past the last
+// have count 0. Deterministic: counts and ranks, no order-dependent atomics.
+
+const GROUP_WG: u32 = 256u;
+const GROUP_SLOTS: u32 = 4u;
+const MAX_EXPERTS: u32 = 512u;
+
+struct GroupParams {
+    slots: u32,
+    experts: u32,   // local expert ids are below this
+    blocks: u32,    // entries of `blocks` (at least the runs: slots / GROUP_SLOTS + experts)
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> g: GroupParams;
+@group(0) @binding(1) var<storage, read> expert_ids: array<u32>;
+@group(0) @binding(2) var<storage, read_write> blocks: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> order: array<u32>;
+
+var<workgroup> counts: array<atomic<u32>, MAX_EXPERTS>;
+var<workgroup> cursor: array<u32, MAX_EXPERTS>;      // next index into `order` per expert
+var<workgroup> first_block: array<u32, MAX_EXPERTS>;
+var<workgroup> window: array<u32, GROUP_WG>;         // the experts of the current slots
+
+@compute @workgroup_size(256)
+fn group_slots(@builtin(local_invocation_index) t: u32) {
+    for (var s = t; s < g.slots; s += GROUP_WG) {
+        atomicAdd(&counts[min(expert_ids[s], MAX_EXPERTS - 1u)], 1u);
+    }
+    workgroupBarrier();
+    // Where each expert's slots and blocks start (one invocation: at most 512 experts).
+    if (t == 0u) {
+        var slot_start = 0u;
+        var block_start = 0u;
+        for (var e = 0u; e < g.experts; e++) {
+            let count = atomicLoad(&counts[e]);
+            cursor[e] = slot_start;
+            first_block[e] = block_start;
+            slot_start += count;
+            block_start += (count + GROUP_SLOTS - 1u) / GROUP_SLOTS;
+        }
+    }
+    workgroupBarrier();
+    for (var e = t; e < g.experts; e += GROUP_WG) {
+        let count = atomicLoad(&counts[e]);
+        for (var j = 0u; j * GROUP_SLOTS < count; j++) {
+            blocks[first_block[e] + j] = vec4<u32>(e, cursor[e] + j * GROUP_SLOTS, min(GROUP_SLOTS, count - j * GROUP_SLOTS), 0u);
+        }
+    }
+    // The blocks past the last expert's: empty.
+    let used = first_block[g.experts - 1u] + (atomicLoad(&counts[g.experts - 1u]) + GROUP_SLOTS - 1u) / GROUP_SLOTS;
+    for (var b = used + t; b < g.blocks; b += GROUP_WG) {
+        blocks[b] = vec4<u32>(0u);
+    }
+    // The slots in order, GROUP_WG at a time: a slot's place is its expert's cursor plus the
+    // slots of the same expert before it in this window.
+    for (var base = 0u; base < g.slots; base += GROUP_WG) {
+        let s = base + t;
+        var expert = MAX_EXPERTS;
+        if (s < g.slots) {
+            expert = min(expert_ids[s], MAX_EXPERTS - 1u);
+        }
+        window[t] = expert;
+        workgroupBarrier();
+        var before = 0u;
+        var after = 0u;
+        for (var i = 0u; i < GROUP_WG; i++) {
+            if (window[i] == expert) {
+                before += select(0u, 1u, i < t);
+                after += select(0u, 1u, i > t);
+            }
+        }
+        if (s < g.slots) {
+            order[cursor[expert] + before] = s;
+        }
+        workgroupBarrier();
+        // The window's last slot of each expert moves that expert's cursor past the window.
+        if (s < g.slots && after == 0u) {
+            cursor[expert] += before + 1u;
+        }
+        workgroupBarrier();
+    }
+}
