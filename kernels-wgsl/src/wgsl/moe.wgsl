@@ -35,10 +35,12 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 }
 
 // Groups a step's routed-expert slots by expert for `gathered_grouped` (linear.wgsl), one
-// 256-invocation workgroup: `order` lists the slots expert by expert (ascending slot within
-// an expert), and `blocks` gives each run of up to GROUP_SLOTS of an expert's slots as
-// (expert, first index into `order`, count, 0), experts ascending; blocks past the last
-// have count 0. Deterministic: counts and ranks, no order-dependent atomics.
+// 256-invocation workgroup: `order` lists the slots expert by expert, and `blocks` gives each
+// run of up to GROUP_SLOTS of an expert's slots as (expert, first index into `order`, count,
+// 0), experts ascending; blocks past the last have count 0. Within an expert the slots come
+// in whatever order the atomics give them places: no slot's result depends on which others
+// share its block (a stable order, ranking each slot among its window's, made this launch
+// about 94 us per layer for a 256-row prefill on an H200).
 
 const GROUP_WG: u32 = 256u;
 const GROUP_SLOTS: u32 = 4u;
@@ -57,9 +59,9 @@ struct GroupParams {
 @group(0) @binding(3) var<storage, read_write> order: array<u32>;
 
 var<workgroup> counts: array<atomic<u32>, MAX_EXPERTS>;
-var<workgroup> cursor: array<u32, MAX_EXPERTS>;      // next index into `order` per expert
+var<workgroup> cursor: array<atomic<u32>, MAX_EXPERTS>;   // next index into `order` per expert
 var<workgroup> first_block: array<u32, MAX_EXPERTS>;
-var<workgroup> window: array<u32, GROUP_WG>;         // the experts of the current slots
+var<workgroup> used_blocks: u32;
 
 @compute @workgroup_size(256)
 fn group_slots(@builtin(local_invocation_index) t: u32) {
@@ -73,50 +75,27 @@ fn group_slots(@builtin(local_invocation_index) t: u32) {
         var block_start = 0u;
         for (var e = 0u; e < g.experts; e++) {
             let count = atomicLoad(&counts[e]);
-            cursor[e] = slot_start;
+            atomicStore(&cursor[e], slot_start);
             first_block[e] = block_start;
             slot_start += count;
             block_start += (count + GROUP_SLOTS - 1u) / GROUP_SLOTS;
         }
+        used_blocks = block_start;
     }
     workgroupBarrier();
     for (var e = t; e < g.experts; e += GROUP_WG) {
         let count = atomicLoad(&counts[e]);
+        let start = atomicLoad(&cursor[e]);
         for (var j = 0u; j * GROUP_SLOTS < count; j++) {
-            blocks[first_block[e] + j] = vec4<u32>(e, cursor[e] + j * GROUP_SLOTS, min(GROUP_SLOTS, count - j * GROUP_SLOTS), 0u);
+            blocks[first_block[e] + j] = vec4<u32>(e, start + j * GROUP_SLOTS, min(GROUP_SLOTS, count - j * GROUP_SLOTS), 0u);
         }
     }
-    // The blocks past the last expert's: empty.
-    let used = first_block[g.experts - 1u] + (atomicLoad(&counts[g.experts - 1u]) + GROUP_SLOTS - 1u) / GROUP_SLOTS;
-    for (var b = used + t; b < g.blocks; b += GROUP_WG) {
+    for (var b = used_blocks + t; b < g.blocks; b += GROUP_WG) {
         blocks[b] = vec4<u32>(0u);
     }
-    // The slots in order, GROUP_WG at a time: a slot's place is its expert's cursor plus the
-    // slots of the same expert before it in this window.
-    for (var base = 0u; base < g.slots; base += GROUP_WG) {
-        let s = base + t;
-        var expert = MAX_EXPERTS;
-        if (s < g.slots) {
-            expert = min(expert_ids[s], MAX_EXPERTS - 1u);
-        }
-        window[t] = expert;
-        workgroupBarrier();
-        var before = 0u;
-        var after = 0u;
-        for (var i = 0u; i < GROUP_WG; i++) {
-            if (window[i] == expert) {
-                before += select(0u, 1u, i < t);
-                after += select(0u, 1u, i > t);
-            }
-        }
-        if (s < g.slots) {
-            order[cursor[expert] + before] = s;
-        }
-        workgroupBarrier();
-        // The window's last slot of each expert moves that expert's cursor past the window.
-        if (s < g.slots && after == 0u) {
-            cursor[expert] += before + 1u;
-        }
-        workgroupBarrier();
+    // The cursors are read above before any moves (the blocks' starts).
+    workgroupBarrier();
+    for (var s = t; s < g.slots; s += GROUP_WG) {
+        order[atomicAdd(&cursor[min(expert_ids[s], MAX_EXPERTS - 1u)], 1u)] = s;
     }
 }
