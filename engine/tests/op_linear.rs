@@ -388,6 +388,16 @@ fn gathered_case(
     // Grouped by expert (four slots per block at most), every slot gets the same bits.
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&launch(&ids, &x, true)), bits(&got), "{label}: grouped");
+    // An id no segment holds leaves its slot unwritten on both paths, and no other.
+    let mut stray = ids.clone();
+    let last = ids.len() - 1;
+    stray[last] = experts as u32;
+    let (each, grouped) = (launch(&stray, &x, false), launch(&stray, &x, true));
+    assert!(
+        each[last * out..].iter().all(|v| v.is_nan()),
+        "{label}: a stray id's slot was written"
+    );
+    assert_eq!(bits(&grouped), bits(&each), "{label}: grouped, with a stray id");
     // Each token's slots alone (their experts now shared with no other token's slot) give
     // the bits they have among all the slots.
     for token in [0, tokens - 1] {
@@ -427,8 +437,8 @@ fn gathered_experts_match_reference_across_segments() {
     gathered_case(WeightFormat::Nvfp4, 4, 40, 32, 2, 3, false);
     gathered_case(WeightFormat::Fp8Block, 3, 17, 48, 2, 2, true);
     gathered_case(WeightFormat::Bf16, 3, 9, 24, 3, 2, false);
-    // Many slots over few experts: blocks of four and a remainder per expert, and more
-    // slots than one grouping window (256).
+    // Many slots over few experts (280 over 6): many blocks of four per expert, and a
+    // remainder.
     gathered_case(WeightFormat::Nvfp4, 6, 20, 32, 70, 4, true);
     // Wide inputs: each thread takes a second unit per batch (and the last batch's second
     // load is clamped).
@@ -888,8 +898,9 @@ fn one_segment_linear(gpu: &drama_engine::gpu::Gpu, codes: &[u8], out: usize, in
 /// The linear pair (one launch computing two linears over the same rows: a MoE layer's
 /// router logits, plain and unrounded, and its shared expert's BF16 SwiGLU stack) writes
 /// exactly the bits the two linears' own launches write, within the FP64 reference's bound,
-/// for both pass widths and sizes drawn fresh (odd widths: partial workgroups on both
-/// sides of the split); a pair with a quantized half is refused by name.
+/// for one, two and five rows (one pass, and three on three workgroup rows) and sizes drawn
+/// fresh (odd widths: partial workgroups on both sides of the split); a pair with a
+/// quantized half is refused by name.
 #[test]
 fn linear_pair_gives_each_linears_own_bits() {
     let gpu = gpu();

@@ -241,6 +241,7 @@ impl Kernel {
             Kernel::Swiglu,
             Kernel::Add,
             Kernel::MoeCombine,
+            Kernel::GroupSlots,
             Kernel::EmbedBf16,
             Kernel::EmbedF32,
             Kernel::Conv1d(ConvOutput::Plain),

@@ -49,7 +49,8 @@ const MAX_EXPERTS: u32 = 512u;
 struct GroupParams {
     slots: u32,
     experts: u32,   // local expert ids are below this
-    blocks: u32,    // entries of `blocks` (at least the runs: slots / GROUP_SLOTS + experts)
+    blocks: u32,    // entries of `blocks` (at least the runs: slots / GROUP_SLOTS rounded up,
+                    // plus experts)
     _pad: u32,
 }
 
@@ -65,8 +66,13 @@ var<workgroup> used_blocks: u32;
 
 @compute @workgroup_size(256)
 fn group_slots(@builtin(local_invocation_index) t: u32) {
+    // Ids at or past `g.experts` (never made by the router) are left out, as `gathered`
+    // leaves them out.
     for (var s = t; s < g.slots; s += GROUP_WG) {
-        atomicAdd(&counts[min(expert_ids[s], MAX_EXPERTS - 1u)], 1u);
+        let expert = expert_ids[s];
+        if (expert < g.experts) {
+            atomicAdd(&counts[expert], 1u);
+        }
     }
     workgroupBarrier();
     // Where each expert's slots and blocks start (one invocation: at most 512 experts).
@@ -96,6 +102,9 @@ fn group_slots(@builtin(local_invocation_index) t: u32) {
     // The cursors are read above before any moves (the blocks' starts).
     workgroupBarrier();
     for (var s = t; s < g.slots; s += GROUP_WG) {
-        order[atomicAdd(&cursor[min(expert_ids[s], MAX_EXPERTS - 1u)], 1u)] = s;
+        let expert = expert_ids[s];
+        if (expert < g.experts) {
+            order[atomicAdd(&cursor[expert], 1u)] = s;
+        }
     }
 }
