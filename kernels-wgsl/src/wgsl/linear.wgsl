@@ -25,9 +25,10 @@
 // are in flight to cover memory latency (eight loads in flight measured no faster); the
 // dense kernel also issues the next batch's loads before this batch's math (single-lane
 // H200 decode step 2.63 -> 2.47 ms; the gathered kernel measured slower that way for two
-// and eight lanes and keeps one batch at a time). The sums still run in unit order. Small per-thread arrays (decoded weights, the per-row sums)
-// are only ever indexed by constants: NVIDIA's compiler left loop-indexed ones in local
-// memory (3.87 -> 3.36 ms per H200 decode step when written out).
+// and eight lanes and keeps one batch at a time). The sums still run in unit order. Small
+// per-thread arrays (decoded weights, the per-row sums) are only ever indexed by constants:
+// NVIDIA's compiler left loop-indexed ones in local memory (3.87 -> 3.36 ms per H200 decode
+// step when written out).
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP weight rows; each unit is decoded once
@@ -54,6 +55,10 @@
 //               [expert_begin, expert_end) live in another weight segment and are skipped.
 //               Each expert has its own tensor scale (`expert_scales`: one per expert of
 //               the segment, or gate then up with flag 8).
+//   `gathered_grouped`: `gathered` for steps of many rows: a workgroup per (GATHERED_ROWS
+//               weight rows, block of up to GROUP_SLOTS slots sharing an expert, made by
+//               `group_slots` in moe.wgsl), each expert's rows loaded once per block, each
+//               slot's sums exactly those `gathered` computes for it.
 //
 // Every output is computed by the same thread partition and reduction tree whatever the
 // number of rows, so a row's result never depends on the other rows in the batch.
