@@ -21,7 +21,7 @@ use crate::gpu::{Capabilities, Dispatch, Gpu};
 use crate::sampling::SamplingParams;
 use crate::session::{Engine, Row, RowSource, Session};
 use crate::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest, synthesize};
-use crate::weights::{GpuLinear, Segment};
+use crate::weights::GpuLinear;
 
 /// What to run.
 #[derive(Debug, Clone, Serialize)]
@@ -352,31 +352,8 @@ pub fn linear_kernel(
         let all = gpu.buffer_with("w+scales", &[codes.as_slice(), scales.as_slice()].concat());
         streams.push(stream_dispatch(gpu, &all, &sink)?);
         // The launch the engine makes for a linear of this format and size.
-        let linear = GpuLinear {
-            format,
-            out: rows,
-            in_features: cols,
-            segments: vec![Segment {
-                range: 0..rows,
-                codes: gpu.buffer_with("w", &codes),
-                scales: gpu.buffer_with("scales", &scales),
-                expert_scales: None,
-            }],
-            bias: None,
-            tensor_scale: 1.0,
-        };
-        let io = LinearIo {
-            x: &xb,
-            y: &y,
-            rows: lanes,
-            column: 0,
-            y_stride: rows,
-            round: true,
-            residual: None,
-            swiglu: false,
-            combine: None,
-            cache: None,
-        };
+        let linear = GpuLinear::one_segment(gpu, format, (rows, cols), &codes, &scales);
+        let io = LinearIo::plain(&xb, &y, lanes, rows, true);
         launches.extend(linear_launches(gpu, &linear, &placeholder, &io)?);
     }
     let us = per_launch_us(gpu, &launches, options.repeats)?;

@@ -216,16 +216,8 @@ impl<'a> Lowering<'a> {
             } => {
                 let (x, rows) = (self.buffer(inputs[0])?, self.rows(inputs[0]));
                 let io = |half: &PairHalf, y| LinearIo {
-                    x,
-                    y,
-                    rows,
-                    column: 0,
-                    y_stride: half.width(),
-                    round: half.round_output,
-                    residual: None,
                     swiglu: half.swiglu,
-                    combine: None,
-                    cache: None,
+                    ..LinearIo::plain(x, y, rows, half.width(), half.round_output)
                 };
                 let ios = [io(first, out), io(second, self.buffer(node.outputs[1])?)];
                 self.lower_linear_pair([first, second], *in_features, ios)?;
@@ -592,6 +584,25 @@ pub struct LinearIo<'a> {
     /// The linear is (part of) an attention layer's [q|k|v] projection that writes each
     /// row's keys and values into the caches.
     pub cache: Option<CacheIo<'a>>,
+}
+
+impl<'a> LinearIo<'a> {
+    /// A linear of `rows` rows writing plain outputs (rounded to BF16 with `round`) from
+    /// column 0 of rows `y_stride` wide: no residual, SwiGLU, combine or cache write.
+    pub fn plain(x: &'a wgpu::Buffer, y: &'a wgpu::Buffer, rows: usize, y_stride: usize, round: bool) -> Self {
+        LinearIo {
+            x,
+            y,
+            rows,
+            column: 0,
+            y_stride,
+            round,
+            residual: None,
+            swiglu: false,
+            combine: None,
+            cache: None,
+        }
+    }
 }
 
 /// Where a [q|k|v] projection writes its keys (rotated) and values.

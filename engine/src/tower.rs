@@ -73,18 +73,7 @@ impl VoiceTower {
         rows: usize,
         out: &mut Vec<Dispatch>,
     ) -> Result<(), EngineError> {
-        let io = LinearIo {
-            x,
-            y,
-            rows,
-            column: 0,
-            y_stride: linear.out,
-            round: true,
-            residual: None,
-            swiglu: false,
-            combine: None,
-            cache: None,
-        };
+        let io = LinearIo::plain(x, y, rows, linear.out, true);
         out.extend(linear_launches(&self.gpu, linear, &self.placeholder, &io)?);
         Ok(())
     }

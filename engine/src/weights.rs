@@ -43,6 +43,33 @@ pub struct GpuLinear {
     pub tensor_scale: f32,
 }
 
+impl GpuLinear {
+    /// A bias-free linear of `out` rows held in one segment of raw `codes` and `scales` (as
+    /// stored; a placeholder for BF16), tensor scale 1: what benchmarks and kernel tests
+    /// launch without a checkpoint.
+    pub fn one_segment(
+        gpu: &Gpu,
+        format: WeightFormat,
+        (out, in_features): (usize, usize),
+        codes: &[u8],
+        scales: &[u8],
+    ) -> GpuLinear {
+        GpuLinear {
+            format,
+            out,
+            in_features,
+            segments: vec![Segment {
+                range: 0..out,
+                codes: gpu.buffer_with("w", codes),
+                scales: gpu.buffer_with("scales", scales),
+                expert_scales: None,
+            }],
+            bias: None,
+            tensor_scale: 1.0,
+        }
+    }
+}
+
 /// A BF16 table (embeddings) split by rows.
 pub struct GpuTable {
     /// Row width.

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch};
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
-use drama_engine::weights::{GpuLinear, Segment};
+use drama_engine::weights::GpuLinear;
 use drama_kernels::{EXPERT_GROUP_SLOTS, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
@@ -880,19 +880,7 @@ fn linear_cache_write_matches_reference() {
 
 /// A BF16 linear of one segment holding `codes` (`out` features), as the engine uploads it.
 fn one_segment_linear(gpu: &drama_engine::gpu::Gpu, codes: &[u8], out: usize, in_features: usize) -> GpuLinear {
-    GpuLinear {
-        format: WeightFormat::Bf16,
-        out,
-        in_features,
-        segments: vec![Segment {
-            range: 0..out,
-            codes: gpu.buffer_with("w", codes),
-            scales: gpu.buffer_with("scales", &[0; 4]),
-            expert_scales: None,
-        }],
-        bias: None,
-        tensor_scale: 1.0,
-    }
+    GpuLinear::one_segment(gpu, WeightFormat::Bf16, (out, in_features), codes, &[0; 4])
 }
 
 /// The linear pair (one launch computing two linears over the same rows: a MoE layer's
@@ -920,16 +908,8 @@ fn linear_pair_gives_each_linears_own_bits() {
         let stack = [gate.packed.as_slice(), up.packed.as_slice()].concat();
         let second = one_segment_linear(gpu, &stack, features, cols);
         let io = |y, width, swiglu| LinearIo {
-            x: &xb,
-            y,
-            rows,
-            column: 0,
-            y_stride: width,
-            round: swiglu,
-            residual: None,
             swiglu,
-            combine: None,
-            cache: None,
+            ..LinearIo::plain(&xb, y, rows, width, swiglu)
         };
         let (pair_a, pair_b) = (
             poisoned(gpu, "pair a", rows * plain_out),
@@ -981,22 +961,10 @@ fn linear_pair_gives_each_linears_own_bits() {
     }
     let mut rng = rng("linear pair refusal");
     let quantized = random_weights(&mut rng, WeightFormat::Nvfp4, 4, 32);
-    let mut nvfp4 = one_segment_linear(gpu, &quantized.packed, 4, 32);
-    nvfp4.format = WeightFormat::Nvfp4;
+    let nvfp4 = GpuLinear::one_segment(gpu, WeightFormat::Nvfp4, (4, 32), &quantized.packed, &quantized.scales);
     let bf16 = one_segment_linear(gpu, &pack_bf16(&bf16_values(&mut rng, 4 * 32, 1.0)), 4, 32);
     let (xb, y) = (gpu.buffer_with("x", &f32_bytes(&[1.0; 32])), poisoned(gpu, "y", 4));
-    let io = LinearIo {
-        x: &xb,
-        y: &y,
-        rows: 1,
-        column: 0,
-        y_stride: 4,
-        round: false,
-        residual: None,
-        swiglu: false,
-        combine: None,
-        cache: None,
-    };
+    let io = LinearIo::plain(&xb, &y, 1, 4, false);
     let Err(error) = linear_pair_launch(gpu, [&bf16, &nvfp4], &placeholder, [&io, &io]) else {
         panic!("a pair with an NVFP4 half was launched");
     };
