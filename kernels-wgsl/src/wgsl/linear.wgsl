@@ -576,6 +576,31 @@ fn reduce_quad(t: u32) -> vec4<f32> {
 // Slots of one expert a `gathered_grouped` workgroup computes in one pass over its rows.
 const GROUP_SLOTS: u32 = 4u;
 
+// One unit of each of the four rows (scaled by `scale`) added to the sums of the first
+// `count` slots of a block, slot i's activations at `x_at[i]`: each slot gets the term it
+// gets when computed alone.
+fn add_unit(
+    acc: ptr<function, array<vec4<f32>, GROUP_SLOTS>>,
+    a: Unit,
+    b: Unit,
+    c: Unit,
+    d: Unit,
+    scale: vec4<f32>,
+    x_at: vec4<u32>,
+    count: u32,
+) {
+    (*acc)[0] += unit_dot4(decode_unit(a), decode_unit(b), decode_unit(c), decode_unit(d), x_at.x) * scale;
+    if (count > 1u) {
+        (*acc)[1] += unit_dot4(decode_unit(a), decode_unit(b), decode_unit(c), decode_unit(d), x_at.y) * scale;
+    }
+    if (count > 2u) {
+        (*acc)[2] += unit_dot4(decode_unit(a), decode_unit(b), decode_unit(c), decode_unit(d), x_at.z) * scale;
+    }
+    if (count > 3u) {
+        (*acc)[3] += unit_dot4(decode_unit(a), decode_unit(b), decode_unit(c), decode_unit(d), x_at.w) * scale;
+    }
+}
+
 // The four rows' sums of the first `count` (1 to GROUP_SLOTS) slots routed to one expert
 // (weight rows `n`, activation vec4s from `x_at`): the rows' units are loaded once for all
 // the slots, and each slot's sum gets exactly the terms, in the same order, that it gets
@@ -601,29 +626,9 @@ fn expert_sums(n: vec4<u32>, valid: bool, lane: u32, x_at: vec4<u32>, count: u32
         let d1 = w[base.w + k1];
         let s0 = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
         let s1 = vec4<f32>(unit_scale(n.x, k1), unit_scale(n.y, k1), unit_scale(n.z, k1), unit_scale(n.w, k1));
-        let at0 = x_at + vec4<u32>(k * VECS);
-        acc[0] += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), at0.x) * s0;
-        if (count > 1u) {
-            acc[1] += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), at0.y) * s0;
-        }
-        if (count > 2u) {
-            acc[2] += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), at0.z) * s0;
-        }
-        if (count > 3u) {
-            acc[3] += unit_dot4(decode_unit(a0), decode_unit(b0), decode_unit(c0), decode_unit(d0), at0.w) * s0;
-        }
+        add_unit(&acc, a0, b0, c0, d0, s0, x_at + vec4<u32>(k * VECS), count);
         if (k + LANES < units) {
-            let at1 = x_at + vec4<u32>(k1 * VECS);
-            acc[0] += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), at1.x) * s1;
-            if (count > 1u) {
-                acc[1] += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), at1.y) * s1;
-            }
-            if (count > 2u) {
-                acc[2] += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), at1.z) * s1;
-            }
-            if (count > 3u) {
-                acc[3] += unit_dot4(decode_unit(a1), decode_unit(b1), decode_unit(c1), decode_unit(d1), at1.w) * s1;
-            }
+            add_unit(&acc, a1, b1, c1, d1, s1, x_at + vec4<u32>(k1 * VECS), count);
         }
     }
     return acc;
