@@ -47,10 +47,6 @@ fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
 /// Five fresh utterances on a fresh checkpoint of `preset`. Two correct implementations may
 /// round a value to the other BF16 neighbour when f32 arithmetic (a sum, exp) lands within an
 /// f32 ulp of a rounding boundary; the flip (2^-8 of one value) then spreads through the

@@ -386,7 +386,6 @@ fn gathered_case(
     };
     let got = launch(&ids, &x, false);
     // Grouped by expert (four slots per block at most), every slot gets the same bits.
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&launch(&ids, &x, true)), bits(&got), "{label}: grouped");
     // An id no segment holds leaves its slot unwritten on both paths, and no other.
     let mut stray = ids.clone();
@@ -841,11 +840,8 @@ fn linear_cache_write_matches_reference() {
             let keys = &y[r * out + q_width..r * out + q_width + kv_width];
             let values = &y[r * out + q_width + kv_width..(r + 1) * out];
             assert_eq!(
-                v_cache[base..base + kv_width]
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect::<Vec<_>>(),
-                values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                bits(&v_cache[base..base + kv_width]),
+                bits(values),
                 "{label}: row {r}'s values in the cache"
             );
             for g in 0..kv_heads {
@@ -928,7 +924,6 @@ fn linear_pair_gives_each_linears_own_bits() {
         apart.extend(linear_launches(gpu, &second, &placeholder, &io(&apart_b, features, true)).unwrap());
         run(gpu, &apart);
         let (got_a, got_b) = (gpu.read_f32(&pair_a).unwrap(), gpu.read_f32(&pair_b).unwrap());
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(
             bits(&got_a),
             bits(&gpu.read_f32(&apart_a).unwrap()),

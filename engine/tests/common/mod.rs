@@ -146,3 +146,8 @@ pub fn check(label: &str, got: &[f32], want: &[f64], scale: &[f64], tol: f64) ->
     eprintln!("{label}: worst error {:.3} of tolerance {tol:e}", worst);
     worst
 }
+
+/// The bit patterns of `v`, for comparisons that must be exact (NaN poison included).
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
