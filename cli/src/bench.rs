@@ -62,6 +62,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("roofline {:.0} GB/s", report.roofline.gb_per_s);
+    eprintln!(
+        "launch alone: {:.2} us in a chain of dependent launches, {:.2} us of independent ones",
+        report.launch.dependent_us, report.launch.independent_us
+    );
     for k in &report.kernels {
         eprintln!(
             "linear {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline; streaming its bytes alone: {:.1} us)",
@@ -77,8 +81,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     for s in &report.decode {
         eprintln!(
-            "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches, compiled in {:.1} ms",
-            s.label, s.lanes, s.gpu_ms, s.wall_ms, s.floor_ms, s.ratio_to_floor, s.dispatches, s.compile_ms
+            "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches (alone {:.3} ms; {:.2}x both floors), compiled in {:.1} ms",
+            s.label,
+            s.lanes,
+            s.gpu_ms,
+            s.wall_ms,
+            s.floor_ms,
+            s.ratio_to_floor,
+            s.dispatches,
+            s.launch_floor_ms,
+            s.ratio_to_floors,
+            s.compile_ms
         );
         if let Some(m) = &s.moe_layer {
             eprintln!(

@@ -64,6 +64,21 @@ pub struct Roofline {
     pub gb_per_s: f64,
 }
 
+/// What one launch costs on its own: chains of launches that each read 4 KiB with one
+/// workgroup, timed as one pass. A decode step's launches each depend on the one before, so
+/// `dependent_us` times its launch count is a floor under the step, as its bytes are.
+#[derive(Debug, Clone, Serialize)]
+pub struct LaunchCost {
+    /// Launches per timed chain.
+    pub launches: usize,
+    /// Median GPU microseconds per launch when each writes what the next one writes (wgpu
+    /// puts a barrier before each, as before every launch of a step).
+    pub dependent_us: f64,
+    /// Median GPU microseconds per launch when each writes a buffer of its own (no
+    /// barriers: the launches may overlap).
+    pub independent_us: f64,
+}
+
 /// One linear-kernel measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelResult {
@@ -116,6 +131,11 @@ pub struct StepResult {
     pub floor_ms: f64,
     /// gpu_ms / floor_ms.
     pub ratio_to_floor: f64,
+    /// dispatches x the dependent launch cost, in milliseconds: what the launches cost
+    /// before any of them reads a byte.
+    pub launch_floor_ms: f64,
+    /// gpu_ms / (floor_ms + launch_floor_ms).
+    pub ratio_to_floors: f64,
     /// The first MoE layer's MoE block alone (none in a model without MoE layers).
     pub moe_layer: Option<MoeLayerResult>,
     /// Where the time goes: each kernel kind's launches and GPU time, one dispatch per pass
@@ -221,6 +241,8 @@ pub struct BenchReport {
     pub options: BenchOptions,
     /// The ceiling.
     pub roofline: Roofline,
+    /// What a launch costs on its own.
+    pub launch: LaunchCost,
     /// Linear kernels at the model's sizes.
     pub kernels: Vec<KernelResult>,
     /// Decode steps.
@@ -299,6 +321,29 @@ pub fn roofline(gpu: &Gpu, repeats: usize) -> Result<Roofline, EngineError> {
         }
     }
     Ok(best.expect("at least one grid"))
+}
+
+/// Launches per chain of [`launch_cost`].
+const LAUNCH_CHAIN: usize = 256;
+
+/// Times chains of LAUNCH_CHAIN one-workgroup launches reading 4 KiB: writing one shared
+/// buffer (dependent) and each its own (independent).
+pub fn launch_cost(gpu: &Gpu, repeats: usize) -> Result<LaunchCost, EngineError> {
+    let data = gpu.buffer("launch data", 4096);
+    let shared_sink = gpu.buffer("launch sink", 256 * 4);
+    let own_sinks: Vec<wgpu::Buffer> = (0..LAUNCH_CHAIN).map(|_| gpu.buffer("launch sink", 256 * 4)).collect();
+    let dependent = (0..LAUNCH_CHAIN)
+        .map(|_| read_dispatch(gpu, &data, &shared_sink, 1))
+        .collect::<Result<Vec<_>, _>>()?;
+    let independent = own_sinks
+        .iter()
+        .map(|sink| read_dispatch(gpu, &data, sink, 1))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LaunchCost {
+        launches: LAUNCH_CHAIN,
+        dependent_us: per_launch_us(gpu, &dependent, repeats)?,
+        independent_us: per_launch_us(gpu, &independent, repeats)?,
+    })
 }
 
 /// Random stored weights of one format: (codes, scales) bytes.
@@ -418,31 +463,42 @@ fn expert_bytes(engine: &Engine, layer: usize) -> u64 {
         .sum()
 }
 
-fn decode_rows(lanes: usize, pos: usize, token: u32) -> Vec<Row> {
+/// A token of guidance pair `pair` (lanes 2 pair and 2 pair + 1) derived from `token`: each
+/// pair reads its own text, both lanes of a pair the same one.
+fn pair_token(token: u32, pair: usize, codes: u32) -> u32 {
+    ((u64::from(token) + pair as u64 * 7919) % u64::from(codes)) as u32
+}
+
+/// One decode row per lane at `pos`, each guidance pair's token derived from `token`.
+fn decode_rows(lanes: usize, pos: usize, token: u32, codes: u32) -> Vec<Row> {
     (0..lanes)
         .map(|lane| Row {
-            source: RowSource::Audio(token),
+            source: RowSource::Audio(pair_token(token, lane / 2, codes)),
             lane,
             pos,
         })
         .collect()
 }
 
-/// Decode steps of `lanes` lanes at `options.context` positions of history.
+/// Decode steps of `lanes` lanes at `options.context` positions of history. The lanes are
+/// guidance pairs as a served request runs them: an odd lane holds the null prefix and its
+/// pair's text, and every pair has a text of its own (so eight lanes are four requests,
+/// whose routes differ as served requests' do).
 pub fn decode_step(
     engine: &Engine,
     label: &str,
     lanes: usize,
     options: &BenchOptions,
     roofline: &Roofline,
+    launch: &LaunchCost,
 ) -> Result<StepResult, EngineError> {
     let c = &engine.checkpoint.config;
     let steps = options.repeats + 3;
     let capacity = options.context + steps + 2;
     let mut session = Session::new(engine, lanes, capacity)?;
-    if lanes == 2 {
-        let null = engine.checkpoint.float_tensor(crate::checkpoint::names::NULL_PREFIX);
-        session.set_prefix(1, &null)?;
+    let null = engine.checkpoint.float_tensor(crate::checkpoint::names::NULL_PREFIX);
+    for lane in (1..lanes).step_by(2) {
+        session.set_prefix(lane, &null)?;
     }
     let codes = c.speech.audio_codes as u32;
     let prompt: Vec<Row> = (0..lanes)
@@ -451,7 +507,7 @@ pub fn decode_step(
                 source: if pos < c.speech.voice_prefix_len {
                     RowSource::Prefix(pos)
                 } else {
-                    RowSource::Audio((pos as u32 * 7919) % codes)
+                    RowSource::Audio(pair_token((pos as u32 * 7919) % codes, lane / 2, codes))
                 },
                 lane,
                 pos,
@@ -465,7 +521,7 @@ pub fn decode_step(
     let mut gpu_times = Vec::new();
     let mut wall_times = Vec::new();
     for i in 0..steps {
-        let rows = decode_rows(lanes, options.context + i, (i as u32 * 104_729) % codes);
+        let rows = decode_rows(lanes, options.context + i, (i as u32 * 104_729) % codes, codes);
         let start = std::time::Instant::now();
         let (_, gpu) = session.timed_step(&rows)?;
         if i >= 3 {
@@ -474,10 +530,10 @@ pub fn decode_step(
         }
     }
     // Experts actually chosen: one traced step at the next position.
-    let traced = session.step(&decode_rows(lanes, options.context + steps, 17 % codes), true)?;
+    let traced = session.step(&decode_rows(lanes, options.context + steps, 17 % codes, codes), true)?;
     let moe_layer = moe_layer(engine, &mut session, lanes, options, roofline)?;
     let profile = if engine.gpu.caps.timestamps {
-        kernel_shares(session.profiled_step(&decode_rows(lanes, options.context + steps + 1, 29 % codes))?)
+        kernel_shares(session.profiled_step(&decode_rows(lanes, options.context + steps + 1, 29 % codes, codes))?)
     } else {
         Vec::new()
     };
@@ -494,6 +550,7 @@ pub fn decode_step(
     bytes += lanes as u64 * options.context as u64 * kv_width * 4 * 2 * c.num_hidden_layers as u64;
     let gpu_ms = median(gpu_times);
     let floor_ms = bytes as f64 / (roofline.gb_per_s * 1e9) * 1e3;
+    let launch_floor_ms = dispatches as f64 * launch.dependent_us * 1e-3;
     Ok(StepResult {
         label: label.to_string(),
         lanes,
@@ -505,6 +562,8 @@ pub fn decode_step(
         bytes,
         floor_ms,
         ratio_to_floor: gpu_ms / floor_ms,
+        launch_floor_ms,
+        ratio_to_floors: gpu_ms / (floor_ms + launch_floor_ms),
         moe_layer,
         profile,
     })
@@ -530,7 +589,7 @@ fn moe_layer(
     // (the block's inputs are whatever later layers left in reused buffers: realistic
     // activations, and the floor below counts the experts the block chooses on them).
     let codes = engine.checkpoint.config.speech.audio_codes as u32;
-    session.step(&decode_rows(lanes, options.context, 3 % codes), false)?;
+    session.step(&decode_rows(lanes, options.context, 3 % codes, codes), false)?;
     let (first, last) = (
         format!("layers.{layer}.router_logits"),
         format!("layers.{layer}.hidden"),
@@ -706,6 +765,8 @@ pub fn run(
     let gpu = &engine.gpu;
     progress("roofline");
     let roof = roofline(gpu, options.repeats)?;
+    progress("launch cost");
+    let launch = launch_cost(gpu, options.repeats)?;
     let mut kernels = Vec::new();
     for (format, rows, cols) in kernel_shapes(engine) {
         for lanes in [1, 2] {
@@ -716,7 +777,7 @@ pub fn run(
     let mut decode = Vec::new();
     for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-8", 8)] {
         progress(&format!("decode step {label}"));
-        decode.push(decode_step(engine, label, lanes, options, &roof)?);
+        decode.push(decode_step(engine, label, lanes, options, &roof, &launch)?);
     }
     progress("prefill");
     let prefill = prefill(engine, options)?;
@@ -733,6 +794,7 @@ pub fn run(
         },
         options: options.clone(),
         roofline: roof,
+        launch,
         kernels,
         decode,
         prefill,
