@@ -385,7 +385,7 @@ fn gathered_case(
         gpu.read_f32(&y).unwrap()
     };
     let got = launch(&ids, &x, false);
-    // Grouped by expert (four slots per block at most), every slot gets the same bits.
+    // Grouped by expert (EXPERT_GROUP_SLOTS slots per block at most), every slot gets the same bits.
     assert_eq!(bits(&launch(&ids, &x, true)), bits(&got), "{label}: grouped");
     // An id no segment holds leaves its slot unwritten on both paths, and no other.
     let mut stray = ids.clone();

@@ -219,9 +219,10 @@ pub enum Op {
     /// Top-k routing. Input: router logits. Outputs: ids (U32 [rows, k]), then weights.
     Router(RouterOp),
     /// A step's routed-expert slots grouped by expert, for [`Op::Experts`] with `grouped`.
-    /// Input: ids (U32 [rows, k]). Outputs: blocks (U32 [slots / 4 rounded up + experts, 4]:
-    /// expert, first index into the order, count of up to four slots, 0) and the order (U32
-    /// [slots, 1]: the slots expert by expert).
+    /// Input: ids (U32 [rows, k]). Outputs: blocks (U32 [slots / EXPERT_GROUP_SLOTS rounded
+    /// up + experts, 4]: expert, first index into the order, count of up to
+    /// EXPERT_GROUP_SLOTS slots, 0) and the order (U32 [slots, 1]: the slots expert by
+    /// expert).
     GroupSlots {
         /// Kept experts of the layer (local ids are below this).
         experts: usize,

@@ -56,7 +56,7 @@ pub const LINEAR_PASS_ROWS: usize = 2;
 
 /// Slots of one expert a `gathered_grouped` workgroup computes together (`linear.wgsl`'s and
 /// `moe.wgsl`'s GROUP_SLOTS).
-pub const EXPERT_GROUP_SLOTS: usize = 4;
+pub const EXPERT_GROUP_SLOTS: usize = 8;
 
 /// A compilable WGSL module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -43,7 +43,7 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 // about 94 us per layer for a 256-row prefill on an H200).
 
 const GROUP_WG: u32 = 256u;
-const GROUP_SLOTS: u32 = 4u;
+const GROUP_SLOTS: u32 = 8u;
 const MAX_EXPERTS: u32 = 512u;
 
 struct GroupParams {
