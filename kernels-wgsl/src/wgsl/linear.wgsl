@@ -583,7 +583,9 @@ alias SlotVecs = array<u32, GROUP_SLOTS>;
 
 // One unit of each of the four rows (scaled by `scale`) added to the sums of the first
 // `count` slots of a block, slot i's activations at `x_at[i] + offset`: each slot gets the
-// term it gets when computed alone. (Written out: every array index is a constant.)
+// term it gets when computed alone. (Written out: every array index is a constant. As
+// loops over the slots, here and in `gathered_grouped`, the H200 pair step took 2.90 against
+// 2.60 ms and the prefill 102.5 against 89.7 ms: the arrays went to local memory.)
 fn add_unit(
     acc: ptr<function, array<vec4<f32>, GROUP_SLOTS>>,
     a: Unit,
