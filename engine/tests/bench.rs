@@ -1,0 +1,63 @@
+//! The benchmark suite's own measurements on the test device: what a launch costs alone, and
+//! decode steps whose eight lanes are four requests (guidance pairs with texts of their own)
+//! rather than one prompt eight times over.
+
+mod common;
+
+use common::*;
+use drama_engine::bench::{BenchOptions, Roofline, decode_step, launch_cost};
+use drama_engine::session::Engine;
+use rand_core::Rng;
+
+/// Both chains report a positive, finite time per launch over the chain's launches.
+#[test]
+fn launch_cost_times_both_chains() {
+    let cost = launch_cost(gpu(), 2).unwrap();
+    assert_eq!(cost.launches, 256);
+    for us in [cost.dependent_us, cost.independent_us] {
+        assert!(us.is_finite() && us > 0.0, "{cost:?}");
+    }
+}
+
+/// Eight lanes of four requests choose more experts than one lane (identical lanes choose
+/// the same ones, which is what the bench measured before), and the launch floor is the
+/// step's launches times the dependent launch cost.
+#[test]
+fn eight_lanes_are_four_requests() {
+    let mut rng = rng("bench lanes");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let options = BenchOptions {
+        repeats: 1,
+        context: 12,
+        prefill_rows: 0,
+        synthesis_tokens: 0,
+        rotation_bytes: 0,
+    };
+    let roofline = Roofline {
+        bytes: 1,
+        workgroups: 1,
+        ms: 1.0,
+        gb_per_s: 1.0,
+    };
+    let launch = launch_cost(gpu(), 1).unwrap();
+    let c = &engine.checkpoint.config;
+    let kv_bytes = |lanes: usize| {
+        (lanes * options.context * c.num_key_value_heads * c.head_dim * 4 * 2 * c.num_hidden_layers) as u64
+    };
+    let one = decode_step(&engine, "single", 1, &options, &roofline, &launch).unwrap();
+    let eight = decode_step(&engine, "lanes-8", 8, &options, &roofline, &launch).unwrap();
+    assert!(
+        eight.bytes - kv_bytes(8) > one.bytes - kv_bytes(1),
+        "eight lanes read {} weight bytes, one lane {}",
+        eight.bytes - kv_bytes(8),
+        one.bytes - kv_bytes(1)
+    );
+    let floor = eight.dispatches as f64 * launch.dependent_us * 1e-3;
+    assert!(
+        (eight.launch_floor_ms - floor).abs() <= 1e-9 * floor,
+        "{} vs {floor}",
+        eight.launch_floor_ms
+    );
+    assert!(eight.ratio_to_floors.is_finite() && eight.ratio_to_floors > 0.0);
+}
