@@ -393,8 +393,8 @@ fn an_oversized_step_is_refused_not_a_panic() {
     let f = Fixture::preset("tiny", 2);
     let engine = Engine::load(shared_gpu(), f.open()).unwrap();
     // 16400 lanes x 4 prefix rows = 65600 rows: routing and attention launch a workgroup row
-    // per token row (a step this large runs its routed experts over blocks of slots, a
-    // quarter as many).
+    // per token row (a step this large runs its routed experts over blocks of up to
+    // EXPERT_GROUP_SLOTS slots, fewer rows than slots).
     let lanes = 16400;
     let rows: Vec<Row> = (0..lanes)
         .flat_map(|lane| {

@@ -436,8 +436,8 @@ fn gathered_experts_match_reference_across_segments() {
     gathered_case(WeightFormat::Nvfp4, 4, 40, 32, 2, 3, false);
     gathered_case(WeightFormat::Fp8Block, 3, 17, 48, 2, 2, true);
     gathered_case(WeightFormat::Bf16, 3, 9, 24, 3, 2, false);
-    // Many slots over few experts (280 over 6): many blocks of four per expert, and a
-    // remainder.
+    // Many slots over few experts (280 over 6): many blocks of EXPERT_GROUP_SLOTS per
+    // expert, and a remainder.
     gathered_case(WeightFormat::Nvfp4, 6, 20, 32, 70, 4, true);
     // Wide inputs: each thread takes a second unit per batch (and the last batch's second
     // load is clamped).

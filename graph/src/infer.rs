@@ -1,6 +1,8 @@
 //! Output types of every op, and the checks of its inputs: the one place each op's shape
 //! and dtype rules live.
 
+use drama_kernels::MAX_KEPT_EXPERTS;
+
 use crate::graph::{is_bf16, shape_of};
 use crate::ir::{DType, Op, Value, ValueKind};
 
@@ -170,8 +172,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect((1..=16).contains(&r.k) && r.k <= r.kept, || {
                 format!("k {} must be in 1..=min(16, kept)", r.k)
             })?;
-            expect(r.kept <= 512 && r.n_group <= 64, || {
-                "at most 512 kept experts and 64 groups".into()
+            expect(r.kept <= MAX_KEPT_EXPERTS && r.n_group <= 64, || {
+                format!("at most {MAX_KEPT_EXPERTS} kept experts and 64 groups")
             })?;
             let rows = rows_of(logits);
             Ok(vec![(vec![rows, r.k], DType::U32), (vec![rows, r.k], DType::F32)])
@@ -229,8 +231,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(ids.dtype == DType::U32 && ids.shape.len() == 2, || {
                 "ids must be U32 [tokens, k]".into()
             })?;
-            expect((1..=512).contains(experts), || {
-                format!("{experts} experts: grouping takes 1 to 512")
+            expect((1..=MAX_KEPT_EXPERTS).contains(experts), || {
+                format!("{experts} experts: grouping takes 1 to {MAX_KEPT_EXPERTS}")
             })?;
             let slots = rows_of(ids) * width_of(ids);
             let blocks = slots.div_ceil(drama_kernels::EXPERT_GROUP_SLOTS) + experts;

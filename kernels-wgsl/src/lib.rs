@@ -58,6 +58,10 @@ pub const LINEAR_PASS_ROWS: usize = 2;
 /// `moe.wgsl`'s GROUP_SLOTS).
 pub const EXPERT_GROUP_SLOTS: usize = 8;
 
+/// Kept experts per MoE layer that routing and slot grouping take at most (`router.wgsl`'s
+/// MAX_KEPT, `moe.wgsl`'s MAX_EXPERTS: their workgroup arrays).
+pub const MAX_KEPT_EXPERTS: usize = 512;
+
 /// A compilable WGSL module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Module {
@@ -155,7 +159,8 @@ impl Module {
 /// One entry point: what the engine dispatches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
-    /// Dense linear, each decoded weight applied to up to the pass width's activation rows.
+    /// Dense linear, each decoded weight applied to up to [`LINEAR_PASS_ROWS`] activation rows
+    /// per pass.
     Linear(WeightFormat),
     /// The dense linear of an attention layer's [q|k|v] projection, which also writes each
     /// row's keys (rotated) and values into the KV caches.
@@ -469,6 +474,33 @@ mod tests {
             let msl = to_msl(module).unwrap_or_else(|e| panic!("{e}"));
             assert!(msl.contains("kernel void"), "{}: no kernel in MSL", module.name());
         }
+    }
+
+    /// The value of the WGSL `const` named `name` (a u32 literal) in `module`.
+    fn wgsl_u32(module: Module, name: &str) -> u32 {
+        let (ir, _) = validate(module).unwrap();
+        let (_, constant) = ir
+            .constants
+            .iter()
+            .find(|(_, c)| c.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("{}: no const {name}", module.name()));
+        match ir.global_expressions[constant.init] {
+            naga::Expression::Literal(naga::Literal::U32(value)) => value,
+            ref other => panic!("{}: {name} is {other:?}", module.name()),
+        }
+    }
+
+    /// The sizes the host plans with are the ones the WGSL is written for.
+    #[test]
+    fn host_constants_match_the_wgsl() {
+        for format in [WeightFormat::Bf16, WeightFormat::Nvfp4, WeightFormat::Fp8Block] {
+            let linear = Module::Linear(format);
+            assert_eq!(wgsl_u32(linear, "PASS_ROWS") as usize, LINEAR_PASS_ROWS);
+            assert_eq!(wgsl_u32(linear, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
+        }
+        assert_eq!(wgsl_u32(Module::Moe, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
+        assert_eq!(wgsl_u32(Module::Moe, "MAX_EXPERTS") as usize, MAX_KEPT_EXPERTS);
+        assert_eq!(wgsl_u32(Module::Router, "MAX_KEPT") as usize, MAX_KEPT_EXPERTS);
     }
 
     #[test]
