@@ -14,15 +14,3 @@ fn bf16_half(word: u32, half: u32) -> f32 {
     return select(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u), half == 1u);
 }
 
-
-// E4M3FN byte to f32 (bias 7, subnormals m * 2^-9). NaN codes never reach kernels: the
-// loader refuses them.
-fn e4m3(v: u32) -> f32 {
-    let e = (v >> 3u) & 0xfu;
-    let m = v & 7u;
-    var magnitude = f32(m) * 0.001953125;
-    if (e != 0u) {
-        magnitude = bitcast<f32>(((e + 120u) << 23u) | (m << 20u));
-    }
-    return select(magnitude, -magnitude, (v & 0x80u) != 0u);
-}

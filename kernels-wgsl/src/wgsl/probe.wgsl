@@ -1,8 +1,8 @@
 // Device probes the engine runs once when it opens a device: behaviour the kernels rely on
 // that an adapter may lack without saying so.
 //
-// `unpack_f16`: the NVFP4 and FP8 decoders turn weight codes into f16 bit patterns, many of
-// them subnormal (E2M1 +-0.5, every E4M3 subnormal), and convert them with
+// `unpack_f16`: the NVFP4 and FP8 decoders turn weight codes and NVFP4 block scales into f16
+// bit patterns, many of them subnormal (E2M1 +-0.5, every E4M3 subnormal), and convert them with
 // `unpack2x16float`. A driver that flushes f16 subnormals to zero would decode those
 // weights as 0; the engine compares this kernel's output with the exact values and refuses
 // such an adapter.
