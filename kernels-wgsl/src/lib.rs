@@ -17,8 +17,8 @@ pub use params::{
 };
 
 const COMMON: &str = include_str!("wgsl/common.wgsl");
-/// The workgroup reductions (a fixed-order tree sum, a maximum), appended to the modules
-/// that combine one value per invocation.
+/// The fixed-order tree reduction, appended to the modules that combine one value per
+/// invocation.
 const REDUCE: &str = include_str!("wgsl/reduce.wgsl");
 
 /// How a linear's weights are stored on the GPU (exactly as in the checkpoint).

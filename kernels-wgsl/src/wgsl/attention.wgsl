@@ -153,13 +153,13 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         score = ((partial[4u * t] + partial[4u * t + 1u]) + (partial[4u * t + 2u] + partial[4u * t + 3u])) * p.scale;
     }
     workgroupBarrier();
-    let m = workgroup_max(t, score, CHUNK);
+    let m = tree_reduce(t, score, true, CHUNK);
     var e = 0.0;
     if (t < count) {
         e = exp(score - m);
         weights[t] = e;
     }
-    let l = tree_sum(t, e, CHUNK);
+    let l = tree_reduce(t, e, false, CHUNK);
     // Invocation t owns vec4 column t % columns over positions part, part + parts, ...
     let parts = ATTEND_WG / columns;
     let c = t % columns;

@@ -57,7 +57,7 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         let v = x[base + i];
         sum += dot(v, v);
     }
-    let total = tree_sum(t, sum, WG);
+    let total = tree_reduce(t, sum, false, WG);
     let inv = 1.0 / sqrt(total / f32(p.width) + p.eps);
     if (t < columns) {
         y[base + t] = normed(x0, inv, w0);

@@ -135,12 +135,12 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     }
     // Trees as wide as the kept experts need (the invocations past them hold nothing).
     let width = min(WG, 1u << firstLeadingBit(max(p.kept, 2u) * 2u - 1u));
-    let max_logit = workgroup_max(t, local_max, width);
+    let max_logit = tree_reduce(t, local_max, true, width);
     var local_sum = 0.0;
     for (var i = t; i < p.kept; i += WG) {
         local_sum += exp(raw[i] - max_logit);
     }
-    let total = tree_sum(t, local_sum, width);
+    let total = tree_reduce(t, local_sum, false, width);
     for (var i = t; i < p.kept; i += WG) {
         if ((p.flags & 1u) == 0u) {
             let probability = exp(raw[i] - max_logit) / total;
