@@ -60,7 +60,6 @@ var<workgroup> partial: array<f32, 256>;            // each position's four quar
 var<workgroup> query: array<vec4<f32>, 256>;
 var<workgroup> value_parts: array<vec4<f32>, 256>;
 var<workgroup> weights: array<f32, 64>;           // CHUNK: exp(score - m) per position
-var<workgroup> row_length: u32;
 
 fn chunk_count() -> u32 {
     return (p.capacity + CHUNK - 1u) / CHUNK;
@@ -79,10 +78,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let r = wg.x;
     let h = wg.y;
     let chunk = wg.z;
-    if (t == 0u) {
-        row_length = row_pos[r] + 1u;
-    }
-    let length = workgroupUniformLoad(&row_length);
+    let length = row_pos[r] + 1u;
     let first = chunk * CHUNK;
     if (first >= length) {
         return;

@@ -122,7 +122,6 @@ const PASS_ROWS: u32 = 2u;
 
 var<workgroup> partial: array<f32, 2u * WG * PASS_ROWS>;         // two planes
 var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * PASS_ROWS>;
-var<workgroup> slot_expert: u32;
 
 // Two units' decoded weights (rows A and B) dotted with the activation row at `x_vec`;
 // each activation vec4 is loaded once for both.
@@ -701,15 +700,16 @@ fn finish_slot(t: u32, slot: u32, acc: vec4<f32>, quad: RowQuad, local_expert: u
     }
 }
 
-// A workgroup per (GATHERED_ROWS weight rows, slot).
+// A workgroup per (GATHERED_ROWS weight rows, slot). Every invocation reads the slot's
+// expert itself: a load from a read-only buffer at a uniform index is uniform, so the early
+// return leaves the barriers below in uniform control flow. (One invocation reading it for
+// all through workgroup memory and a workgroupUniformLoad, a barrier more, measured the same
+// on the H200.)
 @compute @workgroup_size(64)
 fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let quad = plan_quad(wg.x, t / LANES);
     let slot = wg.y;
-    if (t == 0u) {
-        slot_expert = expert_ids[slot];
-    }
-    let expert = workgroupUniformLoad(&slot_expert);
+    let expert = expert_ids[slot];
     if (expert < p.expert_begin || expert >= p.expert_end) {
         return;
     }
@@ -726,8 +726,6 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 @group(0) @binding(5) var<storage, read> slot_blocks: array<vec4<u32>>;   // (expert, first, count, 0)
 @group(0) @binding(8) var<storage, read> slot_order: array<u32>;
 
-var<workgroup> block_count: u32;
-
 // A workgroup per (GATHERED_ROWS weight rows, block of slots routed to one expert): the
 // expert's rows are read once for the block's slots instead of once per slot (steps of
 // many rows, whose slots share experts). Each slot gets the bits `gathered` gives it.
@@ -735,12 +733,8 @@ var<workgroup> block_count: u32;
 fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let quad = plan_quad(wg.x, t / LANES);
     let block = slot_blocks[wg.y];
-    if (t == 0u) {
-        slot_expert = block.x;
-        block_count = block.z;
-    }
-    let expert = workgroupUniformLoad(&slot_expert);
-    let count = workgroupUniformLoad(&block_count);
+    let expert = block.x;
+    let count = block.z;
     if (count == 0u || expert < p.expert_begin || expert >= p.expert_end) {
         return;
     }
