@@ -42,11 +42,11 @@ fn scale_word(row: u32, k: u32) -> u32 {
 }
 
 // The block scale from its word, times the 2^14 the nibble decoding leaves out. The E4M3
-// byte becomes an f16 the same way (exponent and mantissa at bits 13..7, sign at 15: the
-// E4M3 value times 2^-8, subnormals included), so the factor is that f16 times 2^22. (NaN
-// bytes never reach kernels: the loader refuses them.)
+// byte becomes an f16 the same way (exponent and mantissa at bits 13..7: the E4M3 value
+// times 2^-8, subnormals included), so the factor is that f16 times 2^22. Its sign bit is
+// never set and it is never NaN: the loader refuses negative and NaN block scales.
 fn scale_of(word: u32, row: u32, k: u32) -> f32 {
     let block = row * (p.in_features / 16u) + k;
     let byte = word >> ((block % 4u) * 8u);
-    return 4194304.0 * unpack2x16float(((byte & 0x7fu) << 7u) | ((byte & 0x80u) << 8u)).x;
+    return 4194304.0 * unpack2x16float((byte & 0x7fu) << 7u).x;
 }
