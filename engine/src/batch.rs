@@ -7,6 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rayon::prelude::*;
+
 use crate::checkpoint::names;
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
@@ -274,13 +276,19 @@ impl<'e> Batcher<'e> {
         } else {
             first.split_at(n * vocab)
         };
+        let lane_logits: Vec<(&[f32], Option<&[f32]>)> = last
+            .iter()
+            .map(|&(c, u)| {
+                let uncond = u.map(|u| &uncond_logits[u * vocab..(u + 1) * vocab]);
+                (&cond_logits[c * vocab..(c + 1) * vocab], uncond)
+            })
+            .collect();
+        let tokens = Self::sample_tokens(self.engine, &mut self.jobs, &lane_logits);
         let mut finished = Vec::new();
         let mut index = 0;
         let mut outcomes = Vec::new();
-        for (job, (c, u)) in self.jobs.iter_mut().zip(&last) {
-            let cond = &cond_logits[c * vocab..(c + 1) * vocab];
-            let uncond = u.map(|u| &uncond_logits[u * vocab..(u + 1) * vocab]);
-            outcomes.push(Self::advance(self.engine, job, cond, uncond, step)?);
+        for (job, token) in self.jobs.iter_mut().zip(tokens) {
+            outcomes.push(Self::advance(self.engine, job, token?, step)?);
         }
         for outcome in outcomes {
             let job = &mut self.jobs[index];
@@ -315,15 +323,35 @@ impl<'e> Batcher<'e> {
         Ok(all.elapsed())
     }
 
-    /// Samples a job's next token from its logits (mixed with the uncond lane's when it has
-    /// one) and moves it on; `step` is the batcher step running.
-    fn advance(
+    /// Every job's next token from its lanes' logits (cond, and uncond with guidance): the
+    /// guidance mix, then the job's sampler. The GPU has nothing to run meanwhile but the
+    /// codec chunks queued behind the forward, and each job's sampler and logits are its
+    /// own, so the jobs sample in parallel. (H200 host, bench checkpoint: an unfiltered
+    /// sample of 4097 candidates takes about 0.17 ms; served audio with four clients went
+    /// from 10.88-10.99 to 11.06-11.14 s per second, two rounds each, alternating.)
+    fn sample_tokens(
         engine: &Engine,
-        job: &mut Job,
-        cond: &[f32],
-        uncond: Option<&[f32]>,
-        step: u64,
-    ) -> Result<Next, EngineError> {
+        jobs: &mut [Job],
+        lane_logits: &[(&[f32], Option<&[f32]>)],
+    ) -> Vec<Result<u32, EngineError>> {
+        let forbidden = engine.checkpoint.config.speech.audio_bos();
+        let sample = |(job, &(cond, uncond)): (&mut Job, &(&[f32], Option<&[f32]>))| {
+            let start = Instant::now();
+            let mixed = uncond.map(|uncond| mix(cond, uncond, job.request.gamma));
+            let token = job.sampler.sample(mixed.as_deref().unwrap_or(cond), forbidden);
+            job.stats.time_split.sampling += start.elapsed();
+            token
+        };
+        // One job samples on this thread: handing it to the pool would only add latency.
+        if jobs.len() == 1 {
+            return jobs.iter_mut().zip(lane_logits).map(sample).collect();
+        }
+        jobs.par_iter_mut().zip(lane_logits).map(sample).collect()
+    }
+
+    /// Moves a job on with its sampled `token`: delivers the codec chunk that finished,
+    /// records the token and fills the next chunk; `step` is the batcher step running.
+    fn advance(engine: &Engine, job: &mut Job, token: u32, step: u64) -> Result<Next, EngineError> {
         // A chunk submitted in an earlier step ran before this step's forward: its samples
         // are ready. (One submitted in this step may still be running.)
         if job.chunk_submitted.is_some_and(|submitted| submitted < step) {
@@ -332,17 +360,12 @@ impl<'e> Batcher<'e> {
                 return Ok(Next::Finished(Stop::Cancelled));
             }
         }
-        let sampling_start = Instant::now();
-        let mixed = uncond.map(|uncond| mix(cond, uncond, job.request.gamma));
-        let logits = mixed.as_deref().unwrap_or(cond);
         let c = &engine.checkpoint.config;
         if job.position == 0 {
             job.position = c.speech.voice_prefix_len + job.request.segments[job.segment].len() + 1;
         } else {
             job.position += 1;
         }
-        let token = job.sampler.sample(logits, c.speech.audio_bos())?;
-        job.stats.time_split.sampling += sampling_start.elapsed();
         let ended = token as usize == c.speech.audio_eos();
         if !ended {
             job.stats.tokens += 1;
