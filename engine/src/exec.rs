@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 
 use drama_graph::drama3::{STEP_INPUTS, StepShape, row_source};
-use drama_graph::ir::{LinearMember, Op, PairHalf, Projection, ValueKind};
+use drama_graph::ir::{LinearMember, Op, PairHalf, Projection, RouterOp, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    AttentionParams, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, MoeParams, NormParams,
-    RouterParams, WeightFormat,
+    AttentionParams, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, NormParams, RouterParams,
+    WeightFormat,
 };
 
 use crate::error::EngineError;
@@ -152,7 +152,7 @@ impl<'a> Lowering<'a> {
                     width: shape[1] as u32,
                     flags: u32::from(*round_output),
                     eps: *eps,
-                    pad: 0,
+                    ..Default::default()
                 };
                 let x = self.buffer(inputs[0])?;
                 self.launch(
@@ -168,7 +168,6 @@ impl<'a> Lowering<'a> {
                 round_output,
                 residual,
                 swiglu,
-                combine_k,
                 cache_write,
             } => {
                 let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
@@ -185,16 +184,6 @@ impl<'a> Lowering<'a> {
                     }),
                     None => None,
                 };
-                let combine = match combine_k {
-                    Some(k) => Some(CombineIo {
-                        routed_out: self.buffer(inputs[2])?,
-                        routed_weights: self.buffer(inputs[3])?,
-                        gate_logits: self.buffer(inputs[4])?,
-                        k: *k,
-                        gate_stride: self.graph.value(inputs[4]).shape[1],
-                    }),
-                    None => None,
-                };
                 let io = LinearIo {
                     x: self.buffer(inputs[0])?,
                     y: out,
@@ -204,7 +193,6 @@ impl<'a> Lowering<'a> {
                     round: *round_output,
                     residual,
                     swiglu: *swiglu,
-                    combine,
                     cache,
                 };
                 self.lower_linear(members, *in_features, io)?;
@@ -259,33 +247,26 @@ impl<'a> Lowering<'a> {
                     [rows as u32, *heads as u32, 1],
                 )?;
             }
-            Op::Router(r) => {
+            Op::Router { route, linear } => {
                 let rows = self.rows(inputs[0]);
-                let width = self.graph.value(inputs[0]).shape[1];
-                let params = RouterParams {
-                    rows: rows as u32,
-                    logit_width: width as u32,
-                    kept: r.kept as u32,
-                    k: r.k as u32,
-                    flags: u32::from(r.sigmoid)
-                        | if r.full_width { 2 } else { 0 }
-                        | if r.score_bias { 4 } else { 0 }
-                        | if r.norm_topk_prob { 8 } else { 0 },
-                    n_group: r.n_group as u32,
-                    topk_group: r.topk_group as u32,
-                    group_size: r.group_size as u32,
-                    scaling: r.scaling,
-                    pad: [0; 3],
-                };
-                let bias = weights.score_bias.get(&r.layer).unwrap_or(&weights.placeholder);
-                let resources = [
+                let params = router_params(route, rows, self.graph.value(inputs[0]).shape[1]);
+                let bias = weights.score_bias.get(&route.layer).unwrap_or(&weights.placeholder);
+                let routing = [
                     self.buffer(inputs[0])?,
-                    &weights.kept_ids[&r.layer],
+                    &weights.kept_ids[&route.layer],
                     bias,
                     out,
                     self.buffer(node.outputs[1])?,
                 ];
-                self.launch(Kernel::Route, &params, &resources, [rows as u32, 1, 1])?;
+                let beside = match linear {
+                    Some(half) => {
+                        let (x, y) = (self.buffer(inputs[1])?, self.buffer(node.outputs[2])?);
+                        let io = LinearIo::plain(x, y, rows, half.width(), half.round_output);
+                        Some((half, self.graph.value(inputs[1]).shape[1], io))
+                    }
+                    None => None,
+                };
+                self.lower_router(&params, routing, beside)?;
             }
             Op::Experts {
                 layer,
@@ -340,23 +321,42 @@ impl<'a> Lowering<'a> {
                 let grid = self.elements_grid(count);
                 self.launch(Kernel::Swiglu, &params, &[self.buffer(inputs[0])?, out], grid)?;
             }
-            Op::MoeCombine { k } => {
-                let shape = &self.graph.value(node.outputs[0]).shape;
-                let count = shape[0] * shape[1];
-                let params = MoeParams {
-                    count: count as u32,
+            Op::MoeCombineNorm {
+                k,
+                shared,
+                weight,
+                eps,
+                round_output,
+            } => {
+                let shape = &self.graph.value(inputs[0]).shape;
+                let (gate_logits, shared_out) = if *shared {
+                    (self.buffer(inputs[3])?, self.buffer(inputs[4])?)
+                } else {
+                    (&weights.placeholder, &weights.placeholder)
+                };
+                let params = NormParams {
                     width: shape[1] as u32,
+                    flags: u32::from(*round_output) | if *shared { 2 } else { 0 },
+                    eps: *eps,
                     k: *k as u32,
-                    pad: 0,
+                    gate_stride: if *shared {
+                        self.graph.value(inputs[3]).shape[1] as u32
+                    } else {
+                        0
+                    },
+                    ..Default::default()
                 };
                 let resources = [
                     self.buffer(inputs[0])?,
+                    &weights.vectors[weight],
+                    self.buffer(node.outputs[1])?,
                     self.buffer(inputs[1])?,
                     self.buffer(inputs[2])?,
+                    gate_logits,
+                    shared_out,
                     out,
                 ];
-                let grid = self.elements_grid(count);
-                self.launch(Kernel::MoeCombine, &params, &resources, grid)?;
+                self.launch(Kernel::CombineRmsNorm, &params, &resources, [shape[0] as u32, 1, 1])?;
             }
         }
         Ok(())
@@ -409,6 +409,14 @@ impl<'a> Lowering<'a> {
         Ok(linear)
     }
 
+    /// The uploaded weight of a linear sharing a launch: its one weight, or its stack.
+    fn half_weight(&self, half: &PairHalf, in_features: usize) -> Result<&'a GpuLinear, EngineError> {
+        match half.members.as_slice() {
+            [single] if !half.swiglu => self.uploaded_weight(&single.weight, in_features),
+            members => self.stacked_weight(members, in_features),
+        }
+    }
+
     /// A linear pair: one launch when each half's weight is one segment, else each half's
     /// own launches (the same bits either way).
     fn lower_linear_pair(
@@ -418,11 +426,10 @@ impl<'a> Lowering<'a> {
         ios: [LinearIo<'_>; 2],
     ) -> Result<(), EngineError> {
         let weights = self.bind.weights;
-        let half_weight = |half: &PairHalf| match half.members.as_slice() {
-            [single] if !half.swiglu => self.uploaded_weight(&single.weight, in_features),
-            members => self.stacked_weight(members, in_features),
-        };
-        let linears = [half_weight(halves[0])?, half_weight(halves[1])?];
+        let linears = [
+            self.half_weight(halves[0], in_features)?,
+            self.half_weight(halves[1], in_features)?,
+        ];
         if linears.iter().all(|l| l.segments.len() == 1) {
             let launch = linear_pair_launch(self.gpu, linears, &weights.placeholder, [&ios[0], &ios[1]])?;
             self.dispatches.push(launch);
@@ -432,6 +439,32 @@ impl<'a> Lowering<'a> {
             self.lower_linear(&half.members, in_features, io)?;
         }
         Ok(())
+    }
+
+    /// A router node: one launch routing the rows and, when the linear beside it is one
+    /// weight segment, computing that linear too; else the linear's own launches after it
+    /// (the same bits either way).
+    fn lower_router(
+        &mut self,
+        params: &RouterParams,
+        routing: [&'a wgpu::Buffer; 5],
+        beside: Option<(&PairHalf, usize, LinearIo<'a>)>,
+    ) -> Result<(), EngineError> {
+        let placeholder = &self.bind.weights.placeholder;
+        let Some((half, in_features, io)) = beside else {
+            self.dispatches
+                .push(route_launch(self.gpu, params, routing, None, placeholder)?);
+            return Ok(());
+        };
+        let linear = self.half_weight(half, in_features)?;
+        if linear.segments.len() == 1 {
+            let launch = route_launch(self.gpu, params, routing, Some((linear, &io)), placeholder)?;
+            self.dispatches.push(launch);
+            return Ok(());
+        }
+        self.dispatches
+            .push(route_launch(self.gpu, params, routing, None, placeholder)?);
+        self.lower_linear(&half.members, in_features, io)
     }
 
     /// An experts node: one stacked [gate | up] weight with the SwiGLU epilogue, or one
@@ -578,9 +611,6 @@ pub struct LinearIo<'a> {
     /// The linear is a SwiGLU stack (each segment: gate rows, then the same up rows); the
     /// output is silu(gate) * up, one feature per segment row.
     pub swiglu: bool,
-    /// The linear is a MoE layer's shared-expert down projection that combines the layer
-    /// into `residual` as it writes.
-    pub combine: Option<CombineIo<'a>>,
     /// The linear is (part of) an attention layer's [q|k|v] projection that writes each
     /// row's keys and values into the caches.
     pub cache: Option<CacheIo<'a>>,
@@ -588,7 +618,7 @@ pub struct LinearIo<'a> {
 
 impl<'a> LinearIo<'a> {
     /// A linear of `rows` rows writing plain outputs (rounded to BF16 with `round`) from
-    /// column 0 of rows `y_stride` wide: no residual, SwiGLU, combine or cache write.
+    /// column 0 of rows `y_stride` wide: no residual, SwiGLU or cache write.
     pub fn plain(x: &'a wgpu::Buffer, y: &'a wgpu::Buffer, rows: usize, y_stride: usize, round: bool) -> Self {
         LinearIo {
             x,
@@ -599,7 +629,6 @@ impl<'a> LinearIo<'a> {
             round,
             residual: None,
             swiglu: false,
-            combine: None,
             cache: None,
         }
     }
@@ -624,21 +653,6 @@ pub struct CacheIo<'a> {
     pub q_width: usize,
     /// Positions per lane.
     pub capacity: usize,
-}
-
-/// What a MoE layer's combine reads besides the residual stream and the shared expert.
-#[derive(Clone, Copy)]
-pub struct CombineIo<'a> {
-    /// The routed experts' outputs [rows * k, y_stride].
-    pub routed_out: &'a wgpu::Buffer,
-    /// Their weights [rows, k].
-    pub routed_weights: &'a wgpu::Buffer,
-    /// The router logits [rows, gate_stride], the shared expert's gate logit last.
-    pub gate_logits: &'a wgpu::Buffer,
-    /// Routed experts per token.
-    pub k: usize,
-    /// Floats per router-logits row.
-    pub gate_stride: usize,
 }
 
 /// The launches of a dense linear: one per weight segment.
@@ -688,6 +702,61 @@ pub fn linear_pair_launch(
     Ok(gpu.dispatch(Kernel::LinearPair, &launch.params, &launch.resources, launch.grid)?)
 }
 
+/// Routing of `params.rows` tokens as one launch (`routing`: the logits, kept ids, score
+/// bias, chosen ids and chosen weights): alone (`Kernel::Route`), or with `linear` (one
+/// bias-free BF16 segment, plain outputs) computed by its other workgroups
+/// (`Kernel::RouteLinear`), each output with the bits of its own launch.
+pub fn route_launch(
+    gpu: &Gpu,
+    params: &RouterParams,
+    routing: [&wgpu::Buffer; 5],
+    linear: Option<(&GpuLinear, &LinearIo<'_>)>,
+    placeholder: &wgpu::Buffer,
+) -> Result<Dispatch, EngineError> {
+    let Some((linear, io)) = linear else {
+        return Ok(gpu.dispatch(Kernel::Route, params, &routing, [params.rows, 1, 1])?);
+    };
+    let beside = linear.format == WeightFormat::Bf16
+        && linear.bias.is_none()
+        && linear.segments.len() == 1
+        && !io.swiglu
+        && io.residual.is_none()
+        && io.cache.is_none();
+    if !beside {
+        return Err(EngineError::Unsupported(
+            "the linear beside routing needs one bias-free BF16 segment and plain outputs".into(),
+        ));
+    }
+    let mut launch = segment_launch(linear, &linear.segments[0], placeholder, io)?;
+    // Routing's workgroups lead each grid row: token wg.y * split_groups + wg.x.
+    launch.params.split_groups = params.rows.div_ceil(launch.grid[1]);
+    launch.grid[0] += launch.params.split_groups;
+    let uniform = gpu.uniform("route", params);
+    let mut resources = launch.resources;
+    resources.push(&uniform);
+    resources.extend(routing);
+    Ok(gpu.dispatch(Kernel::RouteLinear, &launch.params, &resources, launch.grid)?)
+}
+
+/// The parameter block of routing `rows` tokens whose logits rows are `logit_width` wide.
+fn router_params(r: &RouterOp, rows: usize, logit_width: usize) -> RouterParams {
+    RouterParams {
+        rows: rows as u32,
+        logit_width: logit_width as u32,
+        kept: r.kept as u32,
+        k: r.k as u32,
+        flags: u32::from(r.sigmoid)
+            | if r.full_width { 2 } else { 0 }
+            | if r.score_bias { 4 } else { 0 }
+            | if r.norm_topk_prob { 8 } else { 0 },
+        n_group: r.n_group as u32,
+        topk_group: r.topk_group as u32,
+        group_size: r.group_size as u32,
+        scaling: r.scaling,
+        pad: [0; 3],
+    }
+}
+
 /// One dense-linear launch before it is dispatched.
 struct SegmentLaunch<'a> {
     params: LinearParams,
@@ -725,12 +794,9 @@ fn segment_launch<'a>(
         flags: u32::from(linear.bias.is_some())
             | if io.round { 2 } else { 0 }
             | if io.residual.is_some() { 4 } else { 0 }
-            | if io.swiglu { 8 } else { 0 }
-            | if io.combine.is_some() { 16 } else { 0 },
+            | if io.swiglu { 8 } else { 0 },
         tensor_scale: linear.tensor_scale,
         bias_offset: segment.range.start as u32,
-        combine_k: io.combine.map_or(0, |c| c.k as u32),
-        gate_stride: io.combine.map_or(0, |c| c.gate_stride as u32),
         head_dim: io.cache.map_or(0, |c| c.head_dim as u32),
         q_width: io.cache.map_or(0, |c| c.q_width as u32),
         capacity: io.cache.map_or(0, |c| c.capacity as u32),
@@ -740,10 +806,6 @@ fn segment_launch<'a>(
     if linear.format != WeightFormat::Bf16 {
         resources.push(&segment.scales);
     }
-    let [routed_weights, routed_out, gate_logits] = match io.combine {
-        Some(c) => [c.routed_weights, c.routed_out, c.gate_logits],
-        None => [placeholder; 3],
-    };
     // Without a cache write the caches' read_write bindings get y, which the kernel then
     // never touches through them; the second weight and output of a linear pair get w and y.
     let [row_lane, row_pos, rope_table, k_cache, v_cache] = match io.cache {
@@ -752,11 +814,8 @@ fn segment_launch<'a>(
     };
     resources.extend([
         bias,
-        routed_weights,
         io.y,
-        routed_out,
         io.residual.unwrap_or(placeholder),
-        gate_logits,
         row_lane,
         row_pos,
         rope_table,

@@ -90,7 +90,7 @@ impl VoiceTower {
             width: self.dim as u32,
             flags: u32::from(round),
             eps: self.eps,
-            pad: 0,
+            ..Default::default()
         };
         Ok(self
             .gpu

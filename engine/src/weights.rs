@@ -94,7 +94,7 @@ pub struct GpuWeights {
     pub kept_ids: HashMap<usize, wgpu::Buffer>,
     /// Selection bias per MoE layer (f32, as stored).
     pub score_bias: HashMap<usize, wgpu::Buffer>,
-    /// A 4-byte placeholder for unused bindings.
+    /// A placeholder for unused bindings (16 bytes: one vec4, the least any binding takes).
     pub placeholder: wgpu::Buffer,
     /// Bytes uploaded.
     pub bytes: u64,
@@ -543,7 +543,7 @@ impl GpuWeights {
         for table in [names::EMBED_TOKENS, names::AUDIO_EMBED] {
             tables.insert(table.to_string(), up.table(table)?);
         }
-        let placeholder = gpu.buffer("placeholder", 4);
+        let placeholder = gpu.buffer("placeholder", 16);
         Ok(GpuWeights {
             linears,
             experts,

@@ -4,10 +4,12 @@
 mod common;
 
 use common::*;
-use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch};
+use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch, route_launch};
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::weights::GpuLinear;
-use drama_kernels::{EXPERT_GROUP_SLOTS, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, WeightFormat};
+use drama_kernels::{
+    EXPERT_GROUP_SLOTS, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, RouterParams, WeightFormat,
+};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
@@ -166,14 +168,14 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
         let p = gpu.uniform("params", &params);
         let wb = gpu.buffer_with("w", &codes);
         let sb = gpu.buffer_with("scales", &scales);
-        // The MoE combine's, the cache write's and the linear pair's bindings are unused here
-        // (w and y stand in for the pair's, y for the other read_write ones).
+        // The cache write's and the linear pair's bindings are unused here (w and y stand in
+        // for the pair's, y for the other read_write ones).
         let none = &bb;
         let mut buffers: Vec<&wgpu::Buffer> = vec![&p, &xb, &wb];
         if w.format != WeightFormat::Bf16 {
             buffers.push(&sb);
         }
-        buffers.extend([&bb, none, &y, none, &rb, none, none, none, none, &y, &y, &wb, &y]);
+        buffers.extend([&bb, &y, &rb, none, none, none, &y, &y, &wb, &y]);
         // At most two workgroup rows share the passes over the activation rows, so that
         // longer batches make a workgroup take several passes.
         let row_blocks = rows.div_ceil(LINEAR_PASS_ROWS).min(2) as u32;
@@ -509,10 +511,7 @@ fn linear_swiglu_epilogue_matches_reference() {
                     &xb,
                     &wb,
                     &placeholder,
-                    &placeholder,
                     &y,
-                    &placeholder,
-                    &placeholder,
                     &placeholder,
                     &placeholder,
                     &placeholder,
@@ -546,101 +545,6 @@ fn linear_swiglu_epilogue_matches_reference() {
     });
 }
 
-/// The dense kernel's MoE-combine epilogue (a shared expert's down projection, flag 16):
-/// residual + the routed experts' outputs by their weights + sigmoid(gate logit) times the
-/// linear's own rounded output, against the reference; each row alone gives the same bits.
-#[test]
-fn linear_moe_combine_epilogue_matches_reference() {
-    let (out, cols, rows, k, gate_stride) = (45usize, 64usize, 3usize, 4usize, 7usize);
-    let label = "linear moe combine";
-    let mut rng = rng(label);
-    let gpu = gpu();
-    let w = random_weights(&mut rng, WeightFormat::Bf16, out, cols);
-    let x = bf16_values(&mut rng, rows * cols, 2.0);
-    let residual = uniform(&mut rng, rows * out, 3.0);
-    let routed = uniform(&mut rng, rows * k * out, 2.0);
-    let routed_weights = uniform(&mut rng, rows * k, 1.0);
-    let logits = uniform(&mut rng, rows * gate_stride, 4.0);
-    let run = |rows: usize, first: usize| -> Vec<f32> {
-        let slice = |v: &[f32], width: usize| f32_bytes(&v[first * width..(first + rows) * width]);
-        let params = LinearParams {
-            rows: rows as u32,
-            in_features: cols as u32,
-            out_features: out as u32,
-            y_stride: out as u32,
-            x_row_div: 1,
-            flags: 2 | 4 | 16,
-            tensor_scale: 1.0,
-            combine_k: k as u32,
-            gate_stride: gate_stride as u32,
-            ..Default::default()
-        };
-        let p = gpu.uniform("params", &params);
-        let xb = gpu.buffer_with("x", &slice(&x, cols));
-        let wb = gpu.buffer_with("w", &w.packed);
-        let bias = gpu.buffer_with("bias", &[0; 4]);
-        let weights_b = gpu.buffer_with("routed weights", &slice(&routed_weights, k));
-        let routed_b = gpu.buffer_with("routed", &slice(&routed, k * out));
-        let residual_b = gpu.buffer_with("residual", &slice(&residual, out));
-        let logits_b = gpu.buffer_with("logits", &slice(&logits, gate_stride));
-        let y = poisoned(gpu, "y", rows * out);
-        let launch = dispatch(
-            gpu,
-            Kernel::Linear(WeightFormat::Bf16),
-            &[
-                &p,
-                &xb,
-                &wb,
-                &bias,
-                &weights_b,
-                &y,
-                &routed_b,
-                &residual_b,
-                &logits_b,
-                &bias,
-                &bias,
-                &bias,
-                &y,
-                &y,
-                &wb,
-                &y,
-            ],
-            [(out as u32).div_ceil(WeightFormat::Bf16.rows_per_workgroup()), 1, 1],
-        );
-        run(gpu, &[launch]);
-        gpu.read_f32(&y).unwrap()
-    };
-    let got = run(rows, 0);
-    let mut want = Vec::new();
-    let mut scale = Vec::new();
-    for r in 0..rows {
-        let xr = &x[r * cols..(r + 1) * cols];
-        let logit = f64::from(logits[r * gate_stride + gate_stride - 1]);
-        let gate = 1.0 / (1.0 + (-logit).exp());
-        for n in 0..out {
-            let exact = dot(&w, n, xr);
-            let magnitude: f64 = (0..cols)
-                .map(|c| (w.decoded[n * cols + c] * f64::from(xr[c])).abs())
-                .sum();
-            let shared = f64::from(drama_engine::numerics::round_to_bf16(exact as f32));
-            let mut value = f64::from(residual[r * out + n]) + gate * shared;
-            let mut bound = f64::from(residual[r * out + n]).abs() + gate * (magnitude + bf16_ulp(exact) / TOL);
-            for j in 0..k {
-                let term = f64::from(routed_weights[r * k + j]) * f64::from(routed[(r * k + j) * out + n]);
-                value += term;
-                bound += term.abs();
-            }
-            want.push(value);
-            scale.push(bound);
-        }
-    }
-    check(label, &got, &want, &scale, TOL);
-    assert_rows_alone_match(label, &got, rows, out, |r| run(1, r));
-}
-
-/// The gathered kernel's SwiGLU epilogue: NVFP4 experts stacked per expert ([gate | up]
-/// rows, two tensor scales each) over two weight segments, a random expert per slot, tokens
-/// shared by their k slots.
 #[test]
 fn gathered_swiglu_epilogue_matches_reference() {
     let (experts, width, cols, tokens, k) = (5, 24, 64, 3, 4);
@@ -786,21 +690,7 @@ fn linear_cache_write_matches_reference() {
                 if format != WeightFormat::Bf16 {
                     buffers.push(&sb);
                 }
-                buffers.extend([
-                    &bb,
-                    &placeholder,
-                    &y,
-                    &placeholder,
-                    &placeholder,
-                    &placeholder,
-                    &lane_b,
-                    &pos_b,
-                    &table_b,
-                    &kc,
-                    &vc,
-                    &wb,
-                    &y,
-                ]);
+                buffers.extend([&bb, &y, &placeholder, &lane_b, &pos_b, &table_b, &kc, &vc, &wb, &y]);
                 let grid = [(w.rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1];
                 dispatches.push(dispatch(gpu, Kernel::LinearKv(format), &buffers, grid));
                 column += w.rows;
@@ -967,6 +857,110 @@ fn linear_pair_gives_each_linears_own_bits() {
         error
             .to_string()
             .contains("a linear pair needs two bias-free BF16 weights"),
+        "{error}"
+    );
+}
+
+/// Routing with a linear beside it in one launch (a MoE layer's routing and its shared
+/// expert's down projection) writes exactly the bits that routing alone and the linear's own
+/// launch write, for one, two, eight and 37 rows (routing's workgroups on one grid row, and
+/// spread over several) and sizes drawn fresh, the linear within the FP64 reference's bound;
+/// a quantized linear beside routing is refused by name. (Routing's own choices and weights
+/// are checked against the FP64 reference in op_misc.rs.)
+#[test]
+fn route_beside_a_linear_gives_each_its_own_bits() {
+    let gpu = gpu();
+    let placeholder = gpu.buffer_with("placeholder", &[0; 16]);
+    // Kept counts below 64, past 128 and past 256: the 64 invocations routing has beside
+    // the linear sum the softmax denominator exactly as routing alone does with 256.
+    for (rows, kept) in [(1, 37), (2, 200), (8, 300), (37, 509)] {
+        let mut rng = rng(&format!("route beside a linear rows {rows}"));
+        let out = 1 + (rng.next_u32() % 40) as usize;
+        let cols = 8 * (1 + (rng.next_u32() % 12) as usize);
+        let k = 1 + (rng.next_u32() % 4) as usize;
+        let label = format!("route beside a linear rows {rows} out {out} in {cols} kept {kept} k {k}");
+        let w = random_weights(&mut rng, WeightFormat::Bf16, out, cols);
+        let x = bf16_values(&mut rng, rows * cols, 2.0);
+        let logits = uniform(&mut rng, rows * kept, 3.0);
+        let params = RouterParams {
+            rows: rows as u32,
+            logit_width: kept as u32,
+            kept: kept as u32,
+            k: k as u32,
+            flags: 8,
+            n_group: 1,
+            topk_group: 1,
+            group_size: kept as u32,
+            scaling: 1.5,
+            pad: [0; 3],
+        };
+        let linear = one_segment_linear(gpu, &w.packed, out, cols);
+        let xb = gpu.buffer_with("x", &f32_bytes(&x));
+        let lb = gpu.buffer_with("logits", &f32_bytes(&logits));
+        let kept_ids: Vec<u32> = (0..kept as u32).collect();
+        let kb = gpu.buffer_with("kept", &u32_bytes(&kept_ids));
+        let outputs = |name: &str| {
+            (
+                poisoned(gpu, &format!("{name} ids"), rows * k),
+                poisoned(gpu, &format!("{name} weights"), rows * k),
+                poisoned(gpu, &format!("{name} y"), rows * out),
+            )
+        };
+        let (together, apart) = (outputs("together"), outputs("apart"));
+        let io = |y| LinearIo::plain(&xb, y, rows, out, true);
+        let routing_together = [&lb, &kb, &placeholder, &together.0, &together.1];
+        let one = route_launch(
+            gpu,
+            &params,
+            routing_together,
+            Some((&linear, &io(&together.2))),
+            &placeholder,
+        );
+        run(gpu, &[one.unwrap()]);
+        let routing_apart = [&lb, &kb, &placeholder, &apart.0, &apart.1];
+        let mut launches = vec![route_launch(gpu, &params, routing_apart, None, &placeholder).unwrap()];
+        launches.extend(linear_launches(gpu, &linear, &placeholder, &io(&apart.2)).unwrap());
+        run(gpu, &launches);
+        assert_eq!(
+            gpu.read_u32(&together.0).unwrap(),
+            gpu.read_u32(&apart.0).unwrap(),
+            "{label}: chosen experts"
+        );
+        assert_eq!(
+            bits(&gpu.read_f32(&together.1).unwrap()),
+            bits(&gpu.read_f32(&apart.1).unwrap()),
+            "{label}: routing weights"
+        );
+        let got = gpu.read_f32(&together.2).unwrap();
+        assert_eq!(bits(&got), bits(&gpu.read_f32(&apart.2).unwrap()), "{label}: linear");
+        let (mut want, mut scale) = (Vec::new(), Vec::new());
+        for r in 0..rows {
+            let xr = &x[r * cols..(r + 1) * cols];
+            for n in 0..out {
+                let exact = dot(&w, n, xr);
+                want.push(f64::from(drama_engine::numerics::round_to_bf16(exact as f32)));
+                let magnitude: f64 = (0..cols)
+                    .map(|c| (w.decoded[n * cols + c] * f64::from(xr[c])).abs())
+                    .sum();
+                scale.push(magnitude + bf16_ulp(exact) / TOL);
+            }
+        }
+        check(&label, &got, &want, &scale, TOL);
+    }
+    let mut rng = rng("route beside a linear refusal");
+    let quantized = random_weights(&mut rng, WeightFormat::Nvfp4, 4, 32);
+    let nvfp4 = GpuLinear::one_segment(gpu, WeightFormat::Nvfp4, (4, 32), &quantized.packed, &quantized.scales);
+    let (xb, y) = (gpu.buffer_with("x", &f32_bytes(&[1.0; 32])), poisoned(gpu, "y", 4));
+    let io = LinearIo::plain(&xb, &y, 1, 4, false);
+    let routing = [&placeholder, &placeholder, &placeholder, &y, &y];
+    let params = RouterParams::default();
+    let Err(error) = route_launch(gpu, &params, routing, Some((&nvfp4, &io)), &placeholder) else {
+        panic!("routing with an NVFP4 linear beside it was launched");
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("the linear beside routing needs one bias-free BF16 segment"),
         "{error}"
     );
 }

@@ -4,9 +4,10 @@
 mod common;
 
 use common::*;
+use drama_engine::exec::route_launch;
 use drama_engine::numerics::round_to_bf16;
 use drama_engine::reference::ops::{self, RouterSpec};
-use drama_kernels::{AttentionParams, ConvOutput, ElementwiseParams, Kernel, MoeParams, NormParams, RouterParams};
+use drama_kernels::{AttentionParams, ConvOutput, ElementwiseParams, Kernel, NormParams, RouterParams};
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
@@ -32,7 +33,7 @@ fn rms_norm_matches_reference() {
             width: width as u32,
             flags: u32::from(round),
             eps: 1e-6,
-            pad: 0,
+            ..Default::default()
         };
         let p = gpu.uniform("p", &params);
         let (xb, wb, y) = (
@@ -236,21 +237,14 @@ fn gpu_route(
         pad: [0; 3],
     };
     let kept_u32: Vec<u32> = kept.iter().map(|&e| e as u32).collect();
-    let p = gpu.uniform("p", &params);
+    let placeholder = gpu.buffer_with("placeholder", &[0; 16]);
     let lb = gpu.buffer_with("logits", &f32_bytes(logits));
     let kb = gpu.buffer_with("kept", &u32_bytes(&kept_u32));
     let bb = gpu.buffer_with("bias", &f32_bytes(bias.unwrap_or(&[0.0])));
     let ids = poisoned(gpu, "ids", rows * spec.k);
     let weights = poisoned(gpu, "weights", rows * spec.k);
-    run(
-        gpu,
-        &[dispatch(
-            gpu,
-            Kernel::Route,
-            &[&p, &lb, &kb, &bb, &ids, &weights],
-            [rows as u32, 1, 1],
-        )],
-    );
+    let routing = [&lb, &kb, &bb, &ids, &weights];
+    run(gpu, &[route_launch(gpu, &params, routing, None, &placeholder).unwrap()]);
     (gpu.read_u32(&ids).unwrap(), gpu.read_f32(&weights).unwrap())
 }
 
@@ -318,7 +312,7 @@ fn router_matches_reference() {
     // Weights that keep the softmax denominator, over a kept count that is not a power of
     // two (a tree of 16 with one empty slot).
     route_case(unnormalised, (0..16).filter(|&e| e != 5).collect(), false, false, false);
-    // Kept counts past 128 (a tree of 256) and past 256 (two experts per invocation), with
+    // Kept counts past 128 and past 256 (several experts per invocation of the 64), with
     // weights that keep the denominator (renormalised weights would hide a wrong one).
     let mut wide = softmax(8, 512);
     wide.norm_topk_prob = false;
@@ -440,41 +434,87 @@ fn elementwise_kernels_match_reference() {
         .map(|c| (0..tokens).map(|t| f64::from(a[t * width + c]).abs()).sum::<f64>() + 1e-6)
         .collect();
     check("mean_rows", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-6);
-    // moe_combine (a layer without a shared expert).
-    let experts = uniform(&mut rng, tokens * k * width, 1.0);
-    let weights = uniform(&mut rng, tokens * k, 1.0);
-    let p = gpu.uniform(
-        "p",
-        &MoeParams {
-            count: count as u32,
+}
+
+/// A MoE layer's combine with the norm after it, with and without a shared expert, at widths
+/// below, between and past the two columns per invocation combined ahead (1024 and 2048
+/// values): the residual stream it writes against the FP64 combine, the normed row against
+/// the FP64 norm of that stream.
+#[test]
+fn moe_combine_norm_matches_reference() {
+    let gpu = gpu();
+    for (rows, width, k, shared) in [(3usize, 64usize, 4usize, true), (2, 1100, 3, false), (2, 2200, 8, true)] {
+        let label = format!("moe combine norm rows {rows} width {width} k {k} shared {shared}");
+        let mut rng = rng(&label);
+        let gate_stride = 5;
+        let residual = uniform(&mut rng, rows * width, 3.0);
+        let routed = bf16_values(&mut rng, rows * k * width, 2.0);
+        let weights = uniform(&mut rng, rows * k, 1.0);
+        let logits = uniform(&mut rng, rows * gate_stride, 4.0);
+        let shared_out = bf16_values(&mut rng, rows * width, 2.0);
+        let norm_weight = bf16_values(&mut rng, width, 1.5);
+        let params = NormParams {
             width: width as u32,
+            flags: 1 | if shared { 2 } else { 0 },
+            eps: 1e-6,
             k: k as u32,
-            pad: 0,
-        },
-    );
-    let eb = gpu.buffer_with("e", &f32_bytes(&experts));
-    let wb = gpu.buffer_with("w", &f32_bytes(&weights));
-    let out = poisoned(gpu, "out", count);
-    run(
-        gpu,
-        &[dispatch(gpu, Kernel::MoeCombine, &[&p, &ab, &eb, &wb, &out], grid)],
-    );
-    let mut want = Vec::new();
-    let mut scale = Vec::new();
-    for t in 0..tokens {
-        for h in 0..width {
-            let mut sum = 0.0;
-            let mut magnitude = f64::from(a[t * width + h]).abs();
-            for j in 0..k {
-                let term = f64::from(weights[t * k + j]) * f64::from(experts[(t * k + j) * width + h]);
-                sum += term;
-                magnitude += term.abs();
+            gate_stride: gate_stride as u32,
+            ..Default::default()
+        };
+        let p = gpu.uniform("p", &params);
+        let buffer = |name, values: &[f32]| gpu.buffer_with(name, &f32_bytes(values));
+        let (rb, eb, wb, lb, sb) = (
+            buffer("residual", &residual),
+            buffer("routed", &routed),
+            buffer("weights", &weights),
+            buffer("logits", &logits),
+            buffer("shared", &shared_out),
+        );
+        let nb = gpu.buffer_with("norm weight", &pack_bf16(&norm_weight));
+        let (y, h) = (poisoned(gpu, "y", rows * width), poisoned(gpu, "h", rows * width));
+        run(
+            gpu,
+            &[dispatch(
+                gpu,
+                Kernel::CombineRmsNorm,
+                &[&p, &rb, &nb, &y, &eb, &wb, &lb, &sb, &h],
+                [rows as u32, 1, 1],
+            )],
+        );
+        let got_h = gpu.read_f32(&h).unwrap();
+        let (mut want, mut scale) = (Vec::new(), Vec::new());
+        for r in 0..rows {
+            let logit = f64::from(logits[r * gate_stride + gate_stride - 1]);
+            let gate = 1.0 / (1.0 + (-logit).exp());
+            for c in 0..width {
+                let mut value = f64::from(residual[r * width + c]);
+                let mut magnitude = value.abs();
+                for j in 0..k {
+                    let term = f64::from(weights[r * k + j]) * f64::from(routed[(r * k + j) * width + c]);
+                    value += term;
+                    magnitude += term.abs();
+                }
+                if shared {
+                    let term = gate * f64::from(shared_out[r * width + c]);
+                    value += term;
+                    magnitude += term.abs();
+                }
+                want.push(value);
+                scale.push(magnitude);
             }
-            want.push(f64::from(a[t * width + h]) + sum);
-            scale.push(magnitude);
         }
+        check(&format!("{label}: residual stream"), &got_h, &want, &scale, 1e-6);
+        let exact = ops::rms_norm(&to_f64(&got_h), width, &to_f64(&norm_weight), 1e-6);
+        let want: Vec<f64> = exact.iter().map(|&v| f64::from(round_to_bf16(v as f32))).collect();
+        let scale: Vec<f64> = exact.iter().map(|&v| v.abs() + 1e-3 + bf16_ulp(v) / 1e-5).collect();
+        check(
+            &format!("{label}: normed"),
+            &gpu.read_f32(&y).unwrap(),
+            &want,
+            &scale,
+            1e-5,
+        );
     }
-    check("moe_combine", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-6);
 }
 
 #[test]

@@ -9,7 +9,9 @@ use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
 use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
-use crate::select::{GROUPED_EXPERT_ROWS, pairs, stacks_expert_swiglu, stacks_swiglu};
+use crate::select::{
+    GROUPED_EXPERT_ROWS, ROUTE_BESIDE_MAX_ROWS, pairs, shares_launch, stacks_expert_swiglu, stacks_swiglu,
+};
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
 pub trait WeightNames {
@@ -140,6 +142,20 @@ pub mod row_source {
     pub const AUDIO: u32 = 2;
 }
 
+/// The residual stream after a layer: a value, or a MoE layer's combine left to the norm
+/// that follows it.
+enum Residual {
+    Value(ValueId),
+    Combine {
+        /// The MoE layer.
+        layer: usize,
+        /// The inputs of its [`Op::MoeCombineNorm`] (the norm's own come with it).
+        inputs: Vec<ValueId>,
+        /// It has a shared expert.
+        shared: bool,
+    },
+}
+
 struct Build<'a> {
     b: GraphBuilder,
     spec: &'a ModelSpec,
@@ -196,11 +212,41 @@ impl Build<'_> {
                 round_output: round,
                 residual: residual.is_some(),
                 swiglu,
-                combine_k: None,
                 cache_write: None,
             },
             &[x].into_iter().chain(residual).collect::<Vec<_>>(),
         )
+    }
+
+    /// The RMSNorm of the residual stream `x` (labelled `label` when `x` is a value), and the
+    /// stream itself: a MoE layer's pending combine is computed by the norm's launch
+    /// ([`Op::MoeCombineNorm`], labelled `layers.{i}.hidden` like the value it writes).
+    fn norm(&mut self, label: &str, x: Residual, weight: String) -> Result<(ValueId, ValueId), GraphError> {
+        let eps = self.spec.eps;
+        match x {
+            Residual::Value(x) => {
+                let op = Op::RmsNorm {
+                    weight,
+                    eps,
+                    round_output: true,
+                };
+                Ok((x, self.b.node1(label, op, &[x])?))
+            }
+            Residual::Combine { layer, inputs, shared } => {
+                let op = Op::MoeCombineNorm {
+                    k: self.spec.top_k,
+                    shared,
+                    weight,
+                    eps,
+                    round_output: true,
+                };
+                let outputs = self.b.node(&format!("layers.{layer}.hidden"), op, &inputs)?;
+                if self.trace {
+                    self.b.output(outputs[0]);
+                }
+                Ok((outputs[0], outputs[1]))
+            }
+        }
     }
 
     fn b_width(&self, x: ValueId) -> usize {
@@ -269,7 +315,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         text: names.global(GlobalWeight::EmbedTokens),
         audio: names.global(GlobalWeight::AudioEmbed),
     };
-    let mut x = g.b.node1("embed", embed, &[row_table, row_index, prefixes])?;
+    let mut x = Residual::Value(g.b.node1("embed", embed, &[row_table, row_index, prefixes])?);
     let cache_shape = vec![shape.lanes * shape.capacity, kv_width];
     for (i, moe) in s.layers.iter().enumerate() {
         let l = |w: LayerWeight| names.layer(w, i);
@@ -278,15 +324,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
             g.b.input(&at("k_cache"), cache_shape.clone(), DType::F32, ValueKind::State);
         let v_cache =
             g.b.input(&at("v_cache"), cache_shape.clone(), DType::F32, ValueKind::State);
-        let normed = g.b.node1(
-            &at("input_norm"),
-            Op::RmsNorm {
-                weight: l(LayerWeight::InputNorm),
-                eps: s.eps,
-                round_output: true,
-            },
-            &[x],
-        )?;
+        let (stream, normed) = g.norm(&at("input_norm"), x, l(LayerWeight::InputNorm))?;
         // The [q|k|v] projection also writes this step's keys and values into the caches.
         let members = g.members(&[
             (l(LayerWeight::Q), s.heads * s.head_dim, true),
@@ -301,7 +339,6 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
                 round_output: true,
                 residual: false,
                 swiglu: false,
-                combine_k: None,
                 cache_write: Some(CacheWrite {
                     heads: s.heads,
                     kv_heads: s.kv_heads,
@@ -321,36 +358,33 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
             &[qkv, row_lane, row_pos, k_cache, v_cache],
         )?;
         // The residual stream after attention: x + o_proj(attended).
-        x = g.linear(&at("o_proj"), attended, &[(l(LayerWeight::O), h, false)], true, Some(x))?;
-        let normed = g.b.node1(
-            &at("post_norm"),
-            Op::RmsNorm {
-                weight: l(LayerWeight::PostNorm),
-                eps: s.eps,
-                round_output: true,
-            },
-            &[x],
+        let stream = g.linear(
+            &at("o_proj"),
+            attended,
+            &[(l(LayerWeight::O), h, false)],
+            true,
+            Some(stream),
         )?;
+        let (stream, normed) = g.norm(&at("post_norm"), Residual::Value(stream), l(LayerWeight::PostNorm))?;
         x = match moe {
             None => {
                 let modules = [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Dense(p)));
-                g.swiglu_mlp(&at("mlp"), normed, modules, s.dense_width, (&at("hidden"), Some(x)))?
+                let hidden = g.swiglu_mlp(
+                    &at("mlp"),
+                    normed,
+                    modules,
+                    s.dense_width,
+                    (&at("hidden"), Some(stream)),
+                )?;
+                if g.trace {
+                    g.b.output(hidden);
+                }
+                Residual::Value(hidden)
             }
-            Some(moe) => moe_block(&mut g, i, moe, x, normed)?,
+            Some(moe) => moe_block(&mut g, i, moe, stream, normed)?,
         };
-        if g.trace {
-            g.b.output(x);
-        }
     }
-    let normed = g.b.node1(
-        "final_norm",
-        Op::RmsNorm {
-            weight: names.global(GlobalWeight::FinalNorm),
-            eps: s.eps,
-            round_output: true,
-        },
-        &[x],
-    )?;
+    let (_, normed) = g.norm("final_norm", x, names.global(GlobalWeight::FinalNorm))?;
     let logits = g.linear(
         "logits",
         normed,
@@ -362,10 +396,10 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
     Ok(g.b.finish())
 }
 
-/// The members of each linear node of a step (each half of a linear pair counting as one),
-/// in output-column order, and whether it computes a SwiGLU (the same for every step shape):
-/// what the engine uploads, stacking the SwiGLU pairs and the groups
-/// [`crate::select::stacks`] names.
+/// The members of each linear of a step (each half of a linear pair and the linear beside
+/// routing counting as one), in output-column order, and whether it computes a SwiGLU (the
+/// same for every step shape): what the engine uploads, stacking the SwiGLU pairs and the
+/// groups [`crate::select::stacks`] names.
 pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<(Vec<LinearMember>, bool)>, GraphError> {
     let shape = StepShape {
         rows: 1,
@@ -383,12 +417,14 @@ pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<(V
             Op::LinearPair { first, second, .. } => {
                 [first, second].map(|half| (half.members.clone(), half.swiglu)).to_vec()
             }
+            Op::Router { linear: Some(half), .. } => vec![(half.members.clone(), half.swiglu)],
             _ => Vec::new(),
         })
         .collect())
 }
 
-fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: ValueId) -> Result<ValueId, GraphError> {
+/// A MoE layer up to its combine, which the next norm computes (see [`Residual`]).
+fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: ValueId) -> Result<Residual, GraphError> {
     let s = g.spec;
     let l = |w: LayerWeight| g.names.layer(w, i);
     let at = |what: &str| format!("layers.{i}.{what}");
@@ -442,7 +478,29 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         group_size: s.num_experts / s.n_group.max(1),
         gate_column,
     };
-    let routed = g.b.node(&at("router"), Op::Router(route), &[logits])?;
+    // The shared expert's activation, and its down projection beside routing where it can.
+    let shared_act = match shared_act {
+        Some(act) => Some(act),
+        None if s.shared_width > 0 => {
+            Some(g.swiglu_act(&at("shared_expert"), normed, [shared_gate, shared_up], s.shared_width)?)
+        }
+        None => None,
+    };
+    let shared_down = PairHalf {
+        members: g.members(&[(shared_down, s.hidden, false)]),
+        round_output: true,
+        swiglu: false,
+    };
+    let beside = shared_act.filter(|_| shares_launch(&shared_down) && g.rows <= ROUTE_BESIDE_MAX_ROWS);
+    let op = Op::Router {
+        route,
+        linear: beside.map(|_| shared_down.clone()),
+    };
+    let routed = g.b.node(
+        &at("router"),
+        op,
+        &[logits].into_iter().chain(beside).collect::<Vec<_>>(),
+    )?;
     let (ids, weights) = (routed[0], routed[1]);
     if g.trace {
         g.b.output(ids);
@@ -488,28 +546,20 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         g.b.node1(&at("experts.act"), Op::Swiglu { round_output: true }, &[both])?
     };
     let down = expert(g, "experts.down", &[Projection::Down], act, s.hidden, false)?;
-    if s.shared_width == 0 {
-        return g
-            .b
-            .node1(&at("hidden"), Op::MoeCombine { k: s.top_k }, &[x, down, weights]);
+    let mut inputs = vec![x, down, weights];
+    if let Some(act) = shared_act {
+        let shared = match beside {
+            Some(_) => routed[2],
+            None => {
+                let label = at("shared_expert.down");
+                g.linear_node(&label, act, shared_down.members, true, None, false)?
+            }
+        };
+        inputs.extend([logits, shared]);
     }
-    // The shared expert; its down projection combines the layer as it writes.
-    let act = match shared_act {
-        Some(act) => act,
-        None => g.swiglu_act(&at("shared_expert"), normed, [shared_gate, shared_up], s.shared_width)?,
-    };
-    let members = g.members(&[(shared_down, s.hidden, false)]);
-    g.b.node1(
-        &at("hidden"),
-        Op::Linear {
-            members,
-            in_features: s.shared_width,
-            round_output: true,
-            residual: true,
-            swiglu: false,
-            combine_k: Some(s.top_k),
-            cache_write: None,
-        },
-        &[act, x, down, weights, logits],
-    )
+    Ok(Residual::Combine {
+        layer: i,
+        inputs,
+        shared: shared_act.is_some(),
+    })
 }

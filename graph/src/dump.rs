@@ -82,6 +82,9 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
                     .chain(&second.members)
                     .map(|m| format!("{:?}", m.format))
                     .collect(),
+                Op::Router { linear: Some(half), .. } => {
+                    half.members.iter().map(|m| format!("{:?}", m.format)).collect()
+                }
                 Op::Experts { projections, .. } => projections.iter().map(|(_, f)| format!("{f:?}")).collect(),
                 _ => Vec::new(),
             };

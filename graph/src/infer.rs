@@ -66,12 +66,10 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             round_output,
             residual,
             swiglu,
-            combine_k,
             cache_write,
         } => {
-            let combined = if combine_k.is_some() { 3 } else { 0 };
             let cached = if cache_write.is_some() { 4 } else { 0 };
-            arity(inputs, if *residual { 2 } else { 1 } + combined + cached)?;
+            arity(inputs, if *residual { 2 } else { 1 } + cached)?;
             let x = inputs[0];
             expect(is_bf16(x.dtype), || {
                 "the input must hold BF16 values (round it where it is made)".into()
@@ -90,7 +88,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             }
             if let Some(w) = cache_write {
                 let qkv = (w.heads + 2 * w.kv_heads) * w.head_dim;
-                expect(!*residual && !*swiglu && combine_k.is_none() && out == qkv, || {
+                expect(!*residual && !*swiglu && out == qkv, || {
                     format!("a KV-cache write needs a plain [q|k|v] projection {qkv} wide")
                 })?;
                 expect(
@@ -98,19 +96,6 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                     || format!("a KV-cache write needs whole heads of an even width {}", w.head_dim),
                 )?;
                 cache_inputs(&inputs[1..5], rows_of(x), w.kv_heads * w.head_dim)?;
-            }
-            if let Some(k) = combine_k {
-                let rows = rows_of(x);
-                expect(*residual, || "a MoE combine adds into the residual stream".into())?;
-                expect(shape_of(inputs[2]) == [rows * k, out], || {
-                    format!("the routed experts' outputs must be [rows * {k}, {out}]")
-                })?;
-                expect(shape_of(inputs[3]) == [rows, *k], || {
-                    format!("the routing weights must be [rows, {k}]")
-                })?;
-                expect(inputs[4].shape.len() == 2 && rows_of(inputs[4]) == rows, || {
-                    "the router logits must be [rows, width]".into()
-                })?;
             }
             if *residual {
                 expect(shape_of(inputs[1]) == [rows_of(x), out], || {
@@ -159,8 +144,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows, heads * head_dim], dtype)])
         }
-        Op::Router(r) => {
-            arity(inputs, 1)?;
+        Op::Router { route: r, linear } => {
+            arity(inputs, 1 + usize::from(linear.is_some()))?;
             let logits = inputs[0];
             let width = if r.full_width { r.group_size * r.n_group } else { r.kept } + usize::from(r.gate_column);
             expect(logits.dtype == DType::F32 && width_of(logits) == width, || {
@@ -176,7 +161,19 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 format!("at most {MAX_KEPT_EXPERTS} kept experts and 64 groups")
             })?;
             let rows = rows_of(logits);
-            Ok(vec![(vec![rows, r.k], DType::U32), (vec![rows, r.k], DType::F32)])
+            let mut outputs = vec![(vec![rows, r.k], DType::U32), (vec![rows, r.k], DType::F32)];
+            if let Some(linear) = linear {
+                let x = inputs[1];
+                expect(crate::select::shares_launch(linear) && !linear.swiglu, || {
+                    "the linear beside routing needs bias-free BF16 members and no SwiGLU".into()
+                })?;
+                expect(is_bf16(x.dtype) && rows_of(x) == rows, || {
+                    format!("the linear's input must be BF16 with {rows} rows")
+                })?;
+                let dtype = if linear.round_output { DType::Bf16 } else { DType::F32 };
+                outputs.push((vec![rows, linear.width()], dtype));
+            }
+            Ok(outputs)
         }
         Op::Experts {
             projections,
@@ -245,18 +242,41 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows_of(inputs[0]), width / 2], dtype)])
         }
-        Op::MoeCombine { k } => {
-            arity(inputs, 3)?;
+        Op::MoeCombineNorm {
+            k,
+            shared,
+            round_output,
+            ..
+        } => {
+            arity(inputs, if *shared { 5 } else { 3 })?;
             let residual = inputs[0];
             let tokens = rows_of(residual);
             let width = width_of(residual);
+            expect(residual.shape.len() == 2 && width.is_multiple_of(4), || {
+                format!(
+                    "the residual must be 2-D, a multiple of 4 wide, is {:?}",
+                    residual.shape
+                )
+            })?;
             expect(shape_of(inputs[1]) == [tokens * k, width], || {
                 "expert outputs must be [tokens * k, width]".into()
             })?;
             expect(shape_of(inputs[2]) == [tokens, *k], || {
                 "weights must be [tokens, k]".into()
             })?;
-            Ok(vec![(residual.shape.clone(), DType::F32)])
+            if *shared {
+                expect(inputs[3].shape.len() == 2 && rows_of(inputs[3]) == tokens, || {
+                    "the router logits must be [tokens, width]".into()
+                })?;
+                expect(shape_of(inputs[4]) == [tokens, width], || {
+                    "the shared expert's output must be [tokens, width]".into()
+                })?;
+            }
+            let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
+            Ok(vec![
+                (residual.shape.clone(), DType::F32),
+                (residual.shape.clone(), dtype),
+            ])
         }
     }
 }

@@ -67,8 +67,9 @@ pub struct LinearMember {
     pub bias: bool,
 }
 
-/// One linear of an [`Op::LinearPair`]: bias-free BF16 members (one weight, or several
-/// stacked as [`Op::Linear`] stacks them) and what its output is.
+/// A linear that shares its launch with other work (a half of an [`Op::LinearPair`], or the
+/// linear of an [`Op::Router`]): bias-free BF16 members (one weight, or several stacked as
+/// [`Op::Linear`] stacks them) and what its output is.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PairHalf {
     /// The linears, in output-column order; with `swiglu`, [gate, up] of one width.
@@ -179,12 +180,6 @@ pub enum Op {
         /// The members are [gate, up] of one width, stacked: the output is
         /// silu(gate) * up, one member wide (see [`crate::select::stacks_swiglu`]).
         swiglu: bool,
-        /// `Some(k)`: a MoE layer's shared-expert down projection that also combines the
-        /// layer into the residual stream (second input) as it writes, from three more
-        /// inputs: the routed experts' outputs [rows * k, out], their weights [rows, k] and
-        /// the router logits whose last column is the shared expert's gate:
-        /// residual + sum_j weight_j * routed_j + sigmoid(gate) * linear.
-        combine_k: Option<usize>,
         /// `Some`: the members are an attention layer's [q | k | v] projections, and the
         /// linear also writes each row's keys (rotated by RoPE at the row's position) and
         /// values into its lane's caches as it computes them.
@@ -216,8 +211,16 @@ pub enum Op {
         /// Round the output to BF16 (it feeds o_proj).
         round_output: bool,
     },
-    /// Top-k routing. Input: router logits. Outputs: ids (U32 [rows, k]), then weights.
-    Router(RouterOp),
+    /// Top-k routing, and with `linear` an independent linear computed by the same launch (a
+    /// MoE layer's shared-expert down projection, which reads nothing routing writes).
+    /// Inputs: router logits, and with `linear` its input (BF16). Outputs: ids (U32 [rows,
+    /// k]), weights, and with `linear` its output; each has the bits of its own node.
+    Router {
+        /// The routing.
+        route: RouterOp,
+        /// The linear beside it (not a SwiGLU).
+        linear: Option<PairHalf>,
+    },
     /// A step's routed-expert slots grouped by expert, for [`Op::Experts`] with `grouped`.
     /// Input: ids (U32 [rows, k]). Outputs: blocks (U32 [slots / EXPERT_GROUP_SLOTS rounded
     /// up + experts, 4]: expert, first index into the order, count of up to
@@ -253,12 +256,24 @@ pub enum Op {
         /// Round to BF16 (feeds a down projection).
         round_output: bool,
     },
-    /// residual + sum_j w_j expert_j for a layer without a shared expert (with one, its
-    /// down projection combines: see `Linear::combine_k`). Inputs: residual, expert outputs,
-    /// weights.
-    MoeCombine {
+    /// A MoE layer's combine into the residual stream, then the RMSNorm that follows it
+    /// (the next layer's input norm, or the final norm) in the same launch:
+    /// h = residual + sum_j weight_j * routed_j (+ sigmoid(gate) * shared with `shared`),
+    /// the experts in the router's order (ascending original id). Inputs: residual (F32),
+    /// the routed experts' outputs [rows * k, width], their weights [rows, k], and with
+    /// `shared` the router logits (the shared expert's gate logit last) and the shared
+    /// expert's output [rows, width]. Outputs: h (F32), then rmsnorm(h).
+    MoeCombineNorm {
         /// Experts per token.
         k: usize,
+        /// The layer has a shared expert.
+        shared: bool,
+        /// The norm's weight tensor.
+        weight: String,
+        /// The norm's epsilon.
+        eps: f32,
+        /// Round the normed output to BF16 (all its consumers are linears).
+        round_output: bool,
     },
 }
 
@@ -271,11 +286,11 @@ impl Op {
             Op::Linear { .. } => "linear",
             Op::LinearPair { .. } => "linear_pair",
             Op::Attention { .. } => "attention",
-            Op::Router(_) => "router",
+            Op::Router { .. } => "router",
             Op::Experts { .. } => "experts",
             Op::GroupSlots { .. } => "group_slots",
             Op::Swiglu { .. } => "swiglu",
-            Op::MoeCombine { .. } => "moe_combine",
+            Op::MoeCombineNorm { .. } => "moe_combine_norm",
         }
     }
 }

@@ -12,7 +12,7 @@
 mod params;
 
 pub use params::{
-    AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, GroupParams, LinearParams, MoeParams, NormParams,
+    AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, GroupParams, LinearParams, NormParams,
     ProbeParams, RouterParams,
 };
 
@@ -71,7 +71,8 @@ pub enum Module {
     Norm,
     /// `attention.wgsl`: RoPE, KV writes, attention.
     Attention,
-    /// `router.wgsl`.
+    /// `router.wgsl` appended to the BF16 linear module: routing, and a BF16 linear in the
+    /// same launch.
     Router,
     /// `elementwise.wgsl`.
     Elementwise,
@@ -125,19 +126,17 @@ impl Module {
     pub fn source(self) -> String {
         // The helpers a family needs besides COMMON, and its file.
         let (helpers, family) = match self {
-            Module::Linear(format) => {
-                let format_source = match format {
-                    WeightFormat::Bf16 => include_str!("wgsl/fmt_bf16.wgsl"),
-                    WeightFormat::Nvfp4 => include_str!("wgsl/fmt_nvfp4.wgsl"),
-                    WeightFormat::Fp8Block => include_str!("wgsl/fmt_fp8.wgsl"),
-                };
-                // The format file refers to the bindings and `Params` declared by linear.wgsl,
-                // which WGSL allows in any order at module scope.
-                return format!("{COMMON}\n{}\n{format_source}", include_str!("wgsl/linear.wgsl"));
+            Module::Linear(format) => return linear_source(format),
+            // The router refers to the BF16 linear's `Params` and `linear_rows`.
+            Module::Router => {
+                return format!(
+                    "{}\n{REDUCE}\n{}",
+                    linear_source(WeightFormat::Bf16),
+                    include_str!("wgsl/router.wgsl")
+                );
             }
             Module::Norm => (REDUCE, include_str!("wgsl/norm.wgsl")),
             Module::Attention => (REDUCE, include_str!("wgsl/attention.wgsl")),
-            Module::Router => (REDUCE, include_str!("wgsl/router.wgsl")),
             Module::Elementwise => ("", include_str!("wgsl/elementwise.wgsl")),
             Module::Moe => ("", include_str!("wgsl/moe.wgsl")),
             Module::Codec => ("", include_str!("wgsl/codec.wgsl")),
@@ -154,6 +153,17 @@ impl Module {
             other => format!("{other:?}").to_lowercase(),
         }
     }
+}
+
+/// `linear.wgsl` with the format file of `format`, which refers to the bindings and `Params`
+/// declared by linear.wgsl (WGSL allows any order at module scope).
+fn linear_source(format: WeightFormat) -> String {
+    let format_source = match format {
+        WeightFormat::Bf16 => include_str!("wgsl/fmt_bf16.wgsl"),
+        WeightFormat::Nvfp4 => include_str!("wgsl/fmt_nvfp4.wgsl"),
+        WeightFormat::Fp8Block => include_str!("wgsl/fmt_fp8.wgsl"),
+    };
+    format!("{COMMON}\n{}\n{format_source}", include_str!("wgsl/linear.wgsl"))
 }
 
 /// One entry point: what the engine dispatches.
@@ -177,6 +187,9 @@ pub enum Kernel {
     GroupSlots,
     /// RMSNorm.
     RmsNorm,
+    /// A MoE layer's combine into the residual stream (routed experts, and the shared expert
+    /// when there is one), written out, then the RMSNorm of the result.
+    CombineRmsNorm,
     /// Causal grouped-query attention over one chunk of positions (queries rotated as they
     /// are staged); writes the chunk's partial results to the scratch buffer.
     Attend,
@@ -184,12 +197,13 @@ pub enum Kernel {
     AttendCombine,
     /// Top-k routing.
     Route,
+    /// Top-k routing, and a BF16 linear (a MoE layer's shared-expert down projection)
+    /// computed by the launch's other workgroups.
+    RouteLinear,
     /// silu(gate) * up from [gate | up] rows.
     Swiglu,
     /// Element-wise addition (the voice tower's residual connections).
     Add,
-    /// Weighted sum of expert outputs added to the residual (layers without a shared expert).
-    MoeCombine,
     /// Rows of a BF16 embedding table.
     EmbedBf16,
     /// Rows of an F32 table (voice prefixes).
@@ -240,12 +254,13 @@ impl Kernel {
         );
         all.extend([
             Kernel::RmsNorm,
+            Kernel::CombineRmsNorm,
             Kernel::Attend,
             Kernel::AttendCombine,
             Kernel::Route,
+            Kernel::RouteLinear,
             Kernel::Swiglu,
             Kernel::Add,
-            Kernel::MoeCombine,
             Kernel::GroupSlots,
             Kernel::EmbedBf16,
             Kernel::EmbedF32,
@@ -272,13 +287,13 @@ impl Kernel {
                 Module::Linear(f)
             }
             Kernel::LinearPair => Module::Linear(WeightFormat::Bf16),
-            Kernel::RmsNorm => Module::Norm,
+            Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendCombine => Module::Attention,
-            Kernel::Route => Module::Router,
+            Kernel::Route | Kernel::RouteLinear => Module::Router,
             Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 | Kernel::Gelu | Kernel::MeanRows => {
                 Module::Elementwise
             }
-            Kernel::MoeCombine | Kernel::GroupSlots => Module::Moe,
+            Kernel::GroupSlots => Module::Moe,
             Kernel::Conv1d(_) | Kernel::ConvTranspose | Kernel::Snake | Kernel::ShiftHistory | Kernel::Copy => {
                 Module::Codec
             }
@@ -297,12 +312,13 @@ impl Kernel {
             Kernel::GatheredGrouped(_) => "gathered_grouped",
             Kernel::GroupSlots => "group_slots",
             Kernel::RmsNorm => "rms_norm",
+            Kernel::CombineRmsNorm => "combine_rms_norm",
             Kernel::Attend => "attend",
             Kernel::AttendCombine => "attend_combine",
             Kernel::Route => "route",
+            Kernel::RouteLinear => "route_linear",
             Kernel::Swiglu => "swiglu",
             Kernel::Add => "add",
-            Kernel::MoeCombine => "moe_combine",
             Kernel::EmbedBf16 => "embed_bf16",
             Kernel::EmbedF32 => "embed_f32",
             Kernel::Conv1d(ConvOutput::Plain) => "conv1d",
@@ -320,18 +336,18 @@ impl Kernel {
         }
     }
 
-    /// The binding numbers of group 0 the entry point uses, in order; binding 0 is always
-    /// the parameter block (uniform).
+    /// The binding numbers of group 0 the entry point uses, in order; the first is always
+    /// the parameter block (uniform): binding 0, or routing's 17 for routing alone.
     pub fn bindings(self) -> &'static [u32] {
         match self {
-            // params, x, w, (scales,) bias, routed_weights, y, routed_out, residual,
-            // gate_logits, row_lane, row_pos, rope_table, k_cache, v_cache, w_second,
-            // y_second: BF16 weights have no scales (every dense entry point names the
-            // pair's second weight and output, which only `linear_pair` touches)
+            // params, x, w, (scales,) bias, y, residual, row_lane, row_pos, rope_table,
+            // k_cache, v_cache, w_second, y_second: BF16 weights have no scales (every dense
+            // entry point names the pair's second weight and output, which only
+            // `linear_pair` touches)
             Kernel::Linear(WeightFormat::Bf16) | Kernel::LinearKv(WeightFormat::Bf16) | Kernel::LinearPair => {
-                &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+                &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16]
             }
-            Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
+            Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
             Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
             Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],
@@ -342,18 +358,21 @@ impl Kernel {
             Kernel::GroupSlots => &[0, 1, 2, 3],
             // params, x, weight, y
             Kernel::RmsNorm => &[0, 1, 2, 3],
+            // params, residual, weight, y, routed_out, routed_weights, gate_logits,
+            // shared_out, h
+            Kernel::CombineRmsNorm => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, scratch
             Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 8],
             // params, row_pos, dst, scratch
             Kernel::AttendCombine => &[0, 2, 7, 8],
-            // params, logits, kept_ids, score_bias, chosen_ids, chosen_weights
-            Kernel::Route => &[0, 1, 2, 3, 4, 5],
+            // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights
+            Kernel::Route => &[17, 18, 19, 20, 21, 22],
+            // the BF16 dense linear's, then the router's
+            Kernel::RouteLinear => &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
             // params, a ([gate | up]), out
             Kernel::Swiglu => &[0, 1, 8],
             // params, a, b, out
             Kernel::Add => &[0, 1, 2, 8],
-            // params, residual, expert_out, weights, out
-            Kernel::MoeCombine => &[0, 1, 2, 3, 4],
             // params, words, row_table, row_index, out
             Kernel::EmbedBf16 => &[0, 5, 6, 7, 8],
             // params, a, row_table, row_index, out
@@ -378,7 +397,12 @@ impl Kernel {
     /// Invocations per workgroup.
     pub fn workgroup_size(self) -> u32 {
         match self {
-            Kernel::ReadBandwidth | Kernel::Attend | Kernel::RmsNorm | Kernel::Route | Kernel::GroupSlots => 256,
+            Kernel::ReadBandwidth
+            | Kernel::Attend
+            | Kernel::RmsNorm
+            | Kernel::CombineRmsNorm
+            | Kernel::Route
+            | Kernel::GroupSlots => 256,
             _ => 64,
         }
     }

@@ -23,23 +23,20 @@ pub struct LinearParams {
     /// Gathered: one past the last.
     pub expert_end: u32,
     /// 1: add bias; 2: round output to BF16; 4: add the residual; 8: SwiGLU of stacked
-    /// [gate | up] rows; 16: a MoE layer's combine (see `linear.wgsl`).
+    /// [gate | up] rows.
     pub flags: u32,
     /// Dense: NVFP4 tensor scale (1 otherwise); gathered kernels read per-expert scales.
     pub tensor_scale: f32,
     /// Bias element of this segment's first output.
     pub bias_offset: u32,
-    /// Combine (flag 16): routed experts per token.
-    pub combine_k: u32,
-    /// Combine (flag 16): floats per row of the router logits, the shared gate's logit last.
-    pub gate_stride: u32,
     /// `linear_kv`: floats per attention head.
     pub head_dim: u32,
     /// `linear_kv`: output columns before the keys (the queries).
     pub q_width: u32,
     /// `linear_kv`: positions per lane in the caches.
     pub capacity: u32,
-    /// `linear_pair`: workgroups of the first linear (the rest compute the second).
+    /// `linear_pair`: workgroups of the first linear (the rest compute the second);
+    /// `route_linear`: routing workgroups per grid row (the rest compute the linear).
     pub split_groups: u32,
     /// `linear_pair`: the second linear's weight rows.
     pub second_out_features: u32,
@@ -55,12 +52,16 @@ pub struct LinearParams {
 pub struct NormParams {
     /// Row width.
     pub width: u32,
-    /// 1: round output to BF16.
+    /// 1: round output to BF16; 2: `combine_rms_norm` combines a shared expert too.
     pub flags: u32,
     /// Epsilon.
     pub eps: f32,
+    /// `combine_rms_norm`: routed experts per token.
+    pub k: u32,
+    /// `combine_rms_norm`: floats per row of the router logits, the shared gate's logit last.
+    pub gate_stride: u32,
     /// Padding.
-    pub pad: u32,
+    pub pad: [u32; 3],
 }
 
 /// `attention.wgsl` parameters.
@@ -129,20 +130,6 @@ pub struct ElementwiseParams {
     pub table: u32,
     /// Padding.
     pub pad: [u32; 2],
-}
-
-/// `moe.wgsl` parameters.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
-pub struct MoeParams {
-    /// tokens * width.
-    pub count: u32,
-    /// Hidden size.
-    pub width: u32,
-    /// Experts per token.
-    pub k: u32,
-    /// Padding.
-    pub pad: u32,
 }
 
 /// `moe.wgsl`'s `group_slots` parameters.

@@ -127,9 +127,9 @@ pub struct Gpu {
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
 }
 
-/// The storage bindings the engine's largest kernel uses (the NVFP4 and FP8 dense linears:
-/// sixteen; Metal offers 31, lavapipe 32, NVIDIA far more).
-const NEEDED_STORAGE_BUFFERS: u32 = 16;
+/// The storage bindings the engine's largest kernel uses (routing with the BF16 linear
+/// beside it: seventeen; Metal offers 31, lavapipe 32, NVIDIA far more).
+const NEEDED_STORAGE_BUFFERS: u32 = 17;
 
 impl Gpu {
     /// Opens the adapter of the chosen backend. Never falls back to another backend.

@@ -36,9 +36,7 @@
 //               output is added to `residual` (the residual stream) as it is written.
 //               With flag 8 the weight rows are a [gate | up] stack and the output is
 //               silu(gate) * up (each rounded first when flag 2 rounds): row A of a thread
-//               row is a gate row, row B the up row of the same feature. With flag 16 it
-//               is a MoE layer's shared-expert down projection and combines the layer into
-//               the residual stream as it writes (see `combine`).
+//               row is a gate row, row B the up row of the same feature.
 //   `linear_kv`: `linear` for (part of) an attention layer's [q | k | v] projection: a
 //               thread row computes the two halves of a head's rows (j and
 //               j + head_dim / 2), so it can rotate its keys and write them and its values
@@ -79,12 +77,9 @@ struct Params {
     expert_begin: u32,  // gathered: local expert ids held by this segment
     expert_end: u32,
     flags: u32,         // 1: add bias; 2: round the output to BF16; 4: add `residual`;
-                        // 8: SwiGLU of stacked [gate | up] rows (see `plan_rows`);
-                        // 16: MoE combine (see `combine`)
+                        // 8: SwiGLU of stacked [gate | up] rows (see `plan_rows`)
     tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
     bias_offset: u32,   // bias element of this segment's first output
-    combine_k: u32,     // combine: routed experts per token
-    gate_stride: u32,   // combine: floats per `gate_logits` row, the shared gate's logit last
     head_dim: u32,      // linear_kv: floats per head
     q_width: u32,       // linear_kv: y columns before the keys (the queries)
     capacity: u32,      // linear_kv: positions per lane in the caches
@@ -103,11 +98,6 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 @group(0) @binding(8) var<storage, read> residual: array<f32>;
-// The MoE combine of `linear` (flag 16) reads the routed experts through the bindings the
-// dense kernel does not otherwise use (`expert_ids`, `expert_scales` belong to `gathered`).
-@group(0) @binding(5) var<storage, read> routed_weights: array<f32>;   // [rows * combine_k]
-@group(0) @binding(7) var<storage, read> routed_out: array<f32>;       // [rows * combine_k, y_stride]
-@group(0) @binding(9) var<storage, read> gate_logits: array<f32>;      // [rows, gate_stride]
 // The cache write of `linear_kv`.
 @group(0) @binding(10) var<storage, read> row_lane: array<u32>;
 @group(0) @binding(11) var<storage, read> row_pos: array<u32>;
@@ -253,26 +243,8 @@ fn store_output(index: u32, value: f32, second: bool) {
     }
 }
 
-// Flag 16: this linear is a MoE layer's shared-expert down projection, and its output
-// `value` (column `column` of activation row `row`, at `index` of y) is combined into the
-// residual stream with the routed experts: residual + sum_j weight_j * routed_j +
-// sigmoid(gate) * value, the K experts summed in the router's order (ascending original id).
-fn combine(row: u32, column: u32, index: u32, value: f32) -> f32 {
-    var sum = 0.0;
-    for (var j = 0u; j < p.combine_k; j++) {
-        let slot = row * p.combine_k + j;
-        sum += routed_weights[slot] * routed_out[slot * p.y_stride + column];
-    }
-    let logit = gate_logits[row * p.gate_stride + p.gate_stride - 1u];
-    sum += (1.0 / (1.0 + exp(-logit))) * value;
-    return residual[index] + sum;
-}
-
-// A plain (not SwiGLU) output with the residual (flag 4) or the MoE combine (flag 16).
-fn epilogue(row: u32, column: u32, index: u32, value: f32, flags: u32) -> f32 {
-    if ((flags & 16u) != 0u) {
-        return combine(row, column, index, value);
-    }
+// A plain (not SwiGLU) output with the residual added (flag 4).
+fn epilogue(index: u32, value: f32, flags: u32) -> f32 {
     if ((flags & 4u) != 0u) {
         return residual[index] + value;
     }
@@ -464,13 +436,11 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
             } else {
                 if (plan.valid_a) {
                     let index = row_base + plan.feature_a;
-                    let column = part.out_offset + plan.feature_a;
-                    store_output(index, epilogue(row0 + lane, column, index, value_a, part.flags), second);
+                    store_output(index, epilogue(index, value_a, part.flags), second);
                 }
                 if (plan.valid_b) {
                     let index = row_base + plan.feature_b;
-                    let column = part.out_offset + plan.feature_b;
-                    store_output(index, epilogue(row0 + lane, column, index, value_b, part.flags), second);
+                    store_output(index, epilogue(index, value_b, part.flags), second);
                 }
                 if (cache && plan.valid_a) {
                     write_cache(row0 + lane, part.out_offset + plan.feature_a, value_a, value_b);

@@ -1,4 +1,13 @@
-// Top-k routing over the kept (pruned) experts, one workgroup per token, FP32.
+// Top-k routing over the kept (pruned) experts, one workgroup per token, FP32; and in the
+// same launch an independent BF16 linear (a MoE layer's shared-expert down projection).
+//
+// This file is appended to the BF16 linear module (linear.wgsl + fmt_bf16.wgsl), whose
+// `Params` (`p`, binding 0), bindings and `linear_rows` it uses; routing has its own
+// parameter block (`rp`, binding 17) and bindings (18-22). A `route_linear` launch's first
+// `p.split_groups` workgroups of each grid row route; the others compute the linear exactly
+// as `linear` would, so each gets the bits of its own launch. Routing after the router
+// logits and the shared expert's down projection after its gate/up read nothing of each
+// other: one launch fewer per MoE layer.
 //
 // `logits` rows hold one entry per router row: per kept expert (compact) or per original id
 // (full width; pruned ids are never read, the same as masking them to -inf before softmax).
@@ -17,11 +26,16 @@
 // chosen expert its output position (with short-circuit conditions in the counting loop
 // and one invocation sorting the chosen experts, a route took about twice as long on the
 // H200: 23 routes 517 -> 248 us of a decode step's profile).
+//
+// Routing alone (`route`) runs 256 invocations per token, beside the linear (`route_linear`)
+// the linear's WG (64). For the softmax denominator the first WG invocations each sum their
+// experts' terms in index order (i = t, t + WG, ...), then a fixed tree combines their sums:
+// the same bits from either entry point.
 
 const MAX_KEPT: u32 = 512u;
 const MAX_K: u32 = 16u;
 
-struct Params {
+struct RouterParams {
     rows: u32,
     logit_width: u32,   // router rows per token
     kept: u32,          // E_kept
@@ -37,21 +51,21 @@ struct Params {
     _pad2: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read> kept_ids: array<u32>;
-@group(0) @binding(3) var<storage, read> score_bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> chosen_ids: array<u32>;
-@group(0) @binding(5) var<storage, read_write> chosen_weights: array<f32>;
+@group(0) @binding(17) var<uniform> rp: RouterParams;
+@group(0) @binding(18) var<storage, read> logits: array<f32>;
+@group(0) @binding(19) var<storage, read> kept_ids: array<u32>;
+@group(0) @binding(20) var<storage, read> score_bias: array<f32>;
+@group(0) @binding(21) var<storage, read_write> chosen_ids: array<u32>;
+@group(0) @binding(22) var<storage, read_write> chosen_weights: array<f32>;
 
 // (A branch, not `select`: a select would load kept_ids[i] for compact routers too and make
 // the logit's load wait for it.)
 fn logit(row: u32, i: u32) -> f32 {
     var column = i;
-    if ((p.flags & 2u) != 0u) {
+    if ((rp.flags & 2u) != 0u) {
         column = kept_ids[i];
     }
-    return logits[row * p.logit_width + column];
+    return logits[row * rp.logit_width + column];
 }
 
 fn sigmoid(v: f32) -> f32 {
@@ -60,15 +74,13 @@ fn sigmoid(v: f32) -> f32 {
 
 var<workgroup> raw: array<f32, MAX_KEPT>;      // logits of the kept experts
 var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probability, or sigmoid + bias
-var<workgroup> value: array<f32, MAX_KEPT>;    // weight: softmax probability, or sigmoid
-var<workgroup> group: array<u32, MAX_KEPT>;    // group of each kept expert
+var<workgroup> expert_weight: array<f32, MAX_KEPT>;  // weight: softmax probability, or sigmoid
+var<workgroup> expert_group: array<u32, MAX_KEPT>;   // group of each kept expert
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
 var<workgroup> ranking: array<vec4<f32>, 128>;  // MAX_KEPT / 4: the ranking scores, four at a time
 var<workgroup> ranking_eligible: array<vec4<u32>, 128>;  // MAX_KEPT / 4: `eligible`, four at a time
 var<workgroup> chosen: array<atomic<u32>, 16>;  // MAX_KEPT / 32: bit i set when expert i is among the top K
 var<workgroup> by_position: array<u32, MAX_K>;  // chosen kept index by output position
-
-const WG: u32 = 256u;
 
 // Sigmoid routers with groups: a group's score is the sum of its best min(2, n) ranking
 // scores; groups without kept experts are never picked; the best `topk_group` groups stay
@@ -77,12 +89,12 @@ fn keep_best_groups() {
     var allowed = array<u32, 2>(0u, 0u);
     var best = array<f32, 64>();
     var non_empty = array<u32, 2>();
-    for (var g = 0u; g < p.n_group; g++) {
+    for (var g = 0u; g < rp.n_group; g++) {
         var first = -3.0e38;
         var second = -3.0e38;
         var count = 0u;
-        for (var i = 0u; i < p.kept; i++) {
-            if (group[i] != g) {
+        for (var i = 0u; i < rp.kept; i++) {
+            if (expert_group[i] != g) {
                 continue;
             }
             let c = rank[i];
@@ -99,9 +111,9 @@ fn keep_best_groups() {
             best[g] = select(first + second, first, count == 1u);
         }
     }
-    for (var pick = 0u; pick < p.topk_group; pick++) {
+    for (var pick = 0u; pick < rp.topk_group; pick++) {
         var winner = 0xffffffffu;
-        for (var g = 0u; g < p.n_group; g++) {
+        for (var g = 0u; g < rp.n_group; g++) {
             let free = ((non_empty[g / 32u] >> (g % 32u)) & 1u) != 0u
                 && ((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u;
             if (free && (winner == 0xffffffffu || best[g] > best[winner])) {
@@ -112,52 +124,82 @@ fn keep_best_groups() {
             allowed[winner / 32u] |= 1u << (winner % 32u);
         }
     }
-    for (var i = 0u; i < p.kept; i++) {
-        let g = group[i];
+    for (var i = 0u; i < rp.kept; i++) {
+        let g = expert_group[i];
         if (((allowed[g / 32u] >> (g % 32u)) & 1u) == 0u) {
             eligible[i] = 0u;
         }
     }
 }
 
+// Routing alone: a workgroup of ROUTE_WG invocations per token. (With the linear's 64, an
+// H200 eight-lane decode step's 23 routing launches took 329 against 274 us of its profile.)
+const ROUTE_WG: u32 = 256u;
+
 @compute @workgroup_size(256)
 fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let row = wg.x;
-    for (var i = t; i < p.kept; i += WG) {
+    route_token(wg.x, t, ROUTE_WG);
+}
+
+// Routing and the linear: the first `p.split_groups` workgroups of each grid row route,
+// token wg.y * p.split_groups + wg.x (a uniform condition: the barriers of `route_token` and
+// of `linear_rows` stay in uniform control flow); the others compute the linear.
+@compute @workgroup_size(64)
+fn route_linear(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    if (wg.x < p.split_groups) {
+        let row = wg.y * p.split_groups + wg.x;
+        if (row < rp.rows) {
+            route_token(row, t, WG);
+        }
+        return;
+    }
+    linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), groups.y, t, false, false);
+}
+
+// Routes token `row` with a workgroup of `invocations` (WG or ROUTE_WG, a constant at each
+// call). Every invocation of the workgroup must call it.
+fn route_token(row: u32, t: u32, invocations: u32) {
+    for (var i = t; i < rp.kept; i += invocations) {
         raw[i] = logit(row, i);
-        group[i] = kept_ids[i] / p.group_size;
+        expert_group[i] = kept_ids[i] / rp.group_size;
         eligible[i] = 1u;
     }
     workgroupBarrier();
     var local_max = -3.0e38;
-    for (var i = t; i < p.kept; i += WG) {
+    for (var i = t; i < rp.kept; i += invocations) {
         local_max = max(local_max, raw[i]);
     }
     // Trees as wide as the kept experts need (the invocations past them hold nothing).
-    let width = min(WG, 1u << firstLeadingBit(max(p.kept, 2u) * 2u - 1u));
-    let max_logit = tree_reduce(t, local_max, true, width);
+    let span = 1u << firstLeadingBit(max(rp.kept, 2u) * 2u - 1u);
+    let max_logit = tree_reduce(t, local_max, true, min(invocations, span));
+    // The denominator: the sums of the first WG invocations whatever the workgroup's size,
+    // so both entry points give the same bits.
     var local_sum = 0.0;
-    for (var i = t; i < p.kept; i += WG) {
+    for (var i = t; t < WG && i < rp.kept; i += WG) {
         local_sum += exp(raw[i] - max_logit);
     }
-    let total = tree_reduce(t, local_sum, false, width);
-    for (var i = t; i < p.kept; i += WG) {
-        if ((p.flags & 1u) == 0u) {
+    let total = tree_reduce(t, local_sum, false, min(WG, span));
+    for (var i = t; i < rp.kept; i += invocations) {
+        if ((rp.flags & 1u) == 0u) {
             let probability = exp(raw[i] - max_logit) / total;
             rank[i] = probability;
-            value[i] = probability;
+            expert_weight[i] = probability;
         } else {
             let s = sigmoid(raw[i]);
-            value[i] = s;
+            expert_weight[i] = s;
             var c = s;
-            if ((p.flags & 4u) != 0u) {
-                c += score_bias[select(i, kept_ids[i], (p.flags & 2u) != 0u)];
+            if ((rp.flags & 4u) != 0u) {
+                c += score_bias[select(i, kept_ids[i], (rp.flags & 2u) != 0u)];
             }
             rank[i] = c;
         }
     }
     workgroupBarrier();
-    if (p.n_group > 1u) {
+    if (rp.n_group > 1u) {
         if (t == 0u) {
             keep_best_groups();
         }
@@ -166,10 +208,10 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     // Ranking scores and eligibility as vec4s for the counting below, each vec4 written whole
     // by one invocation (a component write may rewrite the whole vector on some compilers);
     // the padding past `kept` is never eligible. The chosen mask and positions start clear.
-    for (var q = t; q < MAX_KEPT / 4u; q += WG) {
+    for (var q = t; q < MAX_KEPT / 4u; q += invocations) {
         let i = 4u * q;
         ranking[q] = vec4<f32>(rank[i], rank[i + 1u], rank[i + 2u], rank[i + 3u]);
-        let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.kept);
+        let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
         let allowed = vec4<u32>(eligible[i], eligible[i + 1u], eligible[i + 2u], eligible[i + 3u]);
         ranking_eligible[q] = select(vec4<u32>(0u), allowed, live);
     }
@@ -182,8 +224,8 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     // An eligible expert's rank: the eligible experts with a higher score, or the same score
     // and a lower index (branch-free, four at a time). Ranks below K are chosen.
-    let quads = (p.kept + 3u) / 4u;
-    for (var i = t; i < p.kept; i += WG) {
+    let quads = (rp.kept + 3u) / 4u;
+    for (var i = t; i < rp.kept; i += invocations) {
         let mine = vec4<f32>(rank[i]);
         var above = vec4<u32>(0u);
         for (var q = 0u; q < quads; q++) {
@@ -192,14 +234,14 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
             let outranks = (other > mine) | ((other == mine) & lower);
             above += select(vec4<u32>(0u), vec4<u32>(1u), outranks & (ranking_eligible[q] != vec4<u32>(0u)));
         }
-        if (eligible[i] != 0u && above.x + above.y + above.z + above.w < p.k) {
+        if (eligible[i] != 0u && above.x + above.y + above.z + above.w < rp.k) {
             atomicOr(&chosen[i / 32u], 1u << (i % 32u));
         }
     }
     workgroupBarrier();
     // A chosen expert's output position: the chosen experts below it (ascending kept index
     // = ascending original id, kept ids are sorted).
-    for (var i = t; i < p.kept; i += WG) {
+    for (var i = t; i < rp.kept; i += invocations) {
         let word = atomicLoad(&chosen[i / 32u]);
         if (((word >> (i % 32u)) & 1u) != 0u) {
             var below = countOneBits(word & ((1u << (i % 32u)) - 1u));
@@ -212,18 +254,18 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     workgroupBarrier();
-    if (t < p.k) {
+    if (t < rp.k) {
         // Every writer sums the chosen weights in the same (position) order.
         var chosen_sum = 0.0;
-        for (var j = 0u; j < p.k; j++) {
-            chosen_sum += value[by_position[j]];
+        for (var j = 0u; j < rp.k; j++) {
+            chosen_sum += expert_weight[by_position[j]];
         }
         let i = by_position[t];
-        var v = value[i];
-        if ((p.flags & 8u) != 0u) {
+        var v = expert_weight[i];
+        if ((rp.flags & 8u) != 0u) {
             v = v / chosen_sum;
         }
-        chosen_ids[row * p.k + t] = i;
-        chosen_weights[row * p.k + t] = v * p.scaling;
+        chosen_ids[row * rp.k + t] = i;
+        chosen_weights[row * rp.k + t] = v * rp.scaling;
     }
 }
