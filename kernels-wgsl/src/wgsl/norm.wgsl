@@ -50,6 +50,37 @@ fn normed(v: vec4<f32>, inv: f32, w: vec4<f32>) -> vec4<f32> {
     return n;
 }
 
+// The sum of squares of an invocation's first two vec4 columns (t and t + WG), those inside
+// the row.
+fn first_squares(t: u32, columns: u32, v0: vec4<f32>, v1: vec4<f32>) -> f32 {
+    var sum = 0.0;
+    if (t < columns) {
+        sum += dot(v0, v0);
+    }
+    if (t + WG < columns) {
+        sum += dot(v1, v1);
+    }
+    return sum;
+}
+
+// 1 / sqrt(mean(x^2) + eps) from every invocation's part of the row's sum of squares. Every
+// invocation must call it.
+fn inverse_rms(t: u32, sum: f32) -> f32 {
+    let total = tree_reduce(t, sum, false, WG);
+    return 1.0 / sqrt(total / f32(p.width) + p.eps);
+}
+
+// Writes an invocation's first two vec4 columns normed: `first` holds them, then their
+// weights.
+fn write_first(t: u32, base: u32, columns: u32, inv: f32, first: array<vec4<f32>, 4>) {
+    if (t < columns) {
+        y[base + t] = normed(first[0], inv, first[2]);
+    }
+    if (t + WG < columns) {
+        y[base + t + WG] = normed(first[1], inv, first[3]);
+    }
+}
+
 // An invocation's first two vec4 columns (t and t + WG: all of a row up to 2048 wide) and
 // their weights are loaded once, before the reduction, so the output pass does not wait for
 // memory; wider rows load the rest as they go.
@@ -63,25 +94,13 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let x1 = x[base + i1];
     let w0 = weight_vec(i0);
     let w1 = weight_vec(i1);
-    var sum = 0.0;
-    if (t < columns) {
-        sum += dot(x0, x0);
-    }
-    if (t + WG < columns) {
-        sum += dot(x1, x1);
-    }
+    var sum = first_squares(t, columns, x0, x1);
     for (var i = t + 2u * WG; i < columns; i += WG) {
         let v = x[base + i];
         sum += dot(v, v);
     }
-    let total = tree_reduce(t, sum, false, WG);
-    let inv = 1.0 / sqrt(total / f32(p.width) + p.eps);
-    if (t < columns) {
-        y[base + t] = normed(x0, inv, w0);
-    }
-    if (t + WG < columns) {
-        y[base + t + WG] = normed(x1, inv, w1);
-    }
+    let inv = inverse_rms(t, sum);
+    write_first(t, base, columns, inv, array<vec4<f32>, 4>(x0, x1, w0, w1));
     for (var i = t + 2u * WG; i < columns; i += WG) {
         y[base + i] = normed(x[base + i], inv, weight_vec(i));
     }
@@ -161,28 +180,20 @@ fn combine_rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     let h1 = both[1];
     let w0 = weight_vec(i0);
     let w1 = weight_vec(i1);
-    var sum = 0.0;
     if (t < columns) {
         h[base + t] = h0;
-        sum += dot(h0, h0);
     }
     if (t + WG < columns) {
         h[base + t + WG] = h1;
-        sum += dot(h1, h1);
     }
+    var sum = first_squares(t, columns, h0, h1);
     for (var i = t + 2u * WG; i < columns; i += WG) {
         let v = combined(row, i, i, gate)[0];
         h[base + i] = v;
         sum += dot(v, v);
     }
-    let total = tree_reduce(t, sum, false, WG);
-    let inv = 1.0 / sqrt(total / f32(p.width) + p.eps);
-    if (t < columns) {
-        y[base + t] = normed(h0, inv, w0);
-    }
-    if (t + WG < columns) {
-        y[base + t + WG] = normed(h1, inv, w1);
-    }
+    let inv = inverse_rms(t, sum);
+    write_first(t, base, columns, inv, array<vec4<f32>, 4>(h0, h1, w0, w1));
     for (var i = t + 2u * WG; i < columns; i += WG) {
         y[base + i] = normed(h[base + i], inv, weight_vec(i));
     }
