@@ -89,10 +89,40 @@ impl Sampler {
         if self.params.top_k > 0 && self.params.top_k < keys.len() {
             keys.select_nth_unstable(self.params.top_k - 1);
             keys.truncate(self.params.top_k);
+            keys.sort_unstable();
+        } else {
+            sort_in_id_order(&mut keys);
         }
-        keys.sort_unstable();
         let order: Vec<usize> = keys.iter().map(|&key| candidate_id(key)).collect();
         Ok(order[choose(&order, logits, &self.params, draw)] as u32)
+    }
+}
+
+/// Sorts candidate keys made in ascending id order: a stable radix sort of their logit halves
+/// (three passes of 11 bits), so candidates with equal logits keep their ids ascending and
+/// the result is the keys' full order. (The H200's host, one unfiltered sample of 4097
+/// candidates after a pair step's pause, three alternating runs of 600: 106-136 us mean
+/// against 127-156 us with a comparison sort, the same tokens.)
+fn sort_in_id_order(keys: &mut Vec<u64>) {
+    let mut scratch = vec![0u64; keys.len()];
+    for shift in [32u32, 43, 54] {
+        let digit = |key: u64| ((key >> shift) & 0x7ff) as usize;
+        let mut starts = [0usize; 0x800];
+        for &key in keys.iter() {
+            starts[digit(key)] += 1;
+        }
+        let mut total = 0;
+        for start in starts.iter_mut() {
+            let count = *start;
+            *start = total;
+            total += count;
+        }
+        for &key in keys.iter() {
+            let place = &mut starts[digit(key)];
+            scratch[*place] = key;
+            *place += 1;
+        }
+        std::mem::swap(keys, &mut scratch);
     }
 }
 
@@ -206,6 +236,27 @@ mod tests {
     }
 
     #[test]
+    fn radix_sort_of_keys_in_id_order_is_their_full_order() {
+        let mut rng = crate::test_support::rng("sampling radix sort");
+        for case in 0..20 {
+            // Any f32 bit pattern but NaN (signed zeros and infinities included), or
+            // quantised values full of ties.
+            let logits: Vec<f32> = (0..4097)
+                .map(|_| match case % 2 {
+                    0 => f32::from_bits(rng.next_u32()),
+                    _ => ((rng.next_u32() % 9) as f32 - 4.0) * 0.5,
+                })
+                .map(|v| if v.is_nan() { -0.0 } else { v })
+                .collect();
+            let mut keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| candidate_key(l, i)).collect();
+            let mut want = keys.clone();
+            want.sort_unstable();
+            sort_in_id_order(&mut keys);
+            assert_eq!(keys, want, "case {case}");
+        }
+    }
+
+    #[test]
     fn integer_keys_order_like_total_cmp() {
         let mut rng = crate::test_support::rng("sampling keys");
         let mut values: Vec<f32> = (0..2000)
@@ -243,12 +294,18 @@ mod tests {
         order[choose(&order, logits, p, draw)] as u32
     }
 
+    /// The selections and sorts of `sample` (partial selection for top-k, a radix sort
+    /// otherwise) against a comparison sort of every candidate.
     #[test]
     fn partial_selection_picks_what_a_full_sort_picks() {
         let mut rng = crate::test_support::rng("sampling selection");
         for case in 0..60u64 {
-            // Quantised logits, so ties are common.
-            let logits: Vec<f32> = (0..200).map(|_| ((rng.next_u32() % 40) as f32 - 20.0) * 0.25).collect();
+            // Quantised logits, so ties are common; every fifth case as many candidates as
+            // an audio head has.
+            let candidates = if case % 5 == 4 { 4097 } else { 200 };
+            let logits: Vec<f32> = (0..candidates)
+                .map(|_| ((rng.next_u32() % 40) as f32 - 20.0) * 0.25)
+                .collect();
             let p = params(
                 [0.0, 0.7, 1.3][case as usize % 3],
                 [0, 1, 5, 50][case as usize % 4],
