@@ -312,8 +312,9 @@ fn router_matches_reference() {
     // Weights that keep the softmax denominator, over a kept count that is not a power of
     // two (a tree of 16 with one empty slot).
     route_case(unnormalised, (0..16).filter(|&e| e != 5).collect(), false, false, false);
-    // Kept counts past 128 and past 256 (several experts per invocation of the 64), with
-    // weights that keep the denominator (renormalised weights would hide a wrong one).
+    // Kept counts past 128 and past 256 (the denominator's 64 partial sums over several
+    // experts each, the 256 invocations ranking two each), with weights that keep the
+    // denominator (renormalised weights would hide a wrong one).
     let mut wide = softmax(8, 512);
     wide.norm_topk_prob = false;
     route_case(
@@ -438,12 +439,18 @@ fn elementwise_kernels_match_reference() {
 
 /// A MoE layer's combine with the norm after it, with and without a shared expert, at widths
 /// below, between and past the two columns per invocation combined ahead (1024 and 2048
-/// values): the residual stream it writes against the FP64 combine, the normed row against
-/// the FP64 norm of that stream.
+/// values), and past two more pairs (4096): the residual stream it writes against the FP64
+/// combine, the normed row against the FP64 norm of that stream.
 #[test]
 fn moe_combine_norm_matches_reference() {
     let gpu = gpu();
-    for (rows, width, k, shared) in [(3usize, 64usize, 4usize, true), (2, 1100, 3, false), (2, 2200, 8, true)] {
+    let cases = [
+        (3usize, 64usize, 4usize, true),
+        (2, 1100, 3, false),
+        (2, 2200, 8, true),
+        (1, 4400, 11, true),
+    ];
+    for (rows, width, k, shared) in cases {
         let label = format!("moe combine norm rows {rows} width {width} k {k} shared {shared}");
         let mut rng = rng(&label);
         let gate_stride = 5;

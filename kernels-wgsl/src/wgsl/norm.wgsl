@@ -128,11 +128,11 @@ fn add_terms(sum: vec4<f32>, j0: u32, w: array<f32, 8>, o: array<vec4<f32>, 8>) 
 // another).
 fn combined(row: u32, i0: u32, i1: u32, gate: f32) -> array<vec4<f32>, 2> {
     let columns = p.width / 4u;
+    let first = row * p.k;
+    let last = first + p.k - 1u;
     var sum0 = vec4<f32>(0.0);
     var sum1 = vec4<f32>(0.0);
     for (var j0 = 0u; j0 < p.k; j0 += 8u) {
-        let first = row * p.k;
-        let last = first + p.k - 1u;
         let at = min(vec4<u32>(first + j0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
         let at_high = min(vec4<u32>(first + j0 + 4u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
         let slot = array<u32, 8>(at.x, at.y, at.z, at.w, at_high.x, at_high.y, at_high.z, at_high.w);
@@ -163,7 +163,9 @@ fn combined(row: u32, i0: u32, i1: u32, gate: f32) -> array<vec4<f32>, 2> {
 }
 
 // `rms_norm` of the combined row, which it also writes to `h`. Each invocation combines its
-// first two vec4 columns before the reduction, like `rms_norm`'s loads.
+// first two vec4 columns before the reduction, like `rms_norm`'s loads; wider rows combine
+// the rest two columns at a time (t + 2 WG and t + 3 WG, ...), their squares summed in
+// column order.
 @compute @workgroup_size(256)
 fn combine_rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let row = wg.x;
@@ -187,10 +189,15 @@ fn combine_rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         h[base + t + WG] = h1;
     }
     var sum = first_squares(t, columns, h0, h1);
-    for (var i = t + 2u * WG; i < columns; i += WG) {
-        let v = combined(row, i, i, gate)[0];
-        h[base + i] = v;
-        sum += dot(v, v);
+    for (var i = t + 2u * WG; i < columns; i += 2u * WG) {
+        let next = i + WG;
+        let more = combined(row, i, min(next, columns - 1u), gate);
+        h[base + i] = more[0];
+        sum += dot(more[0], more[0]);
+        if (next < columns) {
+            h[base + next] = more[1];
+            sum += dot(more[1], more[1]);
+        }
     }
     let inv = inverse_rms(t, sum);
     write_first(t, base, columns, inv, array<vec4<f32>, 4>(h0, h1, w0, w1));
