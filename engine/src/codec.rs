@@ -40,11 +40,25 @@ pub struct CodecWeights {
     config: crate::checkpoint::config::CodecConfig,
 }
 
+/// A chunk whose launches are submitted in parts (see [`CodecDecoder::submit_in_parts`]):
+/// part i holds launches [i L / parts, (i + 1) L / parts) of the program's L.
+#[derive(Clone, Copy)]
+struct Spread {
+    /// Its program, by code count.
+    length: usize,
+    /// Parts submitted so far.
+    submitted: usize,
+    /// Parts in all (at most L).
+    parts: usize,
+}
+
 /// One stream of codes to PCM: its own histories over shared weights.
 pub struct CodecDecoder {
     weights: Arc<CodecWeights>,
     histories: Vec<History>,
     programs: HashMap<usize, ChunkProgram>,
+    /// The chunk whose launches are partly submitted, if any.
+    spread: Option<Spread>,
     /// The chunk submitted last and not yet read: its program (by code count) and submission.
     in_flight: Option<(usize, wgpu::SubmissionIndex)>,
     /// Samples read back and not yet handed out by [`CodecDecoder::finish`].
@@ -362,13 +376,16 @@ impl CodecDecoder {
             weights,
             histories,
             programs: HashMap::new(),
+            spread: None,
             in_flight: None,
             ready: Vec::new(),
         }
     }
 
-    /// Starts a new utterance: every history back to zeros, a chunk in flight dropped.
+    /// Starts a new utterance: every history back to zeros, a chunk in flight (or partly
+    /// submitted) dropped.
     pub fn reset(&mut self) {
+        self.spread = None;
         self.in_flight = None;
         self.ready.clear();
         for h in &self.histories {
@@ -474,24 +491,96 @@ impl CodecDecoder {
     /// queue order, so work submitted later (the next model step) finds it done.
     pub fn submit(&mut self, codes: &[u32]) -> Result<(), EngineError> {
         self.check_codes(codes)?;
-        // Long inputs run as several chunks (the same samples, bit for bit): a program's
-        // convolutions put their frame tiles in one grid dimension (at most 65535).
-        let per_program = (65535 * CONV_FRAMES / self.weights.config.samples_per_code()).clamp(1, 64);
-        for piece in codes.chunks(per_program) {
+        for piece in codes.chunks(self.codes_per_program()) {
             self.submit_piece(piece)?;
         }
         Ok(())
     }
 
-    /// The samples of every chunk submitted so far and not yet handed out, in order; waits
-    /// for the last one to finish on the GPU.
+    /// The most codes one program decodes: longer inputs run as several chunks (the same
+    /// samples, bit for bit), since a program's convolutions put their frame tiles in one
+    /// grid dimension (at most 65535).
+    fn codes_per_program(&self) -> usize {
+        (65535 * CONV_FRAMES / self.weights.config.samples_per_code()).clamp(1, 64)
+    }
+
+    /// Like [`CodecDecoder::submit`] for one chunk, but only the first of `parts` parts of its
+    /// launches is submitted now; [`CodecDecoder::submit_next_part`] submits the others,
+    /// one call each (and [`CodecDecoder::finish`], or the next chunk, whatever is left).
+    /// The samples are the same bit for bit. A caller that submits one part behind each model
+    /// step lets the GPU decode while the host samples the step's token, instead of queueing
+    /// the whole chunk in front of the next step. More codes than one program takes, or one
+    /// part, submit whole.
+    pub fn submit_in_parts(&mut self, codes: &[u32], parts: usize) -> Result<(), EngineError> {
+        self.check_codes(codes)?;
+        if parts <= 1 || codes.len() > self.codes_per_program() {
+            return self.submit(codes);
+        }
+        let launches = self.load_piece(codes)?.dispatches.len();
+        self.spread = Some(Spread {
+            length: codes.len(),
+            submitted: 0,
+            parts: parts.min(launches),
+        });
+        self.submit_next_part();
+        Ok(())
+    }
+
+    /// Whether a chunk given to [`CodecDecoder::submit_in_parts`] has launches not yet
+    /// submitted.
+    pub fn parts_left(&self) -> bool {
+        self.spread.is_some()
+    }
+
+    /// Submits the next part of the chunk given to [`CodecDecoder::submit_in_parts`] (none:
+    /// nothing); its last part also copies the samples out for [`CodecDecoder::finish`].
+    pub fn submit_next_part(&mut self) {
+        if let Some(spread) = self.spread {
+            self.submit_parts(spread, spread.submitted + 1);
+        }
+    }
+
+    /// Submits the parts of `spread` up to part `end` (exclusive) in one command buffer;
+    /// with its last part the copy of the samples too, and the chunk is in flight.
+    fn submit_parts(&mut self, spread: Spread, end: usize) {
+        let launches = self.programs[&spread.length].dispatches.len();
+        let bound = |part: usize| part * launches / spread.parts;
+        let last = end == spread.parts;
+        self.spread = (!last).then_some(Spread {
+            submitted: end,
+            ..spread
+        });
+        self.submit_launches(spread.length, bound(spread.submitted)..bound(end));
+    }
+
+    /// Submits `launches` of the program for `length` codes, whose input is loaded; when they
+    /// end the program, the copy of the samples too, and the chunk is in flight.
+    fn submit_launches(&mut self, length: usize, launches: std::ops::Range<usize>) {
+        let gpu = self.weights.gpu.clone();
+        let program = &self.programs[&length];
+        let last = launches.end == program.dispatches.len();
+        let copy = last.then_some((&program.output, &program.readback));
+        let submission = gpu
+            .queue
+            .submit([gpu.encode_then_copy(&program.dispatches[launches], copy)]);
+        if last {
+            self.in_flight = Some((length, submission));
+        }
+    }
+
+    /// The samples of every chunk submitted so far and not yet handed out, in order; submits
+    /// what is left of a chunk given in parts and waits for the last one to finish on the GPU.
     pub fn finish(&mut self) -> Result<Vec<f32>, EngineError> {
         self.read_in_flight()?;
         Ok(std::mem::take(&mut self.ready))
     }
 
-    /// Reads the chunk in flight (if any) into `ready`.
+    /// Submits the rest of a chunk given in parts, then reads the chunk in flight (if any)
+    /// into `ready`.
     fn read_in_flight(&mut self) -> Result<(), EngineError> {
+        if let Some(spread) = self.spread {
+            self.submit_parts(spread, spread.parts);
+        }
         if let Some((length, submission)) = self.in_flight.take() {
             let samples: Vec<f32> = self.programs[&length].readback.read(&self.weights.gpu, submission)?;
             self.ready.extend(samples);
@@ -509,7 +598,7 @@ impl CodecDecoder {
     }
 
     /// Writes checked codes' codebook rows into the input of the program of their length
-    /// (compiled if needed; the chunk in flight read first, its readback free); returns the
+    /// (compiled if needed; the chunk before read first, its readback free); returns the
     /// program.
     fn load_piece(&mut self, codes: &[u32]) -> Result<&ChunkProgram, EngineError> {
         self.read_in_flight()?;
@@ -565,10 +654,8 @@ impl CodecDecoder {
 
     /// Submits checked codes with the program of their length.
     fn submit_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
-        let gpu = self.weights.gpu.clone();
-        let program = self.load_piece(codes)?;
-        let commands = gpu.encode_then_copy(&program.dispatches, Some((&program.output, &program.readback)));
-        self.in_flight = Some((codes.len(), gpu.queue.submit([commands])));
+        let launches = self.load_piece(codes)?.dispatches.len();
+        self.submit_launches(codes.len(), 0..launches);
         Ok(())
     }
 }

@@ -223,6 +223,75 @@ fn codec_long_input_equals_its_chunks() {
     assert_streams_exactly(&mut decoder, &codes, &whole, &eights, "150 codes at once");
 }
 
+/// Chunks submitted in parts (as the batcher spreads them over its steps) give the whole
+/// decode's samples bit for bit: with another stream's chunks decoded between the parts,
+/// with as many parts as launches and more, with the parts left to `finish` or to the next
+/// chunk, and with a spread dropped by a reset. A chunk of `parts` parts has parts left
+/// until its `parts`-th submission.
+#[test]
+fn codec_chunks_in_parts_equal_the_whole_decode() {
+    let mut rng = rng("codec parts");
+    let (_fixture, checkpoint, mut decoder) = tiny_codec(&mut rng);
+    let mut other = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &checkpoint).unwrap());
+    let codes = random_codes(&mut rng, &checkpoint, 24);
+    let other_codes = random_codes(&mut rng, &checkpoint, 24);
+    let whole = decoder.decode(&codes).unwrap();
+    let other_whole = other.decode(&other_codes).unwrap();
+    let (_, launches) = decoder.timed_chunk(&codes[..8]).unwrap();
+    for parts in [2, 3, 7, launches, launches + 5] {
+        decoder.reset();
+        other.reset();
+        let mut streamed = Vec::new();
+        let mut other_streamed = Vec::new();
+        // The other stream decodes one code between each two parts, while it has codes.
+        let mut other_left = other_codes.as_slice();
+        for chunk in codes.chunks(8) {
+            decoder.submit_in_parts(chunk, parts).unwrap();
+            let mut submitted = 1;
+            while decoder.parts_left() {
+                if let Some((first, rest)) = other_left.split_first() {
+                    other_streamed.extend(other.decode(&[*first]).unwrap());
+                    other_left = rest;
+                }
+                decoder.submit_next_part();
+                submitted += 1;
+            }
+            assert_eq!(submitted, parts.min(launches), "{parts} parts of {launches} launches");
+            streamed.extend(decoder.finish().unwrap());
+        }
+        other_streamed.extend(other.decode(other_left).unwrap());
+        assert!(
+            same_bits(&streamed, &whole),
+            "{parts} parts differ from the whole decode"
+        );
+        assert!(
+            same_bits(&other_streamed, &other_whole),
+            "the stream between the parts changed"
+        );
+    }
+    // Parts left to `finish`, and to the next chunk (which submits them before its own).
+    decoder.reset();
+    decoder.submit_in_parts(&codes[..8], 5).unwrap();
+    decoder.submit_next_part();
+    let mut streamed = decoder.finish().unwrap();
+    decoder.submit_in_parts(&codes[8..16], 5).unwrap();
+    decoder.submit_in_parts(&codes[16..], 5).unwrap();
+    streamed.extend(decoder.finish().unwrap());
+    assert!(
+        same_bits(&streamed, &whole),
+        "parts left to finish or the next chunk differ"
+    );
+    // A reset drops a spread chunk: the next utterance starts from zero histories.
+    decoder.reset();
+    decoder.submit_in_parts(&other_codes[..8], 4).unwrap();
+    decoder.reset();
+    assert!(!decoder.parts_left());
+    assert!(
+        same_bits(&decoder.decode(&codes).unwrap(), &whole),
+        "a reset after parts"
+    );
+}
+
 /// The benchmark's timed chunk runs the whole chunk program: a positive GPU time and, one
 /// launch per pass, every launch the decoder's architecture implies (the input convolution;
 /// per upsampling stage a snake, the transposed convolution and per residual unit a snake,
