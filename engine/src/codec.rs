@@ -509,11 +509,11 @@ impl CodecDecoder {
     /// one call each (and [`CodecDecoder::finish`], or the next chunk, whatever is left).
     /// The samples are the same bit for bit. A caller that submits one part behind each model
     /// step lets the GPU decode while the host samples the step's token, instead of queueing
-    /// the whole chunk in front of the next step. More codes than one program takes, or one
-    /// part, submit whole.
+    /// the whole chunk in front of the next step. No codes, more than one program takes, or
+    /// one part: as `submit`.
     pub fn submit_in_parts(&mut self, codes: &[u32], parts: usize) -> Result<(), EngineError> {
         self.check_codes(codes)?;
-        if parts <= 1 || codes.len() > self.codes_per_program() {
+        if parts <= 1 || codes.is_empty() || codes.len() > self.codes_per_program() {
             return self.submit(codes);
         }
         let launches = self.load_piece(codes)?.dispatches.len();

@@ -227,7 +227,7 @@ fn codec_long_input_equals_its_chunks() {
 /// decode's samples bit for bit: with another stream's chunks decoded between the parts,
 /// with as many parts as launches and more, with the parts left to `finish` or to the next
 /// chunk, and with a spread dropped by a reset. A chunk of `parts` parts has parts left
-/// until its `parts`-th submission.
+/// until its `parts`-th submission; no codes submit nothing.
 #[test]
 fn codec_chunks_in_parts_equal_the_whole_decode() {
     let mut rng = rng("codec parts");
@@ -281,6 +281,10 @@ fn codec_chunks_in_parts_equal_the_whole_decode() {
         same_bits(&streamed, &whole),
         "parts left to finish or the next chunk differ"
     );
+    // No codes: nothing submitted, nothing to read.
+    decoder.submit_in_parts(&[], 3).unwrap();
+    assert!(!decoder.parts_left());
+    assert!(decoder.finish().unwrap().is_empty());
     // A reset drops a spread chunk: the next utterance starts from zero histories.
     decoder.reset();
     decoder.submit_in_parts(&other_codes[..8], 4).unwrap();
