@@ -107,13 +107,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     print_profile("prefill", &report.prefill.profile);
     let y = &report.synthesis;
     eprintln!(
-        "synthesis: {} tokens, {:.2} s audio, {:.2} s wall (forwards {:.2} s, sampling {:.3} s, codec {:.2} s), RTF {:.3}, first audio {:.3} s, {:.1} tokens/s",
+        "synthesis: {} tokens, {:.2} s audio, {:.2} s wall (forwards {:.2} s, sampling {:.3} s, codec {:.2} s, {} chunks in parts), RTF {:.3}, first audio {:.3} s, {:.1} tokens/s",
         y.tokens,
         y.audio_s,
         y.wall_s,
         y.forward_s,
         y.sampling_s,
         y.codec_s,
+        y.codec_chunks_in_parts,
         y.real_time_factor,
         y.first_audio_s,
         y.tokens_per_s

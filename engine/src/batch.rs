@@ -39,14 +39,23 @@ struct Job {
     pending: Vec<u32>,
     /// A full chunk of codes, submitted to the codec right after the next forward.
     chunk: Vec<u32>,
-    /// Whether a chunk has been submitted yet (the first runs whole: see
-    /// [`CODEC_CHUNK_PARTS`]).
-    chunk_started: bool,
     /// The batcher step in which the codec chunk now in flight was submitted (its last part).
     chunk_submitted: Option<u64>,
     sink: Sink,
     stats: SynthesisStats,
     started: Instant,
+}
+
+impl Job {
+    /// How much longer the audio handed out so far lasts at `now`, played in real time from
+    /// its first sample (zero before the first).
+    fn playback_ahead(&self, now: Instant) -> Duration {
+        let Some(first) = self.stats.first_audio else {
+            return Duration::ZERO;
+        };
+        let handed_out = Duration::from_secs_f64(self.stats.audio_seconds());
+        handed_out.saturating_sub(now.saturating_duration_since(self.started + first))
+    }
 }
 
 enum Next {
@@ -55,15 +64,31 @@ enum Next {
     Finished(Stop),
 }
 
-/// Parts a job's codec chunk is submitted in, one behind each forward, except its first
-/// chunk, which runs whole so that its first audio does not wait. A chunk fills every
-/// CODEC_CHUNK steps; its last part goes out CODEC_CHUNK - 1 steps after its first, so the
-/// step after that reads its samples before the next chunk starts. Queued whole behind one
-/// forward, a chunk delays the next forward by its GPU time less the host's sampling; in
-/// parts, each runs while the host samples. (H200, bench checkpoint, one call: 500 tokens of
-/// synthesis 1.59 -> 1.50 s; served audio with four, two and one clients 11.3 -> 12.0, 8.9 ->
-/// 9.5 and 6.3 -> 6.6 s per second; three parts gave about a third of that.)
+/// Parts a job's codec chunk is submitted in, one behind each forward, when the job's audio
+/// is far enough ahead of playback (see [`parts_for`]). A chunk fills every CODEC_CHUNK
+/// steps; its last part goes out CODEC_CHUNK - 1 steps after its first, so the step after
+/// that reads its samples before the next chunk starts. Queued whole behind one forward, a
+/// chunk delays the next forward by its GPU time less the host's sampling; in parts, each
+/// runs while the host samples. (H200, bench checkpoint, one call: 500 tokens of synthesis
+/// 1.59 -> 1.50 s; served audio with four, two and one clients 11.3 -> 12.0, 8.9 -> 9.5 and
+/// 6.3 -> 6.6 s per second; three parts gave about a third of that.)
 pub const CODEC_CHUNK_PARTS: usize = CODEC_CHUNK - 1;
+
+/// How many parts a job's next codec chunk is submitted in, given how much longer the audio
+/// already handed out lasts if played in real time from its first sample (`ahead`) and the
+/// time the last step took (`step_time`): [`CODEC_CHUNK_PARTS`] when `ahead` covers twice
+/// the steps a chunk in parts takes to arrive, otherwise one (whole). In parts a chunk's
+/// samples arrive about CODEC_CHUNK_PARTS steps later than whole, so a listener playing the
+/// stream as it comes would run dry where steps are slow next to the audio they make (an
+/// Apple GPU's step may take several times an H200's). With nothing ahead (a job's first
+/// chunk) the chunk runs whole, so the first audio does not wait.
+pub fn parts_for(ahead: Duration, step_time: Duration) -> usize {
+    if !ahead.is_zero() && ahead >= step_time * (2 * (CODEC_CHUNK_PARTS as u32 + 1)) {
+        CODEC_CHUNK_PARTS
+    } else {
+        1
+    }
+}
 
 /// Jobs sharing one session's lanes.
 pub struct Batcher<'e> {
@@ -80,6 +105,10 @@ pub struct Batcher<'e> {
     idle_decoders: Vec<CodecDecoder>,
     /// Steps run so far.
     steps: u64,
+    /// When the last step began, and the time between the two last steps' beginnings (the
+    /// pace [`parts_for`] assumes).
+    last_step_start: Option<Instant>,
+    step_time: Duration,
 }
 
 impl<'e> Batcher<'e> {
@@ -101,6 +130,8 @@ impl<'e> Batcher<'e> {
             default_prefix: engine.checkpoint.float_tensor(names::DEFAULT_PREFIX),
             idle_decoders: vec![warm],
             steps: 0,
+            last_step_start: None,
+            step_time: Duration::ZERO,
             engine,
         })
     }
@@ -194,6 +225,7 @@ impl<'e> Batcher<'e> {
                 first_audio: None,
                 stop: Stop::Finished,
                 time_split: TimeSplit::default(),
+                chunks_in_parts: 0,
             },
             request,
             cond_lane,
@@ -205,7 +237,6 @@ impl<'e> Batcher<'e> {
             codec,
             pending: Vec::new(),
             chunk: Vec::new(),
-            chunk_started: false,
             chunk_submitted: None,
             sink,
             started: Instant::now(),
@@ -262,6 +293,10 @@ impl<'e> Batcher<'e> {
         let n = cond_rows.len();
         let step = self.steps;
         self.steps += 1;
+        let began = Instant::now();
+        if let Some(last) = self.last_step_start.replace(began) {
+            self.step_time = began - last;
+        }
         let (first_rows, second_rows) = if separate {
             (cond_rows, uncond_rows)
         } else {
@@ -322,17 +357,17 @@ impl<'e> Batcher<'e> {
     }
 
     /// Submits every job's codec work for this step (its time is counted as codec time): a
-    /// full chunk's first part, or the next part of a chunk begun earlier (see
-    /// [`CODEC_CHUNK_PARTS`]); returns the time it took.
+    /// full chunk (whole or its first part: see [`parts_for`]), or the next part of a chunk
+    /// begun earlier; returns the time it took.
     fn submit_chunks(&mut self, step: u64) -> Result<Duration, EngineError> {
         let all = Instant::now();
         for job in &mut self.jobs {
             let start = Instant::now();
             if !job.chunk.is_empty() {
-                let parts = if job.chunk_started { CODEC_CHUNK_PARTS } else { 1 };
+                let parts = parts_for(job.playback_ahead(start), self.step_time);
                 job.codec.submit_in_parts(&job.chunk, parts)?;
                 job.chunk.clear();
-                job.chunk_started = true;
+                job.stats.chunks_in_parts += usize::from(job.codec.parts_left());
             } else if job.codec.parts_left() {
                 job.codec.submit_next_part();
             } else {

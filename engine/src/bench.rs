@@ -214,6 +214,8 @@ pub struct SynthesisResult {
     pub sampling_s: f64,
     /// Seconds in codec chunks (submit until the PCM is on the host).
     pub codec_s: f64,
+    /// Codec chunks submitted in parts behind the steps (the others ran whole).
+    pub codec_chunks_in_parts: usize,
 }
 
 /// One codec chunk (the codes a synthesis decodes at a time), timed alone.
@@ -731,6 +733,7 @@ pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisRes
         wait_s: stats.time_split.forward_split.wait.as_secs_f64(),
         sampling_s: stats.time_split.sampling.as_secs_f64(),
         codec_s: stats.time_split.codec.as_secs_f64(),
+        codec_chunks_in_parts: stats.chunks_in_parts,
     })
 }
 

@@ -70,6 +70,9 @@ pub struct SynthesisStats {
     pub stop: Stop,
     /// Where the wall time went.
     pub time_split: TimeSplit,
+    /// Codec chunks submitted in parts, one behind each step (the others ran whole; see
+    /// [`crate::batch::parts_for`]).
+    pub chunks_in_parts: usize,
 }
 
 /// Where a job's wall time went, each part summed over its steps (the rest is waiting for

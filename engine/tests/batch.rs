@@ -6,13 +6,14 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use drama_engine::batch::Batcher;
+use drama_engine::batch::{Batcher, CODEC_CHUNK_PARTS, parts_for};
 use drama_engine::checkpoint::names;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::sampling::{Sampler, SamplingParams};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
 use rand_core::Rng;
+use std::time::Duration;
 
 fn request(text: Vec<u32>, gamma: f32, guidance: GuidanceMode, seed: u64) -> SynthesisRequest {
     SynthesisRequest {
@@ -25,10 +26,36 @@ fn request(text: Vec<u32>, gamma: f32, guidance: GuidanceMode, seed: u64) -> Syn
     }
 }
 
+/// The tiny preset with its codec played at 1 sample per second: every code lasts seconds, so
+/// a job's audio is always far ahead of playback and the batcher submits every codec chunk
+/// after the first in parts (see `parts_for`). Nothing else reads the rate.
+fn slow_playback_fixture(seed: u64) -> Fixture {
+    let mut preset = drama_fixtures::Preset::by_name("tiny").expect("tiny preset");
+    preset.config.codec.sample_rate = 1;
+    Fixture::generated(&preset, seed)
+}
+
+/// A chunk goes in parts only with audio ahead of playback for twice the steps its parts
+/// take at the last step's pace; with nothing ahead (a job's first chunk) it runs whole.
+#[test]
+fn codec_chunks_go_in_parts_only_with_audio_far_enough_ahead() {
+    let step = Duration::from_millis(3);
+    let needed = step * (2 * (CODEC_CHUNK_PARTS as u32 + 1));
+    assert_eq!(parts_for(Duration::ZERO, Duration::ZERO), 1);
+    assert_eq!(parts_for(Duration::ZERO, step), 1);
+    assert_eq!(parts_for(needed - Duration::from_nanos(1), step), 1);
+    assert_eq!(parts_for(needed, step), CODEC_CHUNK_PARTS);
+    assert_eq!(parts_for(Duration::from_nanos(1), Duration::ZERO), CODEC_CHUNK_PARTS);
+    const { assert!(CODEC_CHUNK_PARTS > 1) };
+}
+
+/// Jobs sharing steps get their solo runs' samples, bit for bit. Their codec chunks after the
+/// first go in parts (a slow-playback codec), so the parts of several jobs, and with separate
+/// guidance an uncond forward, run between each other's.
 #[test]
 fn batched_jobs_equal_solo_runs() {
     let mut rng = rng("batch");
-    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let fixture = slow_playback_fixture(rng.next_u64());
     let checkpoint = fixture.open();
     let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
     let requests = [
@@ -76,6 +103,10 @@ fn batched_jobs_equal_solo_runs() {
     }
     assert_eq!(finished.len(), 3);
     assert!(finished.iter().all(|(_, stats)| stats.stop == Stop::Finished));
+    assert!(
+        finished.iter().any(|(_, stats)| stats.chunks_in_parts > 0),
+        "no chunk went in parts"
+    );
     assert_eq!(batcher.free_lanes(), 5, "every lane comes back");
     for (i, out) in outputs.iter().enumerate() {
         let got = out.lock().unwrap();
@@ -235,14 +266,15 @@ fn tokens_by_plain_loop(engine: &Engine, request: &SynthesisRequest) -> Vec<u32>
 }
 
 /// A guided request of two segments, each capped at a token count that is not a multiple
-/// of the codec chunk: the batcher's PCM (chunks queued behind the forwards, flushed at the
-/// end, the codec stream running on across segments) equals the codec's decode of the
+/// of the codec chunk: the batcher's PCM (chunks queued behind the forwards, whole and in
+/// parts with a slow-playback codec, flushed at the end, the codec stream running on across
+/// segments) equals the codec's decode of the
 /// tokens a plain loop generates, bit for bit, and their number matches the stats (as does
 /// the division of the forwards' host time).
 #[test]
 fn batcher_audio_equals_the_codec_of_a_plain_loops_tokens() {
     let mut rng = rng("batch plain loop");
-    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let fixture = slow_playback_fixture(rng.next_u64());
     let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
     let mut request = request(vec![5, 17, 42], 1.5, GuidanceMode::Paired, rng.next_u64());
     request.segments.push(vec![99, 3, 250, 7]);
@@ -261,6 +293,9 @@ fn batcher_audio_equals_the_codec_of_a_plain_loops_tokens() {
     })
     .unwrap();
     assert_eq!(stats.tokens, tokens.len(), "tokens");
+    // The first chunk runs whole; at least one later chunk (the first segment's last codes)
+    // goes in parts.
+    assert!(stats.chunks_in_parts >= 1, "no chunk went in parts");
     assert_eq!(stats.samples, got.len(), "samples counted");
     // The forwards' host time, divided: each part measured, together within the forwards.
     let (forward, split) = (stats.time_split.forward, stats.time_split.forward_split);
