@@ -105,9 +105,9 @@ pub struct Batcher<'e> {
     idle_decoders: Vec<CodecDecoder>,
     /// Steps run so far.
     steps: u64,
-    /// When the last step began, and the time between the two last steps' beginnings (the
-    /// pace [`parts_for`] assumes).
+    /// When the last step began.
     last_step_start: Option<Instant>,
+    /// The time between the two last steps' beginnings: the pace [`parts_for`] assumes.
     step_time: Duration,
 }
 
