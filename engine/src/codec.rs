@@ -512,10 +512,10 @@ impl CodecDecoder {
     /// the whole chunk in front of the next step. No codes, more than one program takes, or
     /// one part: as `submit`.
     pub fn submit_in_parts(&mut self, codes: &[u32], parts: usize) -> Result<(), EngineError> {
-        self.check_codes(codes)?;
         if parts <= 1 || codes.is_empty() || codes.len() > self.codes_per_program() {
             return self.submit(codes);
         }
+        self.check_codes(codes)?;
         let launches = self.load_piece(codes)?.dispatches.len();
         self.spread = Some(Spread {
             length: codes.len(),

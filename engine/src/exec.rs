@@ -451,20 +451,18 @@ impl<'a> Lowering<'a> {
         beside: Option<(&PairHalf, usize, LinearIo<'a>)>,
     ) -> Result<(), EngineError> {
         let placeholder = &self.bind.weights.placeholder;
-        let Some((half, in_features, io)) = beside else {
-            self.dispatches
-                .push(route_launch(self.gpu, params, routing, None, placeholder)?);
-            return Ok(());
+        let linear = match &beside {
+            Some((half, in_features, _)) => Some(self.half_weight(half, *in_features)?),
+            None => None,
         };
-        let linear = self.half_weight(half, in_features)?;
-        if linear.segments.len() == 1 {
-            let launch = route_launch(self.gpu, params, routing, Some((linear, &io)), placeholder)?;
-            self.dispatches.push(launch);
-            return Ok(());
-        }
+        let together = linear.filter(|l| l.segments.len() == 1);
+        let shared = together.zip(beside.as_ref().map(|(_, _, io)| io));
         self.dispatches
-            .push(route_launch(self.gpu, params, routing, None, placeholder)?);
-        self.lower_linear(&half.members, in_features, io)
+            .push(route_launch(self.gpu, params, routing, shared, placeholder)?);
+        match beside {
+            Some((half, in_features, io)) if together.is_none() => self.lower_linear(&half.members, in_features, io),
+            _ => Ok(()),
+        }
     }
 
     /// An experts node: one stacked [gate | up] weight with the SwiGLU epilogue, or one
