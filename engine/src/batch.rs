@@ -42,6 +42,8 @@ struct Job {
     /// The batcher step in which the codec chunk now in flight was submitted (its last part).
     chunk_submitted: Option<u64>,
     sink: Sink,
+    /// The sink refused samples: the job ends with this step.
+    cancelled: bool,
     stats: SynthesisStats,
     started: Instant,
 }
@@ -239,6 +241,7 @@ impl<'e> Batcher<'e> {
             chunk: Vec::new(),
             chunk_submitted: None,
             sink,
+            cancelled: false,
             started: Instant::now(),
         });
         Ok(id)
@@ -288,8 +291,9 @@ impl<'e> Batcher<'e> {
         }
         // Paired: one step, its logits split in place; separate: a step per kind of lane.
         // The codec work is submitted behind the (first) forward: the GPU decodes while the
-        // host samples, and the step after a chunk's last part reads its samples. (With
-        // separate guidance the uncond forward queues behind it instead.)
+        // host samples, and the step after a chunk's last part reads its samples, once its
+        // own forward is submitted. (With separate guidance the uncond forward queues behind
+        // it instead.)
         let n = cond_rows.len();
         let step = self.steps;
         self.steps += 1;
@@ -306,7 +310,7 @@ impl<'e> Batcher<'e> {
         };
         let forward_start = Instant::now();
         let submitted = self.session.submit(&first_rows)?;
-        let codec_time = self.submit_chunks(step)?;
+        let codec_time = self.submit_chunks(step)? + self.deliver_finished_chunks(step)?;
         let first = self.session.logits(submitted)?;
         let second = if second_rows.is_empty() {
             Vec::new()
@@ -337,7 +341,11 @@ impl<'e> Batcher<'e> {
         let mut index = 0;
         let mut outcomes = Vec::new();
         for (job, token) in self.jobs.iter_mut().zip(tokens) {
-            outcomes.push(Self::advance(self.engine, job, token?, step)?);
+            outcomes.push(if job.cancelled {
+                Next::Finished(Stop::Cancelled)
+            } else {
+                Self::advance(self.engine, job, token?)?
+            });
         }
         for outcome in outcomes {
             let job = &mut self.jobs[index];
@@ -381,6 +389,21 @@ impl<'e> Batcher<'e> {
         Ok(all.elapsed())
     }
 
+    /// Hands out the samples of every codec chunk whose last part was submitted before this
+    /// step (so it ran before this step's forward, which is submitted: the GPU has work while
+    /// the host reads and hands them out); a job whose sink refuses them is marked cancelled.
+    /// Returns the time it took (codec time).
+    fn deliver_finished_chunks(&mut self, step: u64) -> Result<Duration, EngineError> {
+        let all = Instant::now();
+        for job in &mut self.jobs {
+            if job.chunk_submitted.is_some_and(|submitted| submitted < step) {
+                job.chunk_submitted = None;
+                job.cancelled |= !Self::deliver(job, |codec| codec.finish())?;
+            }
+        }
+        Ok(all.elapsed())
+    }
+
     /// Every job's next token from its lanes' logits (cond, and uncond with guidance): the
     /// guidance mix, then the job's sampler. The GPU has nothing to run meanwhile but the
     /// codec chunks queued behind the forward, and each job's sampler and logits are its
@@ -407,17 +430,9 @@ impl<'e> Batcher<'e> {
         jobs.par_iter_mut().zip(lane_logits).map(sample).collect()
     }
 
-    /// Moves a job on with its sampled `token`: delivers the codec chunk that finished,
-    /// records the token and fills the next chunk; `step` is the batcher step running.
-    fn advance(engine: &Engine, job: &mut Job, token: u32, step: u64) -> Result<Next, EngineError> {
-        // A chunk whose last part was submitted in an earlier step ran before this step's
-        // forward: its samples are ready. (One submitted in this step may still be running.)
-        if job.chunk_submitted.is_some_and(|submitted| submitted < step) {
-            job.chunk_submitted = None;
-            if !Self::deliver(job, |codec| codec.finish())? {
-                return Ok(Next::Finished(Stop::Cancelled));
-            }
-        }
+    /// Moves a job on with its sampled `token`: records it and fills the next chunk (at the
+    /// request's end, decodes and hands out everything left).
+    fn advance(engine: &Engine, job: &mut Job, token: u32) -> Result<Next, EngineError> {
         let c = &engine.checkpoint.config;
         if job.position == 0 {
             job.position = c.speech.voice_prefix_len + job.request.segments[job.segment].len() + 1;

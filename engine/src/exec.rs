@@ -40,6 +40,11 @@ pub struct Executable {
     /// chunks are those the step's furthest row reaches, not all of the capacity's, so a
     /// step's attention costs what its context needs however long the session's lanes are.
     attention_grid: (wgpu::Buffer, [u32; 2]),
+    /// What the last [`Executable::write_inputs`] wrote into each input buffer (in
+    /// [`STEP_INPUTS`] order) and into the attention grid: writing the same words again is
+    /// skipped, so a decode step writes only what moved (its tokens and positions). Each
+    /// write is a staging buffer wgpu makes and frees, on the host between two steps.
+    written: std::sync::Mutex<Vec<Vec<u32>>>,
 }
 
 /// Everything a step binds besides its own buffers.
@@ -915,6 +920,7 @@ impl Executable {
             logits,
             logits_readback,
             attention_grid: (attention_grid, [shape.rows as u32, heads as u32]),
+            written: std::sync::Mutex::new(vec![Vec::new(); STEP_INPUTS.len() + 1]),
         })
     }
 
@@ -931,7 +937,8 @@ impl Executable {
     /// Writes the host inputs (one u32 per row each, in [`STEP_INPUTS`] order) for the next
     /// run.
     pub fn write_inputs(&self, gpu: &Gpu, values: [&[u32]; STEP_INPUTS.len()]) -> Result<(), EngineError> {
-        for ((name, &id), values) in STEP_INPUTS.iter().zip(&self.inputs).zip(values) {
+        let mut written = self.written.lock().expect("input record poisoned");
+        for (((name, &id), values), last) in STEP_INPUTS.iter().zip(&self.inputs).zip(values).zip(&mut *written) {
             let bytes: &[u8] = bytemuck::cast_slice(values);
             let buffer = self.value_buffer(id);
             if bytes.len() as u64 > buffer.size() {
@@ -941,7 +948,7 @@ impl Executable {
                     buffer.size()
                 )));
             }
-            gpu.queue.write_buffer(buffer, 0, bytes);
+            write_if_changed(gpu, buffer, values, last);
         }
         let positions = values[STEP_INPUTS
             .iter()
@@ -952,8 +959,7 @@ impl Executable {
             .div_ceil(drama_kernels::ATTENTION_CHUNK)
             .min(drama_kernels::attention_chunks(self.shape.capacity)) as u32;
         let (grid, [rows, heads]) = &self.attention_grid;
-        gpu.queue
-            .write_buffer(grid, 0, bytemuck::cast_slice(&[*rows, *heads, chunks]));
+        write_if_changed(gpu, grid, &[*rows, *heads, chunks], &mut written[STEP_INPUTS.len()]);
         Ok(())
     }
 
@@ -1023,5 +1029,15 @@ impl Executable {
     pub fn read_u32(&self, gpu: &Gpu, id: ValueId) -> Result<Vec<u32>, EngineError> {
         let n: usize = self.graph.value(id).shape.iter().product();
         Ok(gpu.read_first(self.value_buffer(id), n)?)
+    }
+}
+
+/// Writes `words` at the start of `buffer` unless `last` (what the last write put there)
+/// holds the same words; `last` then holds them.
+fn write_if_changed(gpu: &Gpu, buffer: &wgpu::Buffer, words: &[u32], last: &mut Vec<u32>) {
+    if last.as_slice() != words {
+        gpu.queue.write_buffer(buffer, 0, bytemuck::cast_slice(words));
+        last.clear();
+        last.extend_from_slice(words);
     }
 }

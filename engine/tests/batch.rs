@@ -9,6 +9,7 @@ use common::*;
 use drama_engine::batch::{Batcher, CODEC_CHUNK_PARTS, parts_for};
 use drama_engine::checkpoint::names;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
+use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::sampling::{Sampler, SamplingParams};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
@@ -333,4 +334,50 @@ fn stale_logits_are_refused() {
     assert!(err.contains("later step of 1 rows"), "{err}");
     let logits = session.logits(second).unwrap();
     assert!(logits.iter().all(|v| v.is_finite()));
+}
+
+/// Waits that end by polling (as on GPUs; lavapipe blocks by default) give every job the
+/// bits blocking waits give it: the logits and codec samples are read only once their work
+/// has finished, whether the wait returned from blocking, from its timeout or from polling.
+#[test]
+fn polled_waits_give_blocking_waits_bits() {
+    let mut rng = rng("polled waits");
+    let fixture = slow_playback_fixture(rng.next_u64());
+    let polling = Gpu::new(&GpuOptions {
+        poll_waits: Some(true),
+        ..Default::default()
+    })
+    .unwrap();
+    let engines = [
+        Engine::load(shared_gpu(), fixture.open()).unwrap(),
+        Engine::load(Arc::new(polling), fixture.open()).unwrap(),
+    ];
+    let requests = [
+        request(vec![5, 17, 42, 99], 1.5, GuidanceMode::Paired, rng.next_u64()),
+        request(vec![200, 3, 1, 250], 2.0, GuidanceMode::Separate, rng.next_u64()),
+    ];
+    let mut samples = 0;
+    for r in &requests {
+        let [blocking, polled] = engines.each_ref().map(|engine| {
+            let mut pcm = Vec::new();
+            let stats = synthesize(engine, r, &mut |chunk| {
+                pcm.extend_from_slice(chunk);
+                true
+            })
+            .unwrap();
+            (pcm, stats.tokens)
+        });
+        assert_eq!(polled.1, blocking.1, "tokens");
+        assert_eq!(polled.0.len(), blocking.0.len(), "samples");
+        assert!(
+            polled
+                .0
+                .iter()
+                .zip(&blocking.0)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "polled waits changed the audio"
+        );
+        samples += blocking.0.len();
+    }
+    assert!(samples > 0, "the comparison needs audio");
 }

@@ -3,6 +3,7 @@
 
 mod capabilities;
 mod readback;
+mod wait;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,6 +13,7 @@ use wgpu::util::DeviceExt;
 
 pub use capabilities::Capabilities;
 pub use readback::Readback;
+pub use wait::{WaitHistory, blocking_part};
 
 /// Which graphics API to run on. `Auto` takes the platform's native one (Metal on Apple,
 /// Vulkan elsewhere, DX12 on Windows) and never falls back to another.
@@ -69,6 +71,9 @@ pub struct GpuOptions {
     pub backend: BackendChoice,
     /// Lower the storage-binding limit (tests use this to force weight splitting).
     pub max_storage_binding: Option<u64>,
+    /// Whether waits for submitted work end by polling (see [`Gpu::wait_for`]). None: on
+    /// every adapter but a CPU one (tests use this to poll on lavapipe too).
+    pub poll_waits: Option<bool>,
 }
 
 /// Why the GPU could not be used.
@@ -124,6 +129,8 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     /// What the adapter offers.
     pub caps: Capabilities,
+    /// Waits end by polling instead of blocking all the way (see [`Gpu::wait_for`]).
+    polls_waits: bool,
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
 }
 
@@ -195,6 +202,7 @@ impl Gpu {
             device,
             queue,
             caps,
+            polls_waits: options.poll_waits.unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
             pipelines: Mutex::new(HashMap::new()),
         };
         gpu.probe_f16_subnormals()?;

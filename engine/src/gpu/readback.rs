@@ -2,11 +2,13 @@
 //! at its end, read once that submission (and only it) has finished, so later submissions
 //! (the codec's next chunk, say) keep the GPU busy while the host reads and works.
 
-use super::{Gpu, GpuError};
+use super::{Gpu, GpuError, WaitHistory};
 
 /// A reusable host-readable copy of the first bytes of a buffer.
 pub struct Readback {
     staging: wgpu::Buffer,
+    /// The last read's wait, which plans the next one's (see [`Gpu::wait_for`]).
+    waits: WaitHistory,
 }
 
 impl Readback {
@@ -19,6 +21,7 @@ impl Readback {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
+            waits: WaitHistory::default(),
         }
     }
 
@@ -36,12 +39,7 @@ impl Readback {
             let _ = sender.send(result);
         });
         let values = (|| {
-            gpu.device
-                .poll(wgpu::PollType::Wait {
-                    submission_index: Some(submission),
-                    timeout: None,
-                })
-                .map_err(|e| failed(&e))?;
+            gpu.wait_for(&submission, &self.waits)?;
             receiver.recv().map_err(|e| failed(&e))?.map_err(|e| failed(&e))?;
             let range = self.staging.get_mapped_range(..).map_err(|e| failed(&e))?;
             Ok(bytemuck::cast_slice(&range).to_vec())
