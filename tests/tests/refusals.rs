@@ -96,6 +96,7 @@ refusal_tests! {
     manifest_missing => "manifest-missing",
     file_missing => "file-missing",
     byte_modified => "byte-modified",
+    bytes_modified_in_two_files => "bytes-modified-in-two-files",
     extra_weight_file => "extra-weight-file",
     manifest_garbled => "manifest-garbled",
     index_wrong_shard => "index-wrong-shard",

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use super::CheckpointError;
@@ -87,24 +88,33 @@ impl Manifest {
                 return Err(CheckpointError::Unlisted(name));
             }
         }
-        let mut total = 0;
-        for (name, expected) in &self.digests {
-            let path = dir.join(name);
-            if !path.is_file() {
-                return Err(CheckpointError::MissingFile(name.clone()));
-            }
-            let (found, bytes) = sha256_file(&path)?;
-            if &found != expected {
-                return Err(CheckpointError::DigestMismatch {
-                    file: name.clone(),
-                    expected: expected.clone(),
-                    found,
-                });
-            }
-            total += bytes;
-        }
-        Ok(total)
+        // The files are hashed in parallel (a sharded checkpoint's shards on cores of their
+        // own: 9.2 GB in four shards took 10.2 s one file after another on two cores); the
+        // problem reported is the first in name order, as one after another.
+        self.digests
+            .par_iter()
+            .map(|(name, expected)| check_file(dir, name, expected))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .sum()
     }
+}
+
+/// Checks that `dir/name` exists and has the `expected` digest; returns its length.
+fn check_file(dir: &Path, name: &str, expected: &str) -> Result<u64, CheckpointError> {
+    let path = dir.join(name);
+    if !path.is_file() {
+        return Err(CheckpointError::MissingFile(name.to_string()));
+    }
+    let (found, bytes) = sha256_file(&path)?;
+    if found != expected {
+        return Err(CheckpointError::DigestMismatch {
+            file: name.to_string(),
+            expected: expected.to_string(),
+            found,
+        });
+    }
+    Ok(bytes)
 }
 
 /// Hex SHA-256 of a file and its length, read in 1 MiB pieces.
