@@ -2,6 +2,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
@@ -92,7 +93,9 @@ pub fn run(args: SynthArgs) -> Result<()> {
         (None, Some(path)) => std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
         (None, None) => bail!("give --text or --text-file"),
     };
+    let opening = Instant::now();
     let checkpoint = args.checkpoint.open()?;
+    let opened = opening.elapsed();
     let config = checkpoint.config.clone();
     let max_audio_tokens = args.max_audio_tokens.unwrap_or(config.speech.max_audio_tokens);
     anyhow::ensure!(max_audio_tokens >= 1, "--max-audio-tokens must be at least 1");
@@ -110,12 +113,18 @@ pub fn run(args: SynthArgs) -> Result<()> {
         checkpoint.provenance,
         segments.len()
     );
+    let loading = Instant::now();
     let gpu = args.gpu.open()?;
     let prefix = match &args.voice {
         Some(path) => Some(load_voice(path, &checkpoint, &gpu)?),
         None => None,
     };
     let engine = Engine::load(gpu, checkpoint)?;
+    eprintln!(
+        "checkpoint opened and verified in {:.2} s, on the GPU with its pipelines in {:.2} s",
+        opened.as_secs_f64(),
+        loading.elapsed().as_secs_f64()
+    );
     let request = SynthesisRequest {
         segments,
         prefix,
