@@ -117,15 +117,20 @@ struct Uploader<'a> {
     bytes: u64,
 }
 
-impl Uploader<'_> {
-    fn raw(&self, name: &str) -> &[u8] {
+impl<'a> Uploader<'a> {
+    fn raw(&self, name: &str) -> &'a [u8] {
         let entry = self.checkpoint.weights.entry(name).expect("validated tensor");
         self.checkpoint.weights.bytes(entry)
     }
 
     fn buffer(&mut self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        self.bytes += bytes.len() as u64;
-        self.gpu.buffer_with(label, bytes)
+        self.gathered(label, &[bytes])
+    }
+
+    /// A buffer of `pieces` one after another, copied straight from the checkpoint.
+    fn gathered(&mut self, label: &str, pieces: &[&[u8]]) -> wgpu::Buffer {
+        self.bytes += pieces.iter().map(|piece| piece.len() as u64).sum::<u64>();
+        self.gpu.buffer_gathered(label, pieces)
     }
 
     /// Rows per segment for `row_bytes` per row, a multiple of `align`, within the limit
@@ -195,16 +200,16 @@ impl Uploader<'_> {
         let mut bias = Vec::new();
         for (module, s) in modules.iter().zip(&stored) {
             let is_module = self.checkpoint.linear(module).is_some();
-            codes.extend_from_slice(self.raw(&codes_tensor(module, s.format, is_module)));
+            codes.push(self.raw(&codes_tensor(module, s.format, is_module)));
             if s.has_bias {
-                bias.extend_from_slice(self.raw(&format!("{module}.bias")));
+                bias.push(self.raw(&format!("{module}.bias")));
             }
         }
         let out: usize = stored.iter().map(|s| s.out).sum();
         let per = self.rows_per_segment(&label, row_bytes, self.dense_row_align(1))?;
-        let bias = first.has_bias.then(|| self.buffer(&label, &bias));
+        let bias = first.has_bias.then(|| self.gathered(&label, &bias));
         Ok(self.bf16_stack(&label, out, first.in_, per, bias, |_, rows| {
-            codes[rows.start * row_bytes..rows.end * row_bytes].to_vec()
+            bytes_of(&codes, rows.start * row_bytes..rows.end * row_bytes)
         }))
     }
 
@@ -235,14 +240,15 @@ impl Uploader<'_> {
         );
         Ok(self.bf16_stack(&label, g.out, g.in_, per, None, |uploader, rows| {
             let bytes = rows.start * row_bytes..rows.end * row_bytes;
-            let mut codes = uploader.raw(&gate_codes)[bytes.clone()].to_vec();
-            codes.extend_from_slice(&uploader.raw(&up_codes)[bytes]);
-            codes
+            vec![
+                &uploader.raw(&gate_codes)[bytes.clone()],
+                &uploader.raw(&up_codes)[bytes],
+            ]
         }))
     }
 
     /// A stacked BF16 linear of `out` rows (features) in segments of `per`: `codes(self,
-    /// rows)` gives the bytes of the segment covering `rows`.
+    /// rows)` gives the pieces of the checkpoint that make the segment covering `rows`.
     fn bf16_stack(
         &mut self,
         label: &str,
@@ -250,15 +256,15 @@ impl Uploader<'_> {
         in_features: usize,
         per: usize,
         bias: Option<wgpu::Buffer>,
-        codes: impl Fn(&Self, std::ops::Range<usize>) -> Vec<u8>,
+        codes: impl Fn(&Self, std::ops::Range<usize>) -> Vec<&'a [u8]>,
     ) -> GpuLinear {
         let mut segments = Vec::new();
         for start in (0..out).step_by(per) {
             let range = start..(start + per).min(out);
-            let bytes = codes(self, range.clone());
+            let pieces = codes(self, range.clone());
             segments.push(Segment {
-                codes: self.buffer(label, &bytes),
-                scales: self.buffer(label, &[0; 4]),
+                codes: self.gathered(label, &pieces),
+                scales: self.buffer(label, &NO_SCALES),
                 expert_scales: None,
                 range,
             });
@@ -290,18 +296,18 @@ impl Uploader<'_> {
         let mut segments = Vec::new();
         for start in (0..out).step_by(per) {
             let range = start..(start + per).min(out);
-            let codes = self.raw(&codes_name)[range.start * row_bytes..range.end * row_bytes].to_vec();
+            let codes = &self.raw(&codes_name)[range.start * row_bytes..range.end * row_bytes];
             let scales = self.scales(weight, format, out, in_, range.clone());
             segments.push(Segment {
-                codes: self.buffer(weight, &codes),
-                scales: self.buffer(weight, &scales),
+                codes: self.buffer(weight, codes),
+                scales: self.buffer(weight, scales),
                 expert_scales: None,
                 range,
             });
         }
         let bias = if has_bias {
-            let bytes = self.raw(&format!("{weight}.bias")).to_vec();
-            Some(self.buffer(weight, &bytes))
+            let bytes = self.raw(&format!("{weight}.bias"));
+            Some(self.buffer(weight, bytes))
         } else {
             None
         };
@@ -315,19 +321,18 @@ impl Uploader<'_> {
         })
     }
 
-    /// Scale bytes of rows `range` of a linear.
-    fn scales(&self, module: &str, format: LinearFormat, out: usize, in_: usize, range: Range<usize>) -> Vec<u8> {
+    /// Scale bytes of rows `range` of a linear (BF16 has none: four zero bytes stand in).
+    fn scales(&self, module: &str, format: LinearFormat, out: usize, in_: usize, range: Range<usize>) -> &'a [u8] {
         match format {
-            LinearFormat::Bf16 => vec![0; 4],
+            LinearFormat::Bf16 => &NO_SCALES,
             LinearFormat::Nvfp4ModelOpt | LinearFormat::Nvfp4CompressedTensors => {
                 let per_row = in_ / 16;
-                self.raw(&format!("{module}.weight_scale"))[range.start * per_row..range.end * per_row].to_vec()
+                &self.raw(&format!("{module}.weight_scale"))[range.start * per_row..range.end * per_row]
             }
             LinearFormat::Fp8Block => {
                 let per_tile_row = in_.div_ceil(FP8_BLOCK) * 4;
                 let tiles = range.start / FP8_BLOCK..range.end.div_ceil(FP8_BLOCK).min(out.div_ceil(FP8_BLOCK));
-                self.raw(&format!("{module}.weight_scale_inv"))[tiles.start * per_tile_row..tiles.end * per_tile_row]
-                    .to_vec()
+                &self.raw(&format!("{module}.weight_scale_inv"))[tiles.start * per_tile_row..tiles.end * per_tile_row]
             }
         }
     }
@@ -367,22 +372,22 @@ impl Uploader<'_> {
         let mut segments = Vec::new();
         for start in (0..kept.len()).step_by(per) {
             let range = start..(start + per).min(kept.len());
-            let mut codes = Vec::with_capacity(expert_bytes * range.len());
+            let mut codes = Vec::new();
             let mut scales = Vec::new();
             let mut tensor_scales = Vec::new();
             for module in modules[range.clone()].iter().flatten() {
-                codes.extend_from_slice(self.raw(&codes_name(module)));
-                scales.extend(self.scales(module, format, out, in_, 0..out));
+                codes.push(self.raw(&codes_name(module)));
+                scales.push(self.scales(module, format, out, in_, 0..out));
                 tensor_scales.push(self.checkpoint.linear(module).expect("validated").tensor_scale);
             }
             if format == LinearFormat::Bf16 {
-                scales = vec![0; 4];
+                scales = vec![&NO_SCALES];
             }
             let first = &modules[range.start][0];
             let expert_scales = self.buffer(first, bytemuck::cast_slice(&tensor_scales));
             segments.push(Segment {
-                codes: self.buffer(first, &codes),
-                scales: self.buffer(first, &scales),
+                codes: self.gathered(first, &codes),
+                scales: self.gathered(first, &scales),
                 expert_scales: Some(expert_scales),
                 range,
             });
@@ -405,11 +410,29 @@ impl Uploader<'_> {
         let mut segments = Vec::new();
         for start in (0..rows).step_by(per) {
             let range = start..(start + per).min(rows);
-            let bytes = self.raw(name)[range.start * width * 2..range.end * width * 2].to_vec();
-            segments.push((range, self.buffer(name, &bytes)));
+            let bytes = &self.raw(name)[range.start * width * 2..range.end * width * 2];
+            segments.push((range, self.buffer(name, bytes)));
         }
         Ok(GpuTable { width, segments })
     }
+}
+
+/// What a format without scales binds as its scales.
+const NO_SCALES: [u8; 4] = [0; 4];
+
+/// The pieces of `pieces`' concatenation that cover its bytes `range`.
+fn bytes_of<'p>(pieces: &[&'p [u8]], range: Range<usize>) -> Vec<&'p [u8]> {
+    let mut covered = Vec::new();
+    let mut start = 0;
+    for piece in pieces {
+        let end = start + piece.len();
+        let (from, to) = (range.start.max(start), range.end.min(end));
+        if from < to {
+            covered.push(&piece[from - start..to - start]);
+        }
+        start = end;
+    }
+    covered
 }
 
 /// The key a stacked group of linears is found under in [`GpuWeights::linears`]: its
@@ -554,5 +577,24 @@ impl GpuWeights {
             placeholder,
             bytes: up.bytes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_of_covers_a_range_of_the_concatenation() {
+        let (a, b, c) = ([1u8, 2, 3], [4u8], [5u8, 6, 7, 8]);
+        let pieces: [&[u8]; 4] = [&a, &[], &b, &c];
+        let whole: Vec<u8> = pieces.concat();
+        for start in 0..=whole.len() {
+            for end in start..=whole.len() {
+                let covered = bytes_of(&pieces, start..end);
+                assert_eq!(covered.concat(), whole[start..end], "{start}..{end}");
+                assert!(covered.iter().all(|piece| !piece.is_empty()), "{start}..{end}");
+            }
+        }
     }
 }

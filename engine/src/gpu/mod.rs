@@ -274,20 +274,33 @@ impl Gpu {
 
     /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
     pub fn buffer_with(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        let padded;
-        let contents = if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
-            bytes
-        } else {
-            let mut v = bytes.to_vec();
-            v.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
-            padded = v;
-            &padded
-        };
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        self.buffer_gathered(label, &[bytes])
+    }
+
+    /// A storage buffer holding `pieces` one after another (padded with zeros to a multiple
+    /// of 4 bytes), each copied straight from where it lies (a checkpoint's mapped file, say)
+    /// into the buffer's mapping: no copy of the whole is made on the way.
+    pub fn buffer_gathered(&self, label: &str, pieces: &[&[u8]]) -> wgpu::Buffer {
+        let len: usize = pieces.iter().map(|piece| piece.len()).sum();
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            contents,
+            size: (len.div_ceil(4).max(1) * 4) as u64,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-        })
+            mapped_at_creation: true,
+        });
+        {
+            let mut mapped = buffer
+                .get_mapped_range_mut(..)
+                .expect("a buffer mapped at its creation has a mapped range");
+            let mut at = 0;
+            for piece in pieces {
+                mapped.slice(at..at + piece.len()).copy_from_slice(piece);
+                at += piece.len();
+            }
+            mapped.slice(at..).fill(0);
+        }
+        buffer.unmap();
+        buffer
     }
 
     /// A zero-filled storage buffer of `size` bytes (at least 4).
