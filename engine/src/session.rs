@@ -39,22 +39,18 @@ impl Engine {
     pub fn load(gpu: Arc<Gpu>, checkpoint: Checkpoint) -> Result<Engine, EngineError> {
         let spec = model_spec(&checkpoint);
         let groups = drama3::linear_groups(&spec, &CheckpointNames)?;
-        let weights = GpuWeights::upload(&gpu, &checkpoint, &groups)?;
-        // A decode step's kernels, and a prefill's (its routed experts grouped).
-        for rows in [1, drama_graph::select::GROUPED_EXPERT_ROWS] {
-            let shape = StepShape {
-                rows,
-                lanes: 1,
-                capacity: rows,
-                prefix_rows: 1,
-                trace: false,
-            };
-            for node in drama3::build(&spec, &CheckpointNames, shape)?.nodes {
-                for kernel in drama_graph::select::kernels_of(&node.op) {
-                    gpu.pipeline(kernel)?;
-                }
-            }
-        }
+        // The pipelines are built on a thread of their own while the weights upload: the
+        // driver compiles while the host copies.
+        let (weights, pipelines) = std::thread::scope(|scope| {
+            let pipelines = scope.spawn(|| build_step_pipelines(&gpu, &spec));
+            let weights = GpuWeights::upload(&gpu, &checkpoint, &groups);
+            let pipelines = pipelines
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (weights, pipelines)
+        });
+        let weights = weights?;
+        pipelines?;
         Ok(Engine {
             spec,
             gpu,
@@ -62,6 +58,26 @@ impl Engine {
             weights,
         })
     }
+}
+
+/// Builds every pipeline a decode step's kernels and a prefill's (its routed experts
+/// grouped) use.
+fn build_step_pipelines(gpu: &Gpu, spec: &ModelSpec) -> Result<(), EngineError> {
+    for rows in [1, drama_graph::select::GROUPED_EXPERT_ROWS] {
+        let shape = StepShape {
+            rows,
+            lanes: 1,
+            capacity: rows,
+            prefix_rows: 1,
+            trace: false,
+        };
+        for node in drama3::build(spec, &CheckpointNames, shape)?.nodes {
+            for kernel in drama_graph::select::kernels_of(&node.op) {
+                gpu.pipeline(kernel)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where one row of a step comes from.

@@ -536,8 +536,8 @@ impl GpuWeights {
                 let ids: Vec<u32> = moe.kept_expert_ids.iter().map(|&e| e as u32).collect();
                 kept_ids.insert(i, up.buffer("kept_expert_ids", bytemuck::cast_slice(&ids)));
                 if moe.has_score_bias {
-                    let bytes = up.raw(&names::layer(names::ROUTER_BIAS, i)).to_vec();
-                    score_bias.insert(i, up.buffer("score_bias", &bytes));
+                    let bytes = up.raw(&names::layer(names::ROUTER_BIAS, i));
+                    score_bias.insert(i, up.buffer("score_bias", bytes));
                 }
             }
         }
@@ -559,8 +559,8 @@ impl GpuWeights {
             }
         }
         for norm in norms {
-            let bytes = up.raw(&norm).to_vec();
-            vectors.insert(norm.clone(), up.buffer(&norm, &bytes));
+            let bytes = up.raw(&norm);
+            vectors.insert(norm.clone(), up.buffer(&norm, bytes));
         }
         let mut tables = HashMap::new();
         for table in [names::EMBED_TOKENS, names::AUDIO_EMBED] {

@@ -12,7 +12,7 @@ use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::sampling::{Sampler, SamplingParams};
 use drama_engine::session::{Engine, Row, RowSource, Session};
-use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
+use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, synthesize};
 use rand_core::Rng;
 use std::time::Duration;
 
@@ -34,6 +34,23 @@ fn slow_playback_fixture(seed: u64) -> Fixture {
     let mut preset = drama_fixtures::Preset::by_name("tiny").expect("tiny preset");
     preset.config.codec.sample_rate = 1;
     Fixture::generated(&preset, seed)
+}
+
+/// Tokens enough for a job to have a codec chunk in parts: its first chunk runs whole and is
+/// handed out before its third is submitted.
+const TOKENS_FOR_PARTS: usize = 2 * CODEC_CHUNK + 1;
+
+/// The guided request `make` builds from the first seed drawn from `rng` whose tokens (by a
+/// plain loop) number at least [`TOKENS_FOR_PARTS`]: a random seed may sample audio_eos
+/// early, and a short job has no chunk to give in parts.
+fn long_enough(engine: &Engine, rng: &mut impl Rng, make: impl Fn(u64) -> SynthesisRequest) -> SynthesisRequest {
+    for _ in 0..50 {
+        let request = make(rng.next_u64());
+        if tokens_by_plain_loop(engine, &request).len() >= TOKENS_FOR_PARTS {
+            return request;
+        }
+    }
+    panic!("50 seeds in a row sampled audio_eos within {TOKENS_FOR_PARTS} tokens");
 }
 
 /// A chunk goes in parts only with audio ahead of playback for twice the steps its parts
@@ -60,7 +77,10 @@ fn batched_jobs_equal_solo_runs() {
     let checkpoint = fixture.open();
     let engine = Engine::load(shared_gpu(), checkpoint).unwrap();
     let requests = [
-        request(vec![5, 17, 42, 99], 1.5, GuidanceMode::Paired, rng.next_u64()),
+        // Long enough for its chunks after the first to go in parts.
+        long_enough(&engine, &mut rng, |seed| {
+            request(vec![5, 17, 42, 99], 1.5, GuidanceMode::Paired, seed)
+        }),
         request(vec![7, 8], 1.0, GuidanceMode::Paired, rng.next_u64()),
         request(vec![200, 3, 3, 3, 1, 250], 2.0, GuidanceMode::Separate, rng.next_u64()),
     ];
@@ -277,9 +297,12 @@ fn batcher_audio_equals_the_codec_of_a_plain_loops_tokens() {
     let mut rng = rng("batch plain loop");
     let fixture = slow_playback_fixture(rng.next_u64());
     let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
-    let mut request = request(vec![5, 17, 42], 1.5, GuidanceMode::Paired, rng.next_u64());
-    request.segments.push(vec![99, 3, 250, 7]);
-    request.max_audio_tokens = 13;
+    let request = long_enough(&engine, &mut rng, |seed| {
+        let mut request = request(vec![5, 17, 42], 1.5, GuidanceMode::Paired, seed);
+        request.segments.push(vec![99, 3, 250, 7]);
+        request.max_audio_tokens = 13;
+        request
+    });
     let tokens = tokens_by_plain_loop(&engine, &request);
     assert!(
         tokens.len() > 8,

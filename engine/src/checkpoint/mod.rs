@@ -19,6 +19,7 @@ pub mod shards;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use safetensors::Dtype;
 use serde::Serialize;
 
@@ -177,54 +178,18 @@ impl Checkpoint {
     }
 
     fn check_tensors(&mut self, kept: &[Option<Vec<usize>>]) -> Result<(), CheckpointError> {
-        let config = &self.config;
-        let rules = layout::all_rules(config, kept);
+        let rules = layout::all_rules(&self.config, kept);
+        // The rules are checked in parallel (they read every value: each BF16 weight checked
+        // finite, each block scale checked); the problem reported is the first in rule order,
+        // as one after another.
+        let matches: Vec<Result<RuleMatch, CheckpointError>> =
+            rules.par_iter().map(|rule| self.check_rule(rule)).collect();
         let mut used: BTreeSet<String> = BTreeSet::new();
-        for rule in &rules {
-            match rule {
-                Rule::Tensor {
-                    name,
-                    dtype,
-                    shapes,
-                    presence,
-                } => {
-                    let Some(entry) = self.weights.entry(name) else {
-                        if *presence == Presence::Required {
-                            return Err(CheckpointError::MissingTensor(name.clone()));
-                        }
-                        continue;
-                    };
-                    if entry.dtype != *dtype || !shapes.contains(&entry.shape) {
-                        let options: Vec<String> = shapes.iter().map(|s| format!("{s:?}")).collect();
-                        return Err(CheckpointError::TensorMismatch {
-                            name: name.clone(),
-                            expected: format!("{} {}", shards::dtype_name(*dtype), options.join(" or ")),
-                            found: format!("{} {:?}", shards::dtype_name(entry.dtype), entry.shape),
-                        });
-                    }
-                    check_values(name, entry.dtype, self.weights.bytes(entry))?;
-                    used.insert(name.clone());
-                }
-                Rule::Linear {
-                    module,
-                    shape,
-                    bias,
-                    kind,
-                } => {
-                    let (info, names_used) = linear::detect(&self.weights, module, shape, *bias, *kind)?;
-                    if *kind == layout::LinearKind::Quantizable {
-                        let expected = self.quant.expected_format(module);
-                        if expected != info.format {
-                            return Err(CheckpointError::FormatMismatch {
-                                module: module.clone(),
-                                expected: expected.describe().into(),
-                                found: info.format.describe().into(),
-                            });
-                        }
-                    }
-                    used.extend(names_used);
-                    self.linears.insert(module.clone(), info);
-                }
+        for found in matches {
+            let found = found?;
+            used.extend(found.used);
+            if let Some((module, info)) = found.linear {
+                self.linears.insert(module, info);
             }
         }
         if let Some(extra) = self.weights.entries().keys().find(|name| !used.contains(*name)) {
@@ -271,6 +236,60 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Checks one layout rule against the tensors: names, dtypes, shapes, formats and values.
+    fn check_rule(&self, rule: &Rule) -> Result<RuleMatch, CheckpointError> {
+        match rule {
+            Rule::Tensor {
+                name,
+                dtype,
+                shapes,
+                presence,
+            } => {
+                let Some(entry) = self.weights.entry(name) else {
+                    if *presence == Presence::Required {
+                        return Err(CheckpointError::MissingTensor(name.clone()));
+                    }
+                    return Ok(RuleMatch::default());
+                };
+                if entry.dtype != *dtype || !shapes.contains(&entry.shape) {
+                    let options: Vec<String> = shapes.iter().map(|s| format!("{s:?}")).collect();
+                    return Err(CheckpointError::TensorMismatch {
+                        name: name.clone(),
+                        expected: format!("{} {}", shards::dtype_name(*dtype), options.join(" or ")),
+                        found: format!("{} {:?}", shards::dtype_name(entry.dtype), entry.shape),
+                    });
+                }
+                check_values(name, entry.dtype, self.weights.bytes(entry))?;
+                Ok(RuleMatch {
+                    used: vec![name.clone()],
+                    linear: None,
+                })
+            }
+            Rule::Linear {
+                module,
+                shape,
+                bias,
+                kind,
+            } => {
+                let (info, used) = linear::detect(&self.weights, module, shape, *bias, *kind)?;
+                if *kind == layout::LinearKind::Quantizable {
+                    let expected = self.quant.expected_format(module);
+                    if expected != info.format {
+                        return Err(CheckpointError::FormatMismatch {
+                            module: module.clone(),
+                            expected: expected.describe().into(),
+                            found: info.format.describe().into(),
+                        });
+                    }
+                }
+                Ok(RuleMatch {
+                    used,
+                    linear: Some((module.clone(), info)),
+                })
+            }
+        }
+    }
+
     /// A validated BF16 or F32 tensor (norms, prefixes, codebooks) as f32 values.
     pub fn float_tensor(&self, name: &str) -> Vec<f32> {
         let entry = self
@@ -285,6 +304,13 @@ impl Checkpoint {
     pub fn linear(&self, module: &str) -> Option<&LinearInfo> {
         self.linears.get(module)
     }
+}
+
+/// What one layout rule found: the tensors it accounts for and, for a linear, its description.
+#[derive(Default)]
+struct RuleMatch {
+    used: Vec<String>,
+    linear: Option<(String, LinearInfo)>,
 }
 
 fn read_text(dir: &Path, name: &str) -> Result<String, CheckpointError> {

@@ -13,7 +13,7 @@ use wgpu::util::DeviceExt;
 
 pub use capabilities::Capabilities;
 pub use readback::Readback;
-pub use wait::{WaitHistory, blocking_part};
+pub use wait::WaitHistory;
 
 /// Which graphics API to run on. `Auto` takes the platform's native one (Metal on Apple,
 /// Vulkan elsewhere, DX12 on Windows) and never falls back to another.

@@ -21,7 +21,7 @@ const POLLED_MARGIN: Duration = Duration::from_micros(200);
 
 /// How long the blocking part of a wait lasts when the last one for the same kind of work
 /// took `expected`: three quarters of it less [`POLLED_MARGIN`] (none for short waits).
-pub fn blocking_part(expected: Duration) -> Duration {
+fn blocking_part(expected: Duration) -> Duration {
     expected.saturating_sub(expected / 4 + POLLED_MARGIN)
 }
 
@@ -46,8 +46,8 @@ impl WaitHistory {
 
 impl Gpu {
     /// Returns once `submission` has finished (and the callbacks it completes, such as a
-    /// buffer mapping, have run): blocking for [`blocking_part`] of the last wait in
-    /// `history`, then polling, or blocking all the way where this device does not poll.
+    /// buffer mapping, have run): blocking for three quarters of the last wait in `history`
+    /// less a margin, then polling; or blocking all the way where this device does not poll.
     pub fn wait_for(&self, submission: &wgpu::SubmissionIndex, history: &WaitHistory) -> Result<(), GpuError> {
         let start = Instant::now();
         let result = if self.polls_waits {
