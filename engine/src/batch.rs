@@ -308,7 +308,7 @@ impl<'e> Batcher<'e> {
             all.extend(uncond_rows);
             (all, Vec::new())
         };
-        let forward_start = Instant::now();
+        let forward_start = began;
         let submitted = self.session.submit(&first_rows)?;
         let codec_time = self.submit_chunks(step)? + self.deliver_finished_chunks(step)?;
         let first = self.session.logits(submitted)?;

@@ -460,12 +460,15 @@ impl<'a> Lowering<'a> {
             Some((half, in_features, _)) => Some(self.half_weight(half, *in_features)?),
             None => None,
         };
-        let together = linear.filter(|l| l.segments.len() == 1);
-        let shared = together.zip(beside.as_ref().map(|(_, _, io)| io));
+        let shared = match (&beside, linear) {
+            (Some((_, _, io)), Some(linear)) if linear.segments.len() == 1 => Some((linear, io)),
+            _ => None,
+        };
+        let apart = shared.is_none();
         self.dispatches
             .push(route_launch(self.gpu, params, routing, shared, placeholder)?);
         match beside {
-            Some((half, in_features, io)) if together.is_none() => self.lower_linear(&half.members, in_features, io),
+            Some((half, in_features, io)) if apart => self.lower_linear(&half.members, in_features, io),
             _ => Ok(()),
         }
     }

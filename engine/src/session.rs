@@ -39,18 +39,8 @@ impl Engine {
     pub fn load(gpu: Arc<Gpu>, checkpoint: Checkpoint) -> Result<Engine, EngineError> {
         let spec = model_spec(&checkpoint);
         let groups = drama3::linear_groups(&spec, &CheckpointNames)?;
-        // The pipelines are built on a thread of their own while the weights upload: the
-        // driver compiles while the host copies.
-        let (weights, pipelines) = std::thread::scope(|scope| {
-            let pipelines = scope.spawn(|| build_step_pipelines(&gpu, &spec));
-            let weights = GpuWeights::upload(&gpu, &checkpoint, &groups);
-            let pipelines = pipelines
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (weights, pipelines)
-        });
-        let weights = weights?;
-        pipelines?;
+        let weights = GpuWeights::upload(&gpu, &checkpoint, &groups)?;
+        build_step_pipelines(&gpu, &spec)?;
         Ok(Engine {
             spec,
             gpu,

@@ -417,13 +417,7 @@ impl Gpu {
 
     /// Blocks until the queue is idle.
     pub fn wait(&self) -> Result<(), GpuError> {
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            })
-            .map(|_| ())
-            .map_err(|e| GpuError::Readback(e.to_string()))
+        self.block(None, None).map(|_| ())
     }
 
     /// Runs every dispatch in a pass of its own, timestamps at each pass's boundaries (what

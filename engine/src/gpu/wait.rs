@@ -53,26 +53,31 @@ impl Gpu {
         let result = if self.polls_waits {
             self.block_then_poll(submission, blocking_part(history.last()))
         } else {
-            self.block(submission, None).map(|_| ())
+            self.block(Some(submission), None).map(|_| ())
         };
         history.record(start.elapsed());
         result
     }
 
     fn block_then_poll(&self, submission: &wgpu::SubmissionIndex, blocking: Duration) -> Result<(), GpuError> {
-        if !blocking.is_zero() && self.block(submission, Some(blocking))? {
+        if !blocking.is_zero() && self.block(Some(submission), Some(blocking))? {
             return Ok(());
         }
-        while !self.block(submission, Some(Duration::ZERO))? {
+        while !self.block(Some(submission), Some(Duration::ZERO))? {
             std::thread::yield_now();
         }
         Ok(())
     }
 
-    /// Blocks until `submission` finished (true) or `timeout` passed (false).
-    fn block(&self, submission: &wgpu::SubmissionIndex, timeout: Option<Duration>) -> Result<bool, GpuError> {
+    /// Blocks until `submission` (None: everything submitted) finished (true) or `timeout`
+    /// passed (false).
+    pub(super) fn block(
+        &self,
+        submission: Option<&wgpu::SubmissionIndex>,
+        timeout: Option<Duration>,
+    ) -> Result<bool, GpuError> {
         match self.device.poll(wgpu::PollType::Wait {
-            submission_index: Some(submission.clone()),
+            submission_index: submission.cloned(),
             timeout,
         }) {
             Ok(_) => Ok(true),
