@@ -115,22 +115,63 @@ struct Uploader<'a> {
     checkpoint: &'a Checkpoint,
     limit: usize,
     bytes: u64,
+    /// Bytes written since the last batch was sent.
+    unsent: u64,
+    /// The last batch sent, still to be waited for.
+    in_flight: Option<wgpu::SubmissionIndex>,
 }
 
 impl<'a> Uploader<'a> {
+    fn new(gpu: &'a Gpu, checkpoint: &'a Checkpoint) -> Uploader<'a> {
+        Uploader {
+            gpu,
+            checkpoint,
+            limit: usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX),
+            bytes: 0,
+            unsent: 0,
+            in_flight: None,
+        }
+    }
+
     fn raw(&self, name: &str) -> &'a [u8] {
         let entry = self.checkpoint.weights.entry(name).expect("validated tensor");
         self.checkpoint.weights.bytes(entry)
     }
 
-    fn buffer(&mut self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    fn buffer(&mut self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer, EngineError> {
         self.gathered(label, &[bytes])
     }
 
-    /// A buffer of `pieces` one after another, copied straight from the checkpoint.
-    fn gathered(&mut self, label: &str, pieces: &[&[u8]]) -> wgpu::Buffer {
-        self.bytes += pieces.iter().map(|piece| piece.len() as u64).sum::<u64>();
-        self.gpu.buffer_gathered(label, pieces)
+    /// A buffer of `pieces` one after another, copied straight from the checkpoint. Once a
+    /// batch of writes has gathered, it is sent to the GPU after the one before it finished.
+    fn gathered(&mut self, label: &str, pieces: &[&[u8]]) -> Result<wgpu::Buffer, EngineError> {
+        let len = pieces.iter().map(|piece| piece.len() as u64).sum::<u64>();
+        self.bytes += len;
+        self.unsent += len;
+        let buffer = self.gpu.buffer_gathered(label, pieces);
+        if self.unsent >= self.gpu.upload_batch {
+            self.send()?;
+        }
+        Ok(buffer)
+    }
+
+    /// Sends the writes gathered so far once the previous batch has finished.
+    fn send(&mut self) -> Result<(), EngineError> {
+        let sent = self.gpu.send_writes();
+        if let Some(previous) = self.in_flight.replace(sent) {
+            self.gpu.finish(&previous)?;
+        }
+        self.unsent = 0;
+        Ok(())
+    }
+
+    /// Sends what is left and waits until every write is in its buffer.
+    fn finish(mut self) -> Result<u64, EngineError> {
+        self.send()?;
+        if let Some(last) = self.in_flight.take() {
+            self.gpu.finish(&last)?;
+        }
+        Ok(self.bytes)
     }
 
     /// Rows per segment for `row_bytes` per row, a multiple of `align`, within the limit
@@ -207,10 +248,10 @@ impl<'a> Uploader<'a> {
         }
         let out: usize = stored.iter().map(|s| s.out).sum();
         let per = self.rows_per_segment(&label, row_bytes, self.dense_row_align(1))?;
-        let bias = first.has_bias.then(|| self.gathered(&label, &bias));
-        Ok(self.bf16_stack(&label, out, first.in_, per, bias, |_, rows| {
+        let bias = first.has_bias.then(|| self.gathered(&label, &bias)).transpose()?;
+        self.bf16_stack(&label, out, first.in_, per, bias, |_, rows| {
             bytes_of(&codes, rows.start * row_bytes..rows.end * row_bytes)
-        }))
+        })
     }
 
     /// A BF16 [gate, up] pair stacked for the SwiGLU epilogue: each segment covers
@@ -238,13 +279,13 @@ impl<'a> Uploader<'a> {
             codes_tensor(gate, g.format, is_module(gate)),
             codes_tensor(up, u.format, is_module(up)),
         );
-        Ok(self.bf16_stack(&label, g.out, g.in_, per, None, |uploader, rows| {
+        self.bf16_stack(&label, g.out, g.in_, per, None, |uploader, rows| {
             let bytes = rows.start * row_bytes..rows.end * row_bytes;
             vec![
                 &uploader.raw(&gate_codes)[bytes.clone()],
                 &uploader.raw(&up_codes)[bytes],
             ]
-        }))
+        })
     }
 
     /// A stacked BF16 linear of `out` rows (features) in segments of `per`: `codes(self,
@@ -257,26 +298,26 @@ impl<'a> Uploader<'a> {
         per: usize,
         bias: Option<wgpu::Buffer>,
         codes: impl Fn(&Self, std::ops::Range<usize>) -> Vec<&'a [u8]>,
-    ) -> GpuLinear {
+    ) -> Result<GpuLinear, EngineError> {
         let mut segments = Vec::new();
         for start in (0..out).step_by(per) {
             let range = start..(start + per).min(out);
             let pieces = codes(self, range.clone());
             segments.push(Segment {
-                codes: self.gathered(label, &pieces),
-                scales: self.buffer(label, &NO_SCALES),
+                codes: self.gathered(label, &pieces)?,
+                scales: self.buffer(label, &NO_SCALES)?,
                 expert_scales: None,
                 range,
             });
         }
-        GpuLinear {
+        Ok(GpuLinear {
             format: WeightFormat::Bf16,
             out,
             in_features,
             segments,
             bias,
             tensor_scale: 1.0,
-        }
+        })
     }
 
     /// A dense linear (module) or a 2-D BF16 matrix used as a bias-free linear.
@@ -299,15 +340,15 @@ impl<'a> Uploader<'a> {
             let codes = &self.raw(&codes_name)[range.start * row_bytes..range.end * row_bytes];
             let scales = self.scales(weight, format, out, in_, range.clone());
             segments.push(Segment {
-                codes: self.buffer(weight, codes),
-                scales: self.buffer(weight, scales),
+                codes: self.buffer(weight, codes)?,
+                scales: self.buffer(weight, scales)?,
                 expert_scales: None,
                 range,
             });
         }
         let bias = if has_bias {
             let bytes = self.raw(&format!("{weight}.bias"));
-            Some(self.buffer(weight, bytes))
+            Some(self.buffer(weight, bytes)?)
         } else {
             None
         };
@@ -384,10 +425,10 @@ impl<'a> Uploader<'a> {
                 scales = vec![&NO_SCALES];
             }
             let first = &modules[range.start][0];
-            let expert_scales = self.buffer(first, bytemuck::cast_slice(&tensor_scales));
+            let expert_scales = self.buffer(first, bytemuck::cast_slice(&tensor_scales))?;
             segments.push(Segment {
-                codes: self.gathered(first, &codes),
-                scales: self.gathered(first, &scales),
+                codes: self.gathered(first, &codes)?,
+                scales: self.gathered(first, &scales)?,
                 expert_scales: Some(expert_scales),
                 range,
             });
@@ -411,7 +452,7 @@ impl<'a> Uploader<'a> {
         for start in (0..rows).step_by(per) {
             let range = start..(start + per).min(rows);
             let bytes = &self.raw(name)[range.start * width * 2..range.end * width * 2];
-            segments.push((range, self.buffer(name, bytes)));
+            segments.push((range, self.buffer(name, bytes)?));
         }
         Ok(GpuTable { width, segments })
     }
@@ -481,14 +522,10 @@ fn check_head_dim(head_dim: usize) -> Result<(), EngineError> {
 
 /// Uploads one linear module (or 2-D BF16 matrix used as a linear) of a validated checkpoint.
 pub fn upload_linear(gpu: &Gpu, checkpoint: &Checkpoint, weight: &str) -> Result<GpuLinear, EngineError> {
-    let limit = usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX);
-    Uploader {
-        gpu,
-        checkpoint,
-        limit,
-        bytes: 0,
-    }
-    .linear(weight)
+    let mut up = Uploader::new(gpu, checkpoint);
+    let linear = up.linear(weight)?;
+    up.finish()?;
+    Ok(linear)
 }
 
 impl GpuWeights {
@@ -503,13 +540,7 @@ impl GpuWeights {
         linear_groups: &[(Vec<LinearMember>, bool)],
     ) -> Result<GpuWeights, EngineError> {
         check_head_dim(checkpoint.config.head_dim)?;
-        let limit = usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX);
-        let mut up = Uploader {
-            gpu,
-            checkpoint,
-            limit,
-            bytes: 0,
-        };
+        let mut up = Uploader::new(gpu, checkpoint);
         let mut linears = HashMap::new();
         let mut experts = HashMap::new();
         let mut vectors = HashMap::new();
@@ -534,10 +565,10 @@ impl GpuWeights {
                     experts.insert((i, projections), linear);
                 }
                 let ids: Vec<u32> = moe.kept_expert_ids.iter().map(|&e| e as u32).collect();
-                kept_ids.insert(i, up.buffer("kept_expert_ids", bytemuck::cast_slice(&ids)));
+                kept_ids.insert(i, up.buffer("kept_expert_ids", bytemuck::cast_slice(&ids))?);
                 if moe.has_score_bias {
                     let bytes = up.raw(&names::layer(names::ROUTER_BIAS, i));
-                    score_bias.insert(i, up.buffer("score_bias", bytes));
+                    score_bias.insert(i, up.buffer("score_bias", bytes)?);
                 }
             }
         }
@@ -560,13 +591,14 @@ impl GpuWeights {
         }
         for norm in norms {
             let bytes = up.raw(&norm);
-            vectors.insert(norm.clone(), up.buffer(&norm, bytes));
+            vectors.insert(norm.clone(), up.buffer(&norm, bytes)?);
         }
         let mut tables = HashMap::new();
         for table in [names::EMBED_TOKENS, names::AUDIO_EMBED] {
             tables.insert(table.to_string(), up.table(table)?);
         }
         let placeholder = gpu.buffer("placeholder", 16);
+        let bytes = up.finish()?;
         Ok(GpuWeights {
             linears,
             experts,
@@ -575,7 +607,7 @@ impl GpuWeights {
             kept_ids,
             score_bias,
             placeholder,
-            bytes: up.bytes,
+            bytes,
         })
     }
 }

@@ -325,6 +325,8 @@ fn chunked_equals_whole() {
 /// Weights split into many small bindings give the same bits: tiny-fp8 under a forced 32 KiB
 /// limit, and tiny under 8 KiB, which also splits the shared experts' SwiGLU stacks, so each
 /// MoE layer launches its linear pair's halves apart (the plain engine runs them as one).
+/// The split engine's upload also sends every buffer's write to the GPU on its own, each
+/// after the one before finished (the plain engine's fit in one batch).
 #[test]
 fn split_weights_equal_unsplit() {
     split_case("tiny-fp8", 32768, false, (5, 4));
@@ -342,6 +344,7 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
     let rows = rows_for(0, p, &text, &audio);
     let small = Gpu::new(&GpuOptions {
         max_storage_binding: Some(limit),
+        upload_batch: Some(1),
         ..Default::default()
     })
     .unwrap();

@@ -74,7 +74,17 @@ pub struct GpuOptions {
     /// Whether waits for submitted work end by polling (see [`Gpu::wait_for`]). None: on
     /// every adapter but a CPU one (tests use this to poll on lavapipe too).
     pub poll_waits: Option<bool>,
+    /// Bytes of buffer writes gathered before they are sent to the GPU while weights
+    /// upload (None: [`UPLOAD_BATCH`]; tests send every buffer alone).
+    pub upload_batch: Option<u64>,
 }
+
+/// Bytes of buffer writes gathered before they are sent to the GPU while weights upload: the
+/// GPU copies one batch while the host stages the next, and at most two batches of staging
+/// memory are held at a time. (Sent all at once at the first submission, the bench
+/// checkpoint's 9 GB crossed PCIe in front of the first request: on an H200 a CLI
+/// synthesis's first audio came after 0.50-0.55 s instead of 0.15 s.)
+pub const UPLOAD_BATCH: u64 = 256 << 20;
 
 /// Why the GPU could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +141,8 @@ pub struct Gpu {
     pub caps: Capabilities,
     /// Waits end by polling instead of blocking all the way (see [`Gpu::wait_for`]).
     polls_waits: bool,
+    /// See [`GpuOptions::upload_batch`].
+    pub upload_batch: u64,
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
 }
 
@@ -203,6 +215,7 @@ impl Gpu {
             queue,
             caps,
             polls_waits: options.poll_waits.unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
+            upload_batch: options.upload_batch.unwrap_or(UPLOAD_BATCH),
             pipelines: Mutex::new(HashMap::new()),
         };
         gpu.probe_f16_subnormals()?;
@@ -279,28 +292,42 @@ impl Gpu {
 
     /// A storage buffer holding `pieces` one after another (padded with zeros to a multiple
     /// of 4 bytes), each copied straight from where it lies (a checkpoint's mapped file, say)
-    /// into the buffer's mapping: no copy of the whole is made on the way.
+    /// into staging memory: no copy of the whole is made on the way. The GPU copies the
+    /// staging memory into the buffer at the queue's next submission ([`Gpu::send_writes`]
+    /// starts it without other work). (A buffer mapped at its creation is staged the same
+    /// way in wgpu, but its staging memory is zeroed first: every byte written twice.)
     pub fn buffer_gathered(&self, label: &str, pieces: &[&[u8]]) -> wgpu::Buffer {
         let len: usize = pieces.iter().map(|piece| piece.len()).sum();
+        let size = (len.div_ceil(4).max(1) * 4) as u64;
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: (len.div_ceil(4).max(1) * 4) as u64,
+            size,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: true,
+            mapped_at_creation: false,
         });
-        {
-            let mut mapped = buffer
-                .get_mapped_range_mut(..)
-                .expect("a buffer mapped at its creation has a mapped range");
-            let mut at = 0;
-            for piece in pieces {
-                mapped.slice(at..at + piece.len()).copy_from_slice(piece);
-                at += piece.len();
-            }
-            mapped.slice(at..).fill(0);
+        let mut staged = self
+            .queue
+            .write_buffer_with(&buffer, 0, wgpu::BufferSize::new(size).expect("at least 4 bytes"))
+            .expect("a whole new buffer with COPY_DST usage takes a write");
+        let mut at = 0;
+        for piece in pieces {
+            staged.slice(at..at + piece.len()).copy_from_slice(piece);
+            at += piece.len();
         }
-        buffer.unmap();
+        staged.slice(at..).fill(0);
         buffer
+    }
+
+    /// Submits the buffer writes made so far (their copies from staging memory) without
+    /// other work, so that they run while the host prepares more; wait for the returned
+    /// submission with [`Gpu::finish`], after which their staging memory is freed.
+    pub fn send_writes(&self) -> wgpu::SubmissionIndex {
+        self.queue.submit([])
+    }
+
+    /// Blocks until `submission` has finished.
+    pub fn finish(&self, submission: &wgpu::SubmissionIndex) -> Result<(), GpuError> {
+        self.block(Some(submission), None).map(|_| ())
     }
 
     /// A zero-filled storage buffer of `size` bytes (at least 4).
