@@ -12,7 +12,7 @@ use drama_kernels::WeightFormat;
 use crate::checkpoint::linear::FP8_BLOCK;
 use crate::checkpoint::{Checkpoint, LayerMlp, LinearFormat, names};
 use crate::error::EngineError;
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, bytes_of};
 use crate::spec::weight_format;
 
 /// One piece of a split weight: output rows (dense) or local experts (routed) it covers.
@@ -461,21 +461,6 @@ impl<'a> Uploader<'a> {
 /// What a format without scales binds as its scales.
 const NO_SCALES: [u8; 4] = [0; 4];
 
-/// The pieces of `pieces`' concatenation that cover its bytes `range`.
-fn bytes_of<'p>(pieces: &[&'p [u8]], range: Range<usize>) -> Vec<&'p [u8]> {
-    let mut covered = Vec::new();
-    let mut start = 0;
-    for piece in pieces {
-        let end = start + piece.len();
-        let (from, to) = (range.start.max(start), range.end.min(end));
-        if from < to {
-            covered.push(&piece[from - start..to - start]);
-        }
-        start = end;
-    }
-    covered
-}
-
 /// The key a stacked group of linears is found under in [`GpuWeights::linears`]: its
 /// members' weight names joined by `+`.
 pub fn stack_key(members: &[LinearMember]) -> String {
@@ -609,24 +594,5 @@ impl GpuWeights {
             placeholder,
             bytes,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bytes_of_covers_a_range_of_the_concatenation() {
-        let (a, b, c) = ([1u8, 2, 3], [4u8], [5u8, 6, 7, 8]);
-        let pieces: [&[u8]; 4] = [&a, &[], &b, &c];
-        let whole: Vec<u8> = pieces.concat();
-        for start in 0..=whole.len() {
-            for end in start..=whole.len() {
-                let covered = bytes_of(&pieces, start..end);
-                assert_eq!(covered.concat(), whole[start..end], "{start}..{end}");
-                assert!(covered.iter().all(|piece| !piece.is_empty()), "{start}..{end}");
-            }
-        }
     }
 }

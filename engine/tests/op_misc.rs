@@ -1,5 +1,5 @@
 //! GPU norm, attention, routing and element-wise kernels against the FP64 reference on fresh
-//! random inputs at odd sizes, with poisoned outputs.
+//! random inputs at odd sizes, with poisoned outputs; and buffers as the uploads write them.
 
 mod common;
 
@@ -8,6 +8,7 @@ use drama_engine::exec::route_launch;
 use drama_engine::numerics::round_to_bf16;
 use drama_engine::reference::ops::{self, RouterSpec};
 use drama_kernels::{AttentionParams, ConvOutput, ElementwiseParams, Kernel, NormParams, RouterParams};
+use rand_core::Rng;
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
@@ -759,5 +760,29 @@ fn conv_epilogues_give_their_own_kernels_bits() {
                 "{cin} -> {cout}: tanh({v}) = {want}, got {got}"
             );
         }
+    }
+}
+
+/// A buffer gathered from pieces holds exactly their concatenation, zero-padded to a whole
+/// word: pieces of random lengths (empty ones too) over several of the host's staging
+/// ranges, each a write of its own, sent to the GPU with `send_writes` and read back.
+#[test]
+fn gathered_buffers_hold_their_pieces() {
+    let mut rng = rng("gathered buffers");
+    let gpu = gpu();
+    for total in [1usize, 4097, 40 << 20] {
+        let mut whole = vec![0u8; total];
+        rng.fill_bytes(&mut whole);
+        // Cut points at random, one of them doubled (an empty piece).
+        let mut cuts: Vec<usize> = (0..5).map(|_| rng.next_u32() as usize % (total + 1)).collect();
+        cuts.push(cuts[0]);
+        cuts.extend([0, total]);
+        cuts.sort_unstable();
+        let pieces: Vec<&[u8]> = cuts.windows(2).map(|w| &whole[w[0]..w[1]]).collect();
+        let buffer = gpu.buffer_gathered("gathered", &pieces);
+        gpu.finish(&gpu.send_writes()).unwrap();
+        let words = gpu.read_u32(&buffer).unwrap();
+        whole.resize(total.div_ceil(4) * 4, 0);
+        assert_eq!(bytemuck::cast_slice::<u32, u8>(&words), &whole[..], "{total} bytes");
     }
 }

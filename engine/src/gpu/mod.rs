@@ -3,6 +3,7 @@
 
 mod capabilities;
 mod readback;
+mod upload;
 mod wait;
 
 use std::collections::HashMap;
@@ -13,6 +14,8 @@ use wgpu::util::DeviceExt;
 
 pub use capabilities::Capabilities;
 pub use readback::Readback;
+pub use upload::UPLOAD_BATCH;
+pub(crate) use upload::bytes_of;
 pub use wait::WaitHistory;
 
 /// Which graphics API to run on. `Auto` takes the platform's native one (Metal on Apple,
@@ -78,13 +81,6 @@ pub struct GpuOptions {
     /// upload (None: [`UPLOAD_BATCH`]; tests send every buffer alone).
     pub upload_batch: Option<u64>,
 }
-
-/// Bytes of buffer writes gathered before they are sent to the GPU while weights upload: the
-/// GPU copies one batch while the host stages the next, and at most two batches of staging
-/// memory are held at a time. (Sent all at once at the first submission, the bench
-/// checkpoint's 9 GB crossed PCIe in front of the first request: on an H200 a CLI
-/// synthesis's first audio came after 0.50-0.55 s instead of 0.15 s.)
-pub const UPLOAD_BATCH: u64 = 256 << 20;
 
 /// Why the GPU could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -283,51 +279,6 @@ impl Gpu {
         let pipeline = Arc::new(pipeline);
         cache.insert(kernel, pipeline.clone());
         Ok(pipeline)
-    }
-
-    /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
-    pub fn buffer_with(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        self.buffer_gathered(label, &[bytes])
-    }
-
-    /// A storage buffer holding `pieces` one after another (padded with zeros to a multiple
-    /// of 4 bytes), each copied straight from where it lies (a checkpoint's mapped file, say)
-    /// into staging memory: no copy of the whole is made on the way. The GPU copies the
-    /// staging memory into the buffer at the queue's next submission ([`Gpu::send_writes`]
-    /// starts it without other work). (A buffer mapped at its creation is staged the same
-    /// way in wgpu, but its staging memory is zeroed first: every byte written twice.)
-    pub fn buffer_gathered(&self, label: &str, pieces: &[&[u8]]) -> wgpu::Buffer {
-        let len: usize = pieces.iter().map(|piece| piece.len()).sum();
-        let size = (len.div_ceil(4).max(1) * 4) as u64;
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let mut staged = self
-            .queue
-            .write_buffer_with(&buffer, 0, wgpu::BufferSize::new(size).expect("at least 4 bytes"))
-            .expect("a whole new buffer with COPY_DST usage takes a write");
-        let mut at = 0;
-        for piece in pieces {
-            staged.slice(at..at + piece.len()).copy_from_slice(piece);
-            at += piece.len();
-        }
-        staged.slice(at..).fill(0);
-        buffer
-    }
-
-    /// Submits the buffer writes made so far (their copies from staging memory) without
-    /// other work, so that they run while the host prepares more; wait for the returned
-    /// submission with [`Gpu::finish`], after which their staging memory is freed.
-    pub fn send_writes(&self) -> wgpu::SubmissionIndex {
-        self.queue.submit([])
-    }
-
-    /// Blocks until `submission` has finished.
-    pub fn finish(&self, submission: &wgpu::SubmissionIndex) -> Result<(), GpuError> {
-        self.block(Some(submission), None).map(|_| ())
     }
 
     /// A zero-filled storage buffer of `size` bytes (at least 4).
