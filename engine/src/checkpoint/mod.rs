@@ -150,7 +150,27 @@ impl Checkpoint {
                 )));
             }
         }
-        let bytes_verified = manifest.verify_dir(dir)?;
+        // The files are hashed while their contents are checked against the layout (each
+        // side on its own threads): a digest that does not match is still the problem
+        // reported, before anything the checks found in the files it covers.
+        let (bytes_verified, checked) = rayon::join(
+            || manifest.verify_dir(dir),
+            || Checkpoint::read_and_check(dir, provenance, &manifest, &manifest_text),
+        );
+        let bytes_verified = bytes_verified?;
+        let mut checkpoint = checked?;
+        checkpoint.bytes_verified = bytes_verified;
+        Ok(checkpoint)
+    }
+
+    /// Reads the configuration and the weight files and checks the tensors against the
+    /// layout (everything [`Checkpoint::open`] does but hashing).
+    fn read_and_check(
+        dir: &Path,
+        provenance: Provenance,
+        manifest: &Manifest,
+        manifest_text: &str,
+    ) -> Result<Self, CheckpointError> {
         let config_text = read_text(dir, CONFIG_FILE)?;
         let config = ModelConfig::from_json(&config_text)?;
         let hf_quant = if dir.join(quant::HF_QUANT_CONFIG_FILE).is_file() {
@@ -168,7 +188,7 @@ impl Checkpoint {
             linears: BTreeMap::new(),
             manifest_digest: manifest::sha256_hex(manifest_text.as_bytes()),
             files_verified: manifest.digests.len(),
-            bytes_verified,
+            bytes_verified: 0,
             config,
             quant,
             weights,
