@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use drama_graph::drama3::{self, ModelSpec, StepShape, row_source};
+use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, LayerMlp};
 use crate::error::EngineError;
@@ -51,8 +52,10 @@ impl Engine {
 }
 
 /// Builds every pipeline a decode step's kernels and a prefill's (its routed experts
-/// grouped) use.
+/// grouped) use, on the host's threads side by side; a failure reported is the first in
+/// the steps' launch order.
 fn build_step_pipelines(gpu: &Gpu, spec: &ModelSpec) -> Result<(), EngineError> {
+    let mut kernels = Vec::new();
     for rows in [1, drama_graph::select::GROUPED_EXPERT_ROWS] {
         let shape = StepShape {
             rows,
@@ -63,9 +66,15 @@ fn build_step_pipelines(gpu: &Gpu, spec: &ModelSpec) -> Result<(), EngineError> 
         };
         for node in drama3::build(spec, &CheckpointNames, shape)?.nodes {
             for kernel in drama_graph::select::kernels_of(&node.op) {
-                gpu.pipeline(kernel)?;
+                if !kernels.contains(&kernel) {
+                    kernels.push(kernel);
+                }
             }
         }
+    }
+    let built: Vec<_> = kernels.par_iter().map(|&kernel| gpu.pipeline(kernel)).collect();
+    for pipeline in built {
+        pipeline?;
     }
     Ok(())
 }

@@ -251,12 +251,21 @@ impl Gpu {
         }
     }
 
-    /// The compute pipeline of a kernel, built on first use and cached.
+    /// The compute pipeline of a kernel, built on first use and cached. Threads may build
+    /// different kernels' pipelines at once (the cache is not held while one builds).
     pub fn pipeline(&self, kernel: Kernel) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
-        let mut cache = self.pipelines.lock().expect("pipeline cache poisoned");
-        if let Some(pipeline) = cache.get(&kernel) {
+        if let Some(pipeline) = self.pipelines.lock().expect("pipeline cache poisoned").get(&kernel) {
             return Ok(pipeline.clone());
         }
+        let built = Arc::new(self.build_pipeline(kernel)?);
+        // A thread that built the same kernel meanwhile stored its pipeline first: keep that.
+        let mut cache = self.pipelines.lock().expect("pipeline cache poisoned");
+        Ok(cache.entry(kernel).or_insert(built).clone())
+    }
+
+    /// Compiles a kernel's module and its pipeline; a validation error names the kernel.
+    /// (wgpu's error scopes are per thread.)
+    fn build_pipeline(&self, kernel: Kernel) -> Result<wgpu::ComputePipeline, GpuError> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&kernel.module().name()),
@@ -276,8 +285,6 @@ impl Gpu {
                 reason: error.to_string(),
             });
         }
-        let pipeline = Arc::new(pipeline);
-        cache.insert(kernel, pipeline.clone());
         Ok(pipeline)
     }
 
