@@ -142,8 +142,8 @@ impl<'a> Uploader<'a> {
         self.gathered(label, &[bytes])
     }
 
-    /// A buffer of `pieces` one after another, copied straight from the checkpoint. Once a
-    /// batch of writes has gathered, it is sent to the GPU after the one before it finished.
+    /// A buffer of `pieces` one after another, copied straight from the checkpoint. Once the
+    /// writes since the last batch reach [`Gpu::upload_batch`] bytes, they go to the GPU.
     fn gathered(&mut self, label: &str, pieces: &[&[u8]]) -> Result<wgpu::Buffer, EngineError> {
         let len = pieces.iter().map(|piece| piece.len() as u64).sum::<u64>();
         self.bytes += len;
@@ -155,7 +155,8 @@ impl<'a> Uploader<'a> {
         Ok(buffer)
     }
 
-    /// Sends the writes gathered so far once the previous batch has finished.
+    /// Sends the writes gathered so far, then waits for the batch sent before them (so the
+    /// staging memory of at most two batches is held while the next one gathers).
     fn send(&mut self) -> Result<(), EngineError> {
         let sent = self.gpu.send_writes();
         if let Some(previous) = self.in_flight.replace(sent) {

@@ -11,11 +11,12 @@ use rayon::prelude::*;
 
 use super::{Gpu, GpuError};
 
-/// Bytes of buffer writes gathered before they are sent to the GPU while weights upload: the
-/// GPU copies one batch while the host stages the next, and at most two batches of staging
-/// memory are held at a time. (Sent all at once at the first submission, the bench
+/// Bytes of buffer writes gathered before they are sent to the GPU while weights upload (a
+/// batch closes with the buffer that reaches it): the GPU copies one batch while the host
+/// stages the next, and at most two batches of staging memory are held at a time. (Left to
+/// the first submission, as wgpu leaves a buffer mapped at its creation, the bench
 /// checkpoint's 9 GB crossed PCIe in front of the first request: on an H200 a CLI
-/// synthesis's first audio came after 0.50-0.55 s instead of 0.15 s.)
+/// synthesis's first audio came after 0.50-0.55 s, against 0.15 s sent in batches.)
 pub const UPLOAD_BATCH: u64 = 256 << 20;
 
 /// Bytes of a buffer that one thread stages (a multiple of 4): each range is a write of its
