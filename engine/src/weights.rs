@@ -12,7 +12,7 @@ use drama_kernels::WeightFormat;
 use crate::checkpoint::linear::FP8_BLOCK;
 use crate::checkpoint::{Checkpoint, LayerMlp, LinearFormat, names};
 use crate::error::EngineError;
-use crate::gpu::{Gpu, bytes_of};
+use crate::gpu::{Gpu, Stager, bytes_of};
 use crate::spec::weight_format;
 
 /// One piece of a split weight: output rows (dense) or local experts (routed) it covers.
@@ -111,25 +111,19 @@ struct Stored {
 }
 
 struct Uploader<'a> {
-    gpu: &'a Gpu,
     checkpoint: &'a Checkpoint,
     limit: usize,
     bytes: u64,
-    /// Bytes written since the last batch was sent.
-    unsent: u64,
-    /// The last batch sent, still to be waited for.
-    in_flight: Option<wgpu::SubmissionIndex>,
+    stager: Stager<'a>,
 }
 
 impl<'a> Uploader<'a> {
     fn new(gpu: &'a Gpu, checkpoint: &'a Checkpoint) -> Uploader<'a> {
         Uploader {
-            gpu,
             checkpoint,
             limit: usize::try_from(gpu.caps.max_storage_binding).unwrap_or(usize::MAX),
             bytes: 0,
-            unsent: 0,
-            in_flight: None,
+            stager: Stager::new(gpu),
         }
     }
 
@@ -142,36 +136,16 @@ impl<'a> Uploader<'a> {
         self.gathered(label, &[bytes])
     }
 
-    /// A buffer of `pieces` one after another, copied straight from the checkpoint. Once the
-    /// writes since the last batch reach [`Gpu::upload_batch`] bytes, they go to the GPU.
+    /// A buffer of `pieces` one after another, copied straight from the checkpoint (see
+    /// [`Stager`]).
     fn gathered(&mut self, label: &str, pieces: &[&[u8]]) -> Result<wgpu::Buffer, EngineError> {
-        let len = pieces.iter().map(|piece| piece.len() as u64).sum::<u64>();
-        self.bytes += len;
-        self.unsent += len;
-        let buffer = self.gpu.buffer_gathered(label, pieces);
-        if self.unsent >= self.gpu.upload_batch {
-            self.send()?;
-        }
-        Ok(buffer)
+        self.bytes += pieces.iter().map(|piece| piece.len() as u64).sum::<u64>();
+        Ok(self.stager.buffer(label, pieces)?)
     }
 
-    /// Sends the writes gathered so far, then waits for the batch sent before them (so the
-    /// staging memory of at most two batches is held while the next one gathers).
-    fn send(&mut self) -> Result<(), EngineError> {
-        let sent = self.gpu.send_writes();
-        if let Some(previous) = self.in_flight.replace(sent) {
-            self.gpu.finish(&previous)?;
-        }
-        self.unsent = 0;
-        Ok(())
-    }
-
-    /// Sends what is left and waits until every write is in its buffer.
-    fn finish(mut self) -> Result<u64, EngineError> {
-        self.send()?;
-        if let Some(last) = self.in_flight.take() {
-            self.gpu.finish(&last)?;
-        }
+    /// Waits until every buffer holds its bytes; returns the bytes uploaded.
+    fn finish(self) -> Result<u64, EngineError> {
+        self.stager.finish()?;
         Ok(self.bytes)
     }
 

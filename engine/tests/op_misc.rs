@@ -763,26 +763,75 @@ fn conv_epilogues_give_their_own_kernels_bits() {
     }
 }
 
+/// Random bytes cut into pieces of random lengths (empty ones too), `total` bytes in all,
+/// and their concatenation zero-padded to a whole word.
+fn cut_pieces(rng: &mut rand_chacha::ChaCha8Rng, total: usize) -> (Vec<u8>, Vec<usize>) {
+    let mut whole = vec![0u8; total];
+    rng.fill_bytes(&mut whole);
+    // Cut points at random, one of them doubled (an empty piece).
+    let mut cuts: Vec<usize> = (0..5).map(|_| rng.next_u32() as usize % (total + 1)).collect();
+    cuts.push(cuts[0]);
+    cuts.extend([0, total]);
+    cuts.sort_unstable();
+    (whole, cuts)
+}
+
+/// The pieces between consecutive cuts.
+fn pieces_of<'w>(whole: &'w [u8], cuts: &[usize]) -> Vec<&'w [u8]> {
+    cuts.windows(2).map(|w| &whole[w[0]..w[1]]).collect()
+}
+
+/// `whole` zero-padded to a whole number of words, as a buffer holds it.
+fn padded(whole: &[u8]) -> Vec<u8> {
+    let mut bytes = whole.to_vec();
+    bytes.resize(whole.len().div_ceil(4).max(1) * 4, 0);
+    bytes
+}
+
 /// A buffer gathered from pieces holds exactly their concatenation, zero-padded to a whole
-/// word: pieces of random lengths (empty ones too) over several of the host's staging
-/// ranges, each a write of its own, sent to the GPU with `send_writes` and read back.
+/// word: pieces over several of the host's staging ranges, each a write of its own.
 #[test]
 fn gathered_buffers_hold_their_pieces() {
     let mut rng = rng("gathered buffers");
     let gpu = gpu();
     for total in [1usize, 4097, 40 << 20] {
-        let mut whole = vec![0u8; total];
-        rng.fill_bytes(&mut whole);
-        // Cut points at random, one of them doubled (an empty piece).
-        let mut cuts: Vec<usize> = (0..5).map(|_| rng.next_u32() as usize % (total + 1)).collect();
-        cuts.push(cuts[0]);
-        cuts.extend([0, total]);
-        cuts.sort_unstable();
-        let pieces: Vec<&[u8]> = cuts.windows(2).map(|w| &whole[w[0]..w[1]]).collect();
-        let buffer = gpu.buffer_gathered("gathered", &pieces);
-        gpu.finish(&gpu.send_writes()).unwrap();
+        let (whole, cuts) = cut_pieces(&mut rng, total);
+        let buffer = gpu.buffer_gathered("gathered", &pieces_of(&whole, &cuts));
         let words = gpu.read_u32(&buffer).unwrap();
-        whole.resize(total.div_ceil(4) * 4, 0);
-        assert_eq!(bytemuck::cast_slice::<u32, u8>(&words), &whole[..], "{total} bytes");
+        assert_eq!(
+            bytemuck::cast_slice::<u32, u8>(&words),
+            &padded(&whole)[..],
+            "{total} bytes"
+        );
+    }
+}
+
+/// Buffers written through a stager hold exactly their pieces once it finishes: several
+/// staging ranges per buffer and several batches (of 8 MiB here), so that later batches
+/// stage into memory the earlier ones used.
+#[test]
+fn staged_buffers_hold_their_pieces() {
+    let mut rng = rng("staged buffers");
+    let gpu = drama_engine::gpu::Gpu::new(&drama_engine::gpu::GpuOptions {
+        upload_batch: Some(8 << 20),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut stager = drama_engine::gpu::Stager::new(&gpu);
+    let mut written = Vec::new();
+    for total in [1usize, 4097, (12 << 20) + 3, 40 << 20, 7, (9 << 20) + 1] {
+        let (whole, cuts) = cut_pieces(&mut rng, total);
+        let buffer = stager.buffer("staged", &pieces_of(&whole, &cuts)).unwrap();
+        written.push((buffer, whole));
+    }
+    stager.finish().unwrap();
+    for (buffer, whole) in written {
+        let words = gpu.read_u32(&buffer).unwrap();
+        assert_eq!(
+            bytemuck::cast_slice::<u32, u8>(&words),
+            &padded(&whole)[..],
+            "{} bytes",
+            whole.len()
+        );
     }
 }

@@ -14,8 +14,8 @@ use wgpu::util::DeviceExt;
 
 pub use capabilities::Capabilities;
 pub use readback::Readback;
-pub use upload::UPLOAD_BATCH;
 pub(crate) use upload::bytes_of;
+pub use upload::{Stager, UPLOAD_BATCH};
 pub use wait::WaitHistory;
 
 /// Which graphics API to run on. `Auto` takes the platform's native one (Metal on Apple,
