@@ -52,14 +52,11 @@ impl Gpu {
         let len: usize = pieces.iter().map(|piece| piece.len()).sum();
         let size = padded(len);
         let buffer = self.new_buffer(label, len);
-        let writes: Vec<(Range<usize>, wgpu::QueueWriteBufferView)> = (0..size)
-            .step_by(STAGING_CHUNK)
-            .map(|start| {
-                let range = start..(start + STAGING_CHUNK).min(size);
-                let bytes = wgpu::BufferSize::new(range.len() as u64).expect("a chunk holds at least 4 bytes");
+        let writes: Vec<(Range<usize>, wgpu::QueueWriteBufferView)> = staging_ranges(size)
+            .map(|(range, bytes)| {
                 let view = self
                     .queue
-                    .write_buffer_with(&buffer, start as u64, bytes)
+                    .write_buffer_with(&buffer, range.start as u64, bytes)
                     .expect("a new buffer with COPY_DST usage takes writes of 4-byte multiples");
                 (range, view)
             })
@@ -114,12 +111,11 @@ impl<'g> Stager<'g> {
         let len: usize = pieces.iter().map(|piece| piece.len()).sum();
         let size = padded(len);
         let buffer = self.gpu.new_buffer(label, len);
-        let writes: Vec<(Range<usize>, wgpu::BufferViewMut)> = (0..size)
-            .step_by(STAGING_CHUNK)
-            .map(|start| {
-                let range = start..(start + STAGING_CHUNK).min(size);
-                let bytes = wgpu::BufferSize::new(range.len() as u64).expect("a range holds at least 4 bytes");
-                let view = self.belt.write_buffer(&mut self.encoder, &buffer, start as u64, bytes);
+        let writes: Vec<(Range<usize>, wgpu::BufferViewMut)> = staging_ranges(size)
+            .map(|(range, bytes)| {
+                let view = self
+                    .belt
+                    .write_buffer(&mut self.encoder, &buffer, range.start as u64, bytes);
                 (range, view)
             })
             .collect();
@@ -158,6 +154,16 @@ impl<'g> Stager<'g> {
             None => Ok(()),
         }
     }
+}
+
+/// The staging ranges of a buffer of `size` bytes (a multiple of 4), each a write of its
+/// own: [`STAGING_CHUNK`] bytes, the last one shorter.
+fn staging_ranges(size: usize) -> impl Iterator<Item = (Range<usize>, wgpu::BufferSize)> {
+    (0..size).step_by(STAGING_CHUNK).map(move |start| {
+        let range = start..(start + STAGING_CHUNK).min(size);
+        let bytes = wgpu::BufferSize::new(range.len() as u64).expect("a range holds at least 4 bytes");
+        (range, bytes)
+    })
 }
 
 /// `len` rounded up to whole 4-byte words (at least one).
