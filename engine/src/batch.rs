@@ -308,7 +308,6 @@ impl<'e> Batcher<'e> {
             all.extend(uncond_rows);
             (all, Vec::new())
         };
-        let forward_start = began;
         let submitted = self.session.submit(&first_rows)?;
         let codec_time = self.submit_chunks(step)? + self.deliver_finished_chunks(step)?;
         let first = self.session.logits(submitted)?;
@@ -318,7 +317,7 @@ impl<'e> Batcher<'e> {
             self.session.step(&second_rows, false)?.logits
         };
         // The codec submissions inside the window are counted as codec time.
-        let forward = forward_start.elapsed().saturating_sub(codec_time);
+        let forward = began.elapsed().saturating_sub(codec_time);
         let split = self.session.take_forward_split();
         for job in &mut self.jobs {
             job.stats.time_split.forward += forward;

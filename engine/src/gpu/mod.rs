@@ -138,7 +138,7 @@ pub struct Gpu {
     /// Waits end by polling instead of blocking all the way (see [`Gpu::wait_for`]).
     polls_waits: bool,
     /// See [`GpuOptions::upload_batch`].
-    pub upload_batch: u64,
+    upload_batch: u64,
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
 }
 
@@ -403,6 +403,11 @@ impl Gpu {
     /// Blocks until the queue is idle.
     pub fn wait(&self) -> Result<(), GpuError> {
         self.block(None, None).map(|_| ())
+    }
+
+    /// Blocks until `submission` has finished.
+    pub fn finish(&self, submission: &wgpu::SubmissionIndex) -> Result<(), GpuError> {
+        self.block(Some(submission), None).map(|_| ())
     }
 
     /// Runs every dispatch in a pass of its own, timestamps at each pass's boundaries (what

@@ -66,11 +66,6 @@ impl Gpu {
             .for_each(|(range, mut view)| stage(view.slice(..), pieces, range, len));
         buffer
     }
-
-    /// Blocks until `submission` has finished.
-    pub fn finish(&self, submission: &wgpu::SubmissionIndex) -> Result<(), GpuError> {
-        self.block(Some(submission), None).map(|_| ())
-    }
 }
 
 /// Bytes of a staging belt's chunk: a multiple of [`STAGING_CHUNK`], each write's range.
@@ -78,7 +73,7 @@ const BELT_CHUNK: u64 = 16 * STAGING_CHUNK as u64;
 
 /// Writes a checkpoint's buffers through staging memory it reuses: each buffer's ranges are
 /// staged by the host's threads side by side and copied by the GPU in batches of
-/// [`Gpu::upload_batch`] bytes, a batch sent once it fills while the one before it is
+/// [`GpuOptions::upload_batch`](super::GpuOptions::upload_batch) bytes, a batch sent once it fills while the one before it is
 /// waited for. (With fresh staging memory for every write, as `Queue::write_buffer_with`
 /// makes it, the bench checkpoint's upload and pipelines took 1.22-1.24 s on an H200
 /// machine; reusing it, 0.89-0.95 s.)
