@@ -90,6 +90,21 @@ fn attention_across_chunks_matches_reference() {
     );
 }
 
+/// Rows over more chunks than the combine reads at a time (four): exactly one batch, one
+/// chunk into a second batch, and a second batch one chunk short of full.
+#[test]
+fn attention_over_several_combine_batches_matches_reference() {
+    let chunk = drama_kernels::ATTENTION_CHUNK;
+    attention_case(
+        "attention-combine-batches",
+        2,
+        1,
+        32,
+        7 * chunk + 3,
+        [4 * chunk, 4 * chunk + 1, 7 * chunk + 3],
+    );
+}
+
 fn attention_case(
     label: &str,
     heads: usize,
