@@ -41,13 +41,18 @@ fn slow_playback_fixture(seed: u64) -> Fixture {
 const TOKENS_FOR_PARTS: usize = 2 * CODEC_CHUNK + 1;
 
 /// The guided request `make` builds from the first seed drawn from `rng` whose tokens (by a
-/// plain loop) number at least [`TOKENS_FOR_PARTS`]: a random seed may sample audio_eos
-/// early, and a short job has no chunk to give in parts.
-fn long_enough(engine: &Engine, rng: &mut impl Rng, make: impl Fn(u64) -> SynthesisRequest) -> SynthesisRequest {
+/// plain loop) number at least [`TOKENS_FOR_PARTS`], with those tokens: a random seed may
+/// sample audio_eos early, and a short job has no chunk to give in parts.
+fn long_enough(
+    engine: &Engine,
+    rng: &mut impl Rng,
+    make: impl Fn(u64) -> SynthesisRequest,
+) -> (SynthesisRequest, Vec<u32>) {
     for _ in 0..50 {
         let request = make(rng.next_u64());
-        if tokens_by_plain_loop(engine, &request).len() >= TOKENS_FOR_PARTS {
-            return request;
+        let tokens = tokens_by_plain_loop(engine, &request);
+        if tokens.len() >= TOKENS_FOR_PARTS {
+            return (request, tokens);
         }
     }
     panic!("50 seeds in a row sampled audio_eos within {TOKENS_FOR_PARTS} tokens");
@@ -80,7 +85,8 @@ fn batched_jobs_equal_solo_runs() {
         // Long enough for its chunks after the first to go in parts.
         long_enough(&engine, &mut rng, |seed| {
             request(vec![5, 17, 42, 99], 1.5, GuidanceMode::Paired, seed)
-        }),
+        })
+        .0,
         request(vec![7, 8], 1.0, GuidanceMode::Paired, rng.next_u64()),
         request(vec![200, 3, 3, 3, 1, 250], 2.0, GuidanceMode::Separate, rng.next_u64()),
     ];
@@ -297,13 +303,12 @@ fn batcher_audio_equals_the_codec_of_a_plain_loops_tokens() {
     let mut rng = rng("batch plain loop");
     let fixture = slow_playback_fixture(rng.next_u64());
     let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
-    let request = long_enough(&engine, &mut rng, |seed| {
+    let (request, tokens) = long_enough(&engine, &mut rng, |seed| {
         let mut request = request(vec![5, 17, 42], 1.5, GuidanceMode::Paired, seed);
         request.segments.push(vec![99, 3, 250, 7]);
         request.max_audio_tokens = 13;
         request
     });
-    let tokens = tokens_by_plain_loop(&engine, &request);
     assert!(
         tokens.len() > 8,
         "the comparison needs more than one codec chunk of audio"
