@@ -48,8 +48,8 @@ pub struct ServeArgs {
     /// Where saved voices live (default: the user data directory, drama/).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Longest a request may generate, in seconds.
-    #[arg(long, default_value_t = 300)]
+    /// Longest a request may generate, in seconds (1 to 604800, a week).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     request_timeout: u64,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 1 << 20)]

@@ -100,6 +100,8 @@ pub struct Batcher<'e> {
     free: Vec<usize>,
     jobs: Vec<Job>,
     next_id: JobId,
+    /// Lanes in all.
+    lanes: usize,
     capacity: usize,
     null_prefix: Vec<f32>,
     default_prefix: Vec<f32>,
@@ -127,6 +129,7 @@ impl<'e> Batcher<'e> {
             free: (0..lanes).rev().collect(),
             jobs: Vec::new(),
             next_id: 0,
+            lanes,
             capacity,
             null_prefix: engine.checkpoint.float_tensor(names::NULL_PREFIX),
             default_prefix: engine.checkpoint.float_tensor(names::DEFAULT_PREFIX),
@@ -166,9 +169,16 @@ impl<'e> Batcher<'e> {
             return Err(EngineError::Input("max_audio_tokens must be at least 1".into()));
         }
         request.sampling.validate()?;
+        let lanes = Self::lanes_needed(request.gamma);
+        if lanes > self.lanes {
+            return Err(EngineError::Input(format!(
+                "gamma {} guides with {lanes} lanes, more than the {} this batcher has",
+                request.gamma, self.lanes
+            )));
+        }
         let p = c.speech.voice_prefix_len;
         for segment in &request.segments {
-            let needed = p + segment.len() + 1 + request.max_audio_tokens;
+            let needed = (p + segment.len() + 1).saturating_add(request.max_audio_tokens);
             if needed > self.capacity {
                 return Err(EngineError::Input(format!(
                     "a segment of {} tokens with up to {} audio tokens needs {needed} positions, more than the {} available",

@@ -20,9 +20,8 @@ pub struct TextFrontEnd {
 /// Text tokens one segment may hold: the context (`max_positions`) less the voice prefix,
 /// `audio_bos` and up to `max_audio_tokens` audio tokens; `None` when nothing is left.
 pub fn text_budget(max_positions: usize, prefix_len: usize, max_audio_tokens: usize) -> Option<usize> {
-    max_positions
-        .checked_sub(prefix_len + 1 + max_audio_tokens)
-        .filter(|&budget| budget > 0)
+    let reserved = prefix_len.checked_add(1)?.checked_add(max_audio_tokens)?;
+    max_positions.checked_sub(reserved).filter(|&budget| budget > 0)
 }
 
 impl TextFrontEnd {

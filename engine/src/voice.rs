@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use safetensors::Dtype;
 
+use crate::audio::AudioError;
 use crate::checkpoint::Checkpoint;
 use crate::error::EngineError;
 use crate::numerics::float_values;
@@ -69,14 +70,28 @@ pub fn voice_file_bytes(prefix: &[f32], checkpoint: &Checkpoint) -> Result<Vec<u
         .map_err(|e| EngineError::Input(format!("voice file: {e}")))
 }
 
+/// The longest reference recording a voice is made from, in seconds. The tower averages
+/// its frames, so a longer one adds little, while its resampling, spectrogram and tower
+/// buffers grow with it (a 32 MiB WAV declaring 63 Hz would resample to 4 billion samples).
+pub const MAX_REFERENCE_SECONDS: u32 = 60;
+
 /// The voice prefix of a reference recording: WAV bytes downmixed, resampled to the tower's
-/// rate, turned into log-mel frames and encoded by the voice tower on the GPU.
+/// rate, turned into log-mel frames and encoded by the voice tower on the GPU. A recording
+/// longer than [`MAX_REFERENCE_SECONDS`] is refused before any of that work.
 pub fn prefix_from_wav(
     bytes: &[u8],
     checkpoint: &Checkpoint,
     gpu: std::sync::Arc<crate::gpu::Gpu>,
 ) -> Result<Vec<f32>, EngineError> {
     let pcm = crate::audio::read_wav(bytes)?;
+    let seconds = pcm.frames as f64 / f64::from(pcm.sample_rate);
+    if seconds > f64::from(MAX_REFERENCE_SECONDS) {
+        return Err(AudioError::ReferenceTooLong {
+            seconds,
+            max: MAX_REFERENCE_SECONDS,
+        }
+        .into());
+    }
     let mono = crate::audio::downmix(&pcm);
     let tower_config = &checkpoint.config.voice_tower;
     let samples = crate::audio::resample(&mono, pcm.sample_rate, tower_config.sample_rate)?;

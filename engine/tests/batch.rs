@@ -171,6 +171,15 @@ fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
     let too_long = request(vec![1; 60], 1.0, GuidanceMode::Paired, 1);
     let err = batcher.admit(too_long, Box::new(|_| true)).unwrap_err().to_string();
     assert!(err.contains("positions"), "{err}");
+    // A guided job needs two lanes: a one-lane batcher refuses it instead of queueing it
+    // for lanes it will never have.
+    let one_lane = Batcher::new(&engine, 1, 64).unwrap();
+    let guided = request(vec![1, 2], 1.5, GuidanceMode::Paired, 2);
+    let err = one_lane.check(&guided).unwrap_err().to_string();
+    assert!(err.contains("gamma 1.5 guides with 2 lanes"), "{err}");
+    one_lane
+        .check(&request(vec![1, 2], 1.0, GuidanceMode::Paired, 2))
+        .unwrap();
 }
 
 /// Runs `request` as the batcher's only job until it ends; returns its PCM.

@@ -62,9 +62,11 @@ pub enum ResponseFormat {
 pub enum StreamFormat {
     /// The whole file at the end (WAV sizes filled in).
     Whole,
-    /// The bytes as they are produced (WAV sizes unknown: 0xFFFFFFFF).
+    /// The bytes as they are produced (WAV sizes unknown: 0xFFFFFFFF); a synthesis that
+    /// fails aborts the transfer, so the client never sees it end cleanly.
     Audio,
-    /// Server-sent events: `speech.audio.delta` with base64 audio, then `speech.audio.done`.
+    /// Server-sent events: `speech.audio.delta` with base64 audio, then `speech.audio.done`,
+    /// or an `error` event (the body an error response would have) if the synthesis failed.
     Sse,
 }
 

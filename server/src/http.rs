@@ -25,10 +25,12 @@ use tokio::sync::{mpsc, oneshot};
 use crate::api::{ApiError, Policy, ResponseFormat, StreamFormat, parse_speech};
 use crate::metrics::Metrics;
 use crate::voices::VoiceStore;
-use crate::worker::{Command, SpeakJob};
+use crate::worker::{Command, Outcome, SpeakJob};
 use crate::{ServerConfig, ServerError};
 
-type Body = BoxBody<Bytes, Infallible>;
+/// A response body. A streamed one fails (and hyper aborts the connection, so the client
+/// sees a truncated transfer, not a finished one) when its synthesis fails.
+type Body = BoxBody<Bytes, std::io::Error>;
 
 /// What every handler shares.
 pub struct State {
@@ -42,12 +44,14 @@ pub struct State {
     pub store: Arc<VoiceStore>,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<AtomicBool>,
-    pub commands: Mutex<std::sync::mpsc::Sender<Command>>,
+    /// The worker's command channel; taken when shutdown begins, so the worker ends once its
+    /// work is done even while connections linger.
+    pub commands: Mutex<Option<std::sync::mpsc::Sender<Command>>>,
     pub in_flight: AtomicUsize,
 }
 
 fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).boxed()
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
 }
 
 fn json(status: u16, value: serde_json::Value) -> Response<Body> {
@@ -97,13 +101,78 @@ fn content_type_is(request: &Request<Incoming>, accepted: &[&str]) -> bool {
     accepted.contains(&essence.as_str())
 }
 
+/// A streamed response's body: `header` (a WAV header, or nothing), each chunk of PCM as
+/// it comes (16-bit; in SSE a `speech.audio.delta` event of base64 audio), then the end:
+/// `speech.audio.done` (SSE) or the end of the bytes if the job finished, else an `error`
+/// event carrying the body an error response would have (SSE) or a failed body, which makes
+/// hyper abort the transfer so that the client cannot take it for a finished one. `place`
+/// (the request's place in flight) is released when the job ends.
+fn streamed_body(
+    header: Vec<u8>,
+    chunks: mpsc::UnboundedReceiver<Vec<f32>>,
+    done: oneshot::Receiver<Outcome>,
+    place: impl Send + Sync + 'static,
+    sse: bool,
+) -> Body {
+    let frame = move |bytes: Vec<u8>| -> Bytes {
+        if sse {
+            let audio = base64::engine::general_purpose::STANDARD.encode(&bytes);
+            Bytes::from(format!(
+                "event: speech.audio.delta\ndata: {}\n\n",
+                serde_json::json!({"type": "speech.audio.delta", "audio": audio})
+            ))
+        } else {
+            Bytes::from(bytes)
+        }
+    };
+    let first = (!header.is_empty()).then(|| frame(header));
+    let chunks = futures_util::stream::unfold(chunks, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+        .map(move |chunk| frame(encode_samples(&chunk, SampleFormat::Pcm16)));
+    let tail = futures_util::stream::once(async move {
+        let outcome = done.await;
+        drop(place);
+        let tokens = match &outcome {
+            Ok(Ok(stats)) => stats.tokens,
+            _ => 0,
+        };
+        match (failure(outcome), sse) {
+            (None, true) => Ok(Bytes::from(format!(
+                "event: speech.audio.done\ndata: {}\n\n",
+                serde_json::json!({"type": "speech.audio.done", "usage": {"audio_tokens": tokens}})
+            ))),
+            (None, false) => Ok(Bytes::new()),
+            (Some(failure), true) => Ok(Bytes::from(format!("event: error\ndata: {}\n\n", failure.body()))),
+            (Some(failure), false) => Err(std::io::Error::other(failure.message)),
+        }
+    });
+    let stream = futures_util::stream::iter(first)
+        .chain(chunks)
+        .map(Ok)
+        .chain(tail)
+        .map(|b| b.map(Frame::data));
+    BodyExt::boxed(StreamBody::new(stream))
+}
+
+/// Why a job did not finish, as the error its response reports; `None` when it did.
+fn failure(outcome: Result<Outcome, oneshot::error::RecvError>) -> Option<ApiError> {
+    match outcome {
+        Ok(Ok(stats)) if stats.stop == Stop::Finished => None,
+        Ok(Ok(_)) => Some(ApiError::status(503, "the request ran past the server's time limit")),
+        Ok(Err(reason)) => Some(ApiError::status(500, format!("synthesis failed: {reason}"))),
+        Err(_) => Some(ApiError::status(500, "the engine stopped before the request finished")),
+    }
+}
+
 impl State {
     fn send(&self, command: Command) -> Result<(), ApiError> {
+        let shutting_down = || ApiError::status(503, "the engine is shutting down");
         self.commands
             .lock()
             .expect("command lock")
+            .as_ref()
+            .ok_or_else(shutting_down)?
             .send(command)
-            .map_err(|_| ApiError::status(503, "the engine is shutting down"))
+            .map_err(|_| shutting_down())
     }
 }
 
@@ -202,6 +271,12 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     };
     let speech = parse_speech(&body, &policy)?;
     let gamma = speech.gamma.unwrap_or(state.config.gamma);
+    if Batcher::lanes_needed(gamma) > state.config.max_lanes {
+        return Err(ApiError::invalid(
+            "gamma",
+            "a `gamma` other than 1 guides with two lanes; this server has one (--max-lanes 1)",
+        ));
+    }
     let max_audio_tokens = speech.max_audio_tokens.unwrap_or(state.default_max_audio_tokens);
     let Some(budget) = text_budget(state.max_positions, state.prefix_len, max_audio_tokens) else {
         return Err(ApiError::invalid(
@@ -209,11 +284,12 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
             "leaves no room for text in the context",
         ));
     };
-    let segments = state
-        .text
-        .segments(&speech.input, budget)
-        .map_err(|e| ApiError::invalid("input", e.to_string()))?;
-    let limit = state.config.queue + (state.config.max_lanes / Batcher::lanes_needed(gamma)).max(1);
+    // A place in flight is taken before the text is tokenized, so the queue's limit bounds
+    // that work too; it runs off the async threads (a long input takes a while).
+    let limit = state
+        .config
+        .queue
+        .saturating_add((state.config.max_lanes / Batcher::lanes_needed(gamma)).max(1));
     if state.in_flight.fetch_add(1, Ordering::SeqCst) >= limit {
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
         return Err(ApiError::status(
@@ -222,6 +298,12 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         ));
     }
     let guard = InFlight(state.clone());
+    let text = state.clone();
+    let input = speech.input.clone();
+    let segments = tokio::task::spawn_blocking(move || text.text.segments(&input, budget))
+        .await
+        .map_err(|e| ApiError::status(500, format!("tokenizing the input failed: {e}")))?
+        .map_err(|e| ApiError::invalid("input", e.to_string()))?;
     let seed = speech.seed.unwrap_or_else(random_seed);
     let request = SynthesisRequest {
         segments,
@@ -262,11 +344,8 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
             while let Some(chunk) = chunk_receiver.recv().await {
                 pcm.extend(chunk);
             }
-            let stats = done_answer
-                .await
-                .map_err(|_| ApiError::status(500, "synthesis failed"))?;
-            if stats.stop == Stop::Cancelled {
-                return Err(ApiError::status(503, "the request ran past the server's time limit"));
+            if let Some(failure) = failure(done_answer.await) {
+                return Err(failure);
             }
             let bytes = match speech.response_format {
                 ResponseFormat::Wav => write_wav_pcm16(&pcm, rate).map_err(|e| ApiError::status(500, e.to_string()))?,
@@ -276,46 +355,14 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
             full(bytes)
         }
         StreamFormat::Audio | StreamFormat::Sse => {
-            let sse = speech.stream_format == StreamFormat::Sse;
             let header = match speech.response_format {
                 ResponseFormat::Wav => {
                     streaming_wav_header(rate, SampleFormat::Pcm16).map_err(|e| ApiError::status(500, e.to_string()))?
                 }
                 ResponseFormat::Pcm => Vec::new(),
             };
-            let frame = move |bytes: Vec<u8>| -> Bytes {
-                if sse {
-                    let audio = base64::engine::general_purpose::STANDARD.encode(&bytes);
-                    Bytes::from(format!(
-                        "event: speech.audio.delta\ndata: {}\n\n",
-                        serde_json::json!({"type": "speech.audio.delta", "audio": audio})
-                    ))
-                } else {
-                    Bytes::from(bytes)
-                }
-            };
-            let first = (!header.is_empty()).then(|| frame(header));
-            let chunks =
-                futures_util::stream::unfold(chunk_receiver, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
-                    .map(move |chunk| frame(encode_samples(&chunk, SampleFormat::Pcm16)));
-            let tail = futures_util::stream::once(async move {
-                let stats = done_answer.await.ok();
-                drop(guard);
-                if sse {
-                    let tokens = stats.as_ref().map_or(0, |s| s.tokens);
-                    Bytes::from(format!(
-                        "event: speech.audio.done\ndata: {}\n\n",
-                        serde_json::json!({"type": "speech.audio.done", "usage": {"audio_tokens": tokens}})
-                    ))
-                } else {
-                    Bytes::new()
-                }
-            });
-            let stream = futures_util::stream::iter(first)
-                .chain(chunks)
-                .chain(tail)
-                .map(|b| Ok::<_, Infallible>(Frame::data(b)));
-            BodyExt::boxed(StreamBody::new(stream))
+            let sse = speech.stream_format == StreamFormat::Sse;
+            streamed_body(header, chunk_receiver, done_answer, guard, sse)
         }
     };
     let mut response = Response::new(body);
@@ -371,8 +418,125 @@ pub async fn listen(
         }
     }
     drop(listener);
+    // New requests on open connections get 503 from here on; the worker finishes what it
+    // holds and ends.
+    state.commands.lock().expect("command lock").take();
     let limit = state.config.request_timeout + std::time::Duration::from_secs(5);
     drop(state);
     let _ = tokio::time::timeout(limit, graceful.shutdown()).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::{BuildHasher, Hasher};
+    use std::time::Duration;
+
+    use drama_engine::synth::{SynthesisStats, TimeSplit};
+
+    use super::*;
+
+    /// Fresh samples in [-1, 1) for every run (the process's random hasher keys).
+    fn random_pcm(n: usize) -> Vec<f32> {
+        let state = std::collections::hash_map::RandomState::new();
+        (0..n)
+            .map(|i| {
+                let mut hasher = state.build_hasher();
+                hasher.write_usize(i);
+                (hasher.finish() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn stats(stop: Stop) -> SynthesisStats {
+        SynthesisStats {
+            tokens: 7,
+            samples: 0,
+            sample_rate: 24_000,
+            wall: Duration::from_millis(5),
+            first_audio: None,
+            stop,
+            time_split: TimeSplit::default(),
+            chunks_in_parts: 0,
+        }
+    }
+
+    /// A streamed body over one chunk of `pcm` whose job ended with `outcome` (`None`: the
+    /// worker dropped the job): its bytes up to its end or its failure, the failure, and
+    /// whether it released its place.
+    fn stream(pcm: &[f32], outcome: Option<Outcome>, sse: bool) -> (String, Vec<u8>, Option<String>, bool) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (chunks, chunk_receiver) = mpsc::unbounded_channel();
+        chunks.send(pcm.to_vec()).unwrap();
+        drop(chunks);
+        let (done, done_answer) = oneshot::channel();
+        match outcome {
+            Some(outcome) => done.send(outcome).unwrap(),
+            None => drop(done),
+        }
+        let place = Arc::new(());
+        let mut body = streamed_body(Vec::new(), chunk_receiver, done_answer, place.clone(), sse);
+        let (mut bytes, mut failed) = (Vec::new(), None);
+        runtime.block_on(async {
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(frame) => bytes.extend_from_slice(&frame.into_data().unwrap()),
+                    Err(e) => {
+                        failed = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+        });
+        (
+            String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+            failed,
+            Arc::strong_count(&place) == 1,
+        )
+    }
+
+    #[test]
+    fn a_streamed_body_ends_the_way_its_job_ended() {
+        let pcm = random_pcm(300);
+        let wire = encode_samples(&pcm, SampleFormat::Pcm16);
+        // Audio bytes: every sample, then a clean end or a failed body naming why.
+        let (_, bytes, failed, released) = stream(&pcm, Some(Ok(stats(Stop::Finished))), false);
+        assert_eq!((bytes, failed, released), (wire.clone(), None, true));
+        for (outcome, why) in [
+            (Some(Ok(stats(Stop::Cancelled))), "ran past the server's time limit"),
+            (
+                Some(Err("a step failed: device lost".to_string())),
+                "synthesis failed: a step failed: device lost",
+            ),
+            (None, "the engine stopped before the request finished"),
+        ] {
+            let (_, bytes, failed, released) = stream(&pcm, outcome, false);
+            assert_eq!(bytes, wire);
+            assert!(failed.as_deref().is_some_and(|f| f.contains(why)), "{failed:?}");
+            assert!(released);
+        }
+        // SSE: the deltas, then `speech.audio.done` or an `error` event with the error body.
+        let delta = base64::engine::general_purpose::STANDARD.encode(&wire);
+        let (text, _, failed, released) = stream(&pcm, Some(Ok(stats(Stop::Finished))), true);
+        assert!(text.contains(&delta) && failed.is_none() && released);
+        assert!(
+            text.ends_with(
+                "event: speech.audio.done\ndata: {\"type\":\"speech.audio.done\",\"usage\":{\"audio_tokens\":7}}\n\n"
+            ),
+            "{text}"
+        );
+        for (outcome, code) in [
+            (Some(Ok(stats(Stop::Cancelled))), 503),
+            (Some(Err("boom".into())), 500),
+            (None, 500),
+        ] {
+            let (text, _, failed, released) = stream(&pcm, outcome, true);
+            assert!(text.contains(&delta) && failed.is_none() && released);
+            assert!(!text.contains("speech.audio.done"), "{text}");
+            let event = text.rsplit("event: error\ndata: ").next().unwrap().trim_end();
+            let error: serde_json::Value = serde_json::from_str(event).unwrap();
+            assert_eq!(error["error"]["code"], code, "{text}");
+        }
+    }
 }

@@ -103,7 +103,7 @@ pub async fn serve(
         store: store.clone(),
         metrics: metrics.clone(),
         ready: ready.clone(),
-        commands: std::sync::Mutex::new(commands),
+        commands: std::sync::Mutex::new(Some(commands)),
         in_flight: std::sync::atomic::AtomicUsize::new(0),
     });
     let capacity = c.max_position_embeddings;
@@ -113,7 +113,7 @@ pub async fn serve(
         .spawn(move || worker::run(engine, worker_config, capacity, store, metrics, ready, receiver))
         .map_err(|e| ServerError::Engine(e.to_string()))?;
     let result = http::listen(state, on_listening, shutdown).await;
-    // The state (and with it the last command sender) is gone: the worker drains and ends.
+    // The command sender is gone: the worker drains and ends.
     let worker_result = tokio::task::spawn_blocking(move || worker.join())
         .await
         .map_err(|e| ServerError::Engine(e.to_string()))?

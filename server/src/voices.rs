@@ -47,7 +47,12 @@ impl VoiceStore {
             let mut file = std::fs::File::create(&tmp)?;
             file.write_all(&bytes)?;
             file.sync_all()?;
-            std::fs::rename(&tmp, self.path(&id))
+            std::fs::rename(&tmp, self.path(&id))?;
+            // The rename itself is durable only once the directory is (on Unix; Windows
+            // cannot open a directory as a file).
+            #[cfg(unix)]
+            std::fs::File::open(&self.dir)?.sync_all()?;
+            Ok(())
         };
         write().map_err(|e| {
             let _ = std::fs::remove_file(&tmp);

@@ -29,11 +29,15 @@ pub struct SpeakJob {
     pub accepted: oneshot::Sender<Result<(), ApiError>>,
     /// PCM chunks as they are produced.
     pub chunks: mpsc::UnboundedSender<Vec<f32>>,
-    /// The final stats.
-    pub done: oneshot::Sender<SynthesisStats>,
+    /// How the job ended.
+    pub done: oneshot::Sender<Outcome>,
     /// When to give up.
     pub deadline: Instant,
 }
+
+/// How a job ended: its stats (stopped early if its time ran out or its client left), or why
+/// it failed (a step's error, which fails every job of the step).
+pub type Outcome = Result<SynthesisStats, String>;
 
 /// Work for the GPU thread.
 pub enum Command {
@@ -52,13 +56,13 @@ pub enum Command {
 struct Queued {
     request: SynthesisRequest,
     chunks: mpsc::UnboundedSender<Vec<f32>>,
-    done: oneshot::Sender<SynthesisStats>,
+    done: oneshot::Sender<Outcome>,
     deadline: Instant,
 }
 
 struct Running {
     chunks: mpsc::UnboundedSender<Vec<f32>>,
-    done: oneshot::Sender<SynthesisStats>,
+    done: oneshot::Sender<Outcome>,
     deadline: Instant,
     lanes: usize,
 }
@@ -187,7 +191,7 @@ pub fn run(
         for id in gone {
             if let (Some(stats), Some(job)) = (batcher.cancel(id), running.remove(&id)) {
                 metrics.cancellations.fetch_add(1, Ordering::SeqCst);
-                let _ = job.done.send(stats);
+                let _ = job.done.send(Ok(stats));
             }
         }
         metrics.queue_depth.store(waiting.len() as u64, Ordering::SeqCst);
@@ -203,9 +207,8 @@ pub fn run(
                 // A failed step fails every running job; their lanes are freed.
                 eprintln!("drama serve: step failed: {e}");
                 for (id, job) in running.drain() {
-                    if let Some(stats) = batcher.cancel(id) {
-                        let _ = job.done.send(stats);
-                    }
+                    batcher.cancel(id);
+                    let _ = job.done.send(Err(format!("a step failed: {e}")));
                 }
                 continue;
             }
@@ -219,7 +222,7 @@ pub fn run(
                     let first = stats.first_audio.map_or(f64::NAN, |d| d.as_secs_f64());
                     metrics.synthesis(first, stats.wall.as_secs_f64() / audio.max(1e-9));
                 }
-                let _ = job.done.send(stats);
+                let _ = job.done.send(Ok(stats));
             }
         }
         metrics

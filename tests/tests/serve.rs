@@ -235,6 +235,14 @@ fn cancelled_and_concurrent_requests_do_not_disturb_others() {
 #[test]
 fn refusals_have_the_right_status_and_name_the_field() {
     let s = setup(47);
+    // A time limit of zero (every request would fail) or past a week is refused at start.
+    for limit in ["0", "604801", &u64::MAX.to_string()] {
+        let checkpoint = s.checkpoint.to_str().unwrap();
+        let (code, _, err) =
+            drama_tests::drama_text(&["serve", "--checkpoint", checkpoint, "--request-timeout", limit]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("--request-timeout"), "{err}");
+    }
     let server = Server::start(
         &s.checkpoint,
         &s.data,
@@ -305,9 +313,18 @@ fn refusals_have_the_right_status_and_name_the_field() {
         None,
     );
     expect(server.post("/v1/voices", "audio/wav", b"RIFF....WAVEjunk"), 400, None);
+    // A reference longer than a voice is made from (61 s at 20 Hz: small, but long).
+    let long = server.post(
+        "/v1/voices",
+        "audio/wav",
+        &sine_wav(&s.data.join("long.wav"), 20, 61.0, 0.1),
+    );
+    let message = long.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("61.0 s is longer than the 60 s"), "{message}");
+    expect(long, 400, None);
     expect(server.get("/v1/nothing"), 404, None);
     expect(server.get("/v1/audio/speech"), 405, None);
-    assert_eq!(checks, 13);
+    assert_eq!(checks, 14);
     assert_eq!(server.terminate(), Some(0));
 
     // Gamma allowed: out of range is still refused, in range works.
@@ -349,4 +366,58 @@ fn refusals_have_the_right_status_and_name_the_field() {
     assert!(answers.contains(&(429, true)), "no 429 with Retry-After: {answers:?}");
     assert!(answers.iter().all(|a| a.0 == 200 || a.0 == 429), "{answers:?}");
     assert_eq!(server.terminate(), Some(0));
+
+    // One lane: a guided request is refused (it could never get its two lanes), and the
+    // server goes on serving unguided ones.
+    let server = Server::start(
+        &s.checkpoint,
+        &s.data,
+        &[
+            "--allow-request-gamma",
+            "--gamma",
+            "1",
+            "--max-lanes",
+            "1",
+            "--queue",
+            "1",
+        ],
+    );
+    let answer = server.speech(&json!({"model": "drama-3", "input": "hi", "gamma": 2.0}));
+    assert_eq!(
+        (answer.status, answer.json()["error"]["param"].as_str()),
+        (400, Some("gamma"))
+    );
+    assert_eq!(
+        server
+            .speech(&json!({"model": "drama-3", "input": "hi", "seed": 1}))
+            .status,
+        200
+    );
+    assert_eq!(server.terminate(), Some(0));
+}
+
+/// A connection that never finishes its request does not keep a stopping server alive: the
+/// server stops taking requests, waits out its requests' time limit (1 s here, plus 5 s of
+/// grace) and exits.
+#[test]
+fn a_stalled_connection_does_not_hold_up_shutdown() {
+    use std::io::Write;
+    let s = setup(53);
+    let server = Server::start(
+        &s.checkpoint,
+        &s.data,
+        &["--request-timeout", "1", "--gamma", "1", "--max-lanes", "1"],
+    );
+    let address = server.base.trim_start_matches("http://").to_string();
+    let mut stalled = std::net::TcpStream::connect(&address).unwrap();
+    stalled
+        .write_all(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let (exited, exit) = std::sync::mpsc::channel();
+    std::thread::spawn(move || exited.send(server.terminate()));
+    let code = exit
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the server did not exit within 60 s of SIGTERM");
+    assert_eq!(code, Some(0));
+    drop(stalled);
 }

@@ -192,4 +192,13 @@ fn synth_refusals_name_the_problem() {
     let (code, err) = synth(&s, &out, &["--top-p", "0"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("top_p"), "{err}");
+    // A token cap past any context (the sum with the prompt must not wrap around).
+    let huge = u64::MAX.to_string();
+    let (code, err) = synth(&s, &out, &["--max-audio-tokens", &huge]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("--max-audio-tokens") && err.contains("no room for text"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused request wrote output");
 }

@@ -72,6 +72,14 @@ pub enum AudioError {
         /// What is wrong with them.
         problem: String,
     },
+    /// A reference recording longer than a voice is made from.
+    #[error("a reference recording of {seconds:.1} s is longer than the {max} s a voice is made from")]
+    ReferenceTooLong {
+        /// The recording's length.
+        seconds: f64,
+        /// The longest accepted, in seconds.
+        max: u32,
+    },
     /// The resampler refused to run.
     #[error("resample: {0}")]
     Resampler(String),
