@@ -57,6 +57,7 @@ refusal_tests! {
     config_heads_not_divisible => "config-heads-not-divisible",
     config_audio_vocab => "config-audio-vocab",
     config_pruned_softmax => "config-pruned-softmax",
+    config_absurd_layer_count => "config-absurd-layer-count",
     config_model_type => "config-model-type",
     config_topk_unreachable => "config-topk-unreachable",
     config_topk_unreachable_groups => "config-topk-unreachable-groups",

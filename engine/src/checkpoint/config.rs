@@ -156,6 +156,12 @@ impl CodecConfig {
 }
 
 /// A refusal of `key` (returned as an `Err`).
+/// The largest size a config may give (hidden size, heads, vocabulary, context...), and the
+/// most layers (or voice-tower blocks). Far past any real model; refusing more before the
+/// layout checks run keeps a hostile config from making them allocate for it or overflow.
+const MAX_SIZE: usize = 1 << 24;
+const MAX_LAYERS: usize = 4096;
+
 fn bad(key: &str, problem: String) -> Result<(), CheckpointError> {
     Err(CheckpointError::Config {
         key: key.to_string(),
@@ -218,6 +224,23 @@ impl ModelConfig {
         for (key, value) in positive {
             if value == 0 {
                 return bad(key, "must be positive".into());
+            }
+            if value > MAX_SIZE {
+                return bad(
+                    key,
+                    format!("{value} is past any model this engine runs (at most {MAX_SIZE})"),
+                );
+            }
+        }
+        for (key, value) in [
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("voice_tower.blocks", self.voice_tower.blocks),
+        ] {
+            if value > MAX_LAYERS {
+                return bad(
+                    key,
+                    format!("{value} layers is past any model this engine runs (at most {MAX_LAYERS})"),
+                );
             }
         }
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
