@@ -232,6 +232,21 @@ fn cancelled_and_concurrent_requests_do_not_disturb_others() {
     assert_eq!(server.terminate(), Some(0));
 }
 
+/// `server` refuses a request with `gamma` = `refused` (400 naming `gamma`) and then serves
+/// one with `served` (none: the server's own).
+fn refuses_gamma_then_serves(server: &Server, refused: f32, served: Option<f32>) {
+    let answer = server.speech(&json!({"model": "drama-3", "input": "hi", "gamma": refused}));
+    assert_eq!(
+        (answer.status, answer.json()["error"]["param"].as_str()),
+        (400, Some("gamma"))
+    );
+    let mut request = json!({"model": "drama-3", "input": "hi", "seed": 1});
+    if let Some(gamma) = served {
+        request["gamma"] = json!(gamma);
+    }
+    assert_eq!(server.speech(&request).status, 200);
+}
+
 #[test]
 fn refusals_have_the_right_status_and_name_the_field() {
     let s = setup(47);
@@ -333,17 +348,7 @@ fn refusals_have_the_right_status_and_name_the_field() {
         &s.data,
         &["--allow-request-gamma", "--max-lanes", "2", "--queue", "0"],
     );
-    let answer = server.speech(&json!({"model": "drama-3", "input": "hi", "gamma": 50}));
-    assert_eq!(
-        (answer.status, answer.json()["error"]["param"].as_str()),
-        (400, Some("gamma"))
-    );
-    assert_eq!(
-        server
-            .speech(&json!({"model": "drama-3", "input": "hi", "gamma": 2.0, "seed": 1}))
-            .status,
-        200
-    );
+    refuses_gamma_then_serves(&server, 50.0, Some(2.0));
     // Queue full: with one guided request allowed in flight, concurrent ones get 429.
     let base = server.base.clone();
     let handles: Vec<_> = (0..4)
@@ -382,17 +387,7 @@ fn refusals_have_the_right_status_and_name_the_field() {
             "1",
         ],
     );
-    let answer = server.speech(&json!({"model": "drama-3", "input": "hi", "gamma": 2.0}));
-    assert_eq!(
-        (answer.status, answer.json()["error"]["param"].as_str()),
-        (400, Some("gamma"))
-    );
-    assert_eq!(
-        server
-            .speech(&json!({"model": "drama-3", "input": "hi", "seed": 1}))
-            .status,
-        200
-    );
+    refuses_gamma_then_serves(&server, 2.0, None);
     assert_eq!(server.terminate(), Some(0));
 }
 
