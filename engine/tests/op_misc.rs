@@ -821,6 +821,20 @@ fn gathered_buffers_hold_their_pieces() {
     }
 }
 
+/// An error wgpu reports outside an error scope (here a buffer past the device's largest) is
+/// the next wait's error, not a panic, and that wait takes it: the one after succeeds. On a
+/// device of its own, so that no other test's wait meets it.
+#[test]
+fn a_reported_gpu_error_is_the_next_waits_error() {
+    let gpu = drama_engine::gpu::Gpu::new(&drama_engine::gpu::GpuOptions::default()).unwrap();
+    let past = gpu.device.limits().max_buffer_size + 4;
+    let _buffer = gpu.buffer("too large", past);
+    let error = gpu.wait().unwrap_err().to_string();
+    assert!(error.starts_with("the GPU reported an error"), "{error}");
+    assert!(error.contains("too large"), "{error}");
+    gpu.wait().unwrap();
+}
+
 /// Buffers written through a stager hold exactly their pieces once it finishes: several
 /// staging ranges per buffer and several batches (of 8 MiB here), so that later batches
 /// stage into memory the earlier ones used.

@@ -125,6 +125,10 @@ pub enum GpuError {
     /// Reading results back failed.
     #[error("reading back from the GPU failed: {0}")]
     Readback(String),
+    /// wgpu reported an error outside an error scope (running out of GPU memory, say),
+    /// surfaced at the next wait for the GPU.
+    #[error("the GPU reported an error: {0}")]
+    Reported(String),
 }
 
 /// The opened device and everything built on it once.
@@ -140,6 +144,9 @@ pub struct Gpu {
     /// See [`GpuOptions::upload_batch`].
     upload_batch: u64,
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
+    /// The first error wgpu reported outside an error scope since the last wait, which
+    /// returns it (wgpu's default handler would panic).
+    reported: Arc<Mutex<Option<String>>>,
 }
 
 /// The storage bindings the engine's largest kernel uses (routing with the BF16 linear
@@ -206,6 +213,14 @@ impl Gpu {
             reason: e.to_string(),
         })?;
         let caps = Capabilities::read(&info, adapter.features(), &limits);
+        let reported = Arc::new(Mutex::new(None));
+        let first = reported.clone();
+        device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
+            first
+                .lock()
+                .expect("error slot poisoned")
+                .get_or_insert(error.to_string());
+        }));
         let gpu = Gpu {
             device,
             queue,
@@ -213,6 +228,7 @@ impl Gpu {
             polls_waits: options.poll_waits.unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
             upload_batch: options.upload_batch.unwrap_or(UPLOAD_BATCH),
             pipelines: Mutex::new(HashMap::new()),
+            reported,
         };
         gpu.probe_f16_subnormals()?;
         Ok(gpu)

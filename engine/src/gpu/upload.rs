@@ -52,13 +52,12 @@ impl Gpu {
         let len: usize = pieces.iter().map(|piece| piece.len()).sum();
         let size = padded(len);
         let buffer = self.new_buffer(label, len);
+        // A write is refused only when wgpu could not make the buffer or its staging memory
+        // (out of memory): it reports that, and the next wait returns it.
         let writes: Vec<(Range<usize>, wgpu::QueueWriteBufferView)> = staging_ranges(size)
-            .map(|(range, bytes)| {
-                let view = self
-                    .queue
-                    .write_buffer_with(&buffer, range.start as u64, bytes)
-                    .expect("a new buffer with COPY_DST usage takes writes of 4-byte multiples");
-                (range, view)
+            .map_while(|(range, bytes)| {
+                let view = self.queue.write_buffer_with(&buffer, range.start as u64, bytes)?;
+                Some((range, view))
             })
             .collect();
         writes

@@ -70,19 +70,24 @@ impl Gpu {
     }
 
     /// Blocks until `submission` (None: everything submitted) finished (true) or `timeout`
-    /// passed (false).
+    /// passed (false). Every wait for the GPU comes through here, so here an error wgpu
+    /// reported outside an error scope since the last wait becomes this wait's error.
     pub(super) fn block(
         &self,
         submission: Option<&wgpu::SubmissionIndex>,
         timeout: Option<Duration>,
     ) -> Result<bool, GpuError> {
-        match self.device.poll(wgpu::PollType::Wait {
+        let finished = match self.device.poll(wgpu::PollType::Wait {
             submission_index: submission.cloned(),
             timeout,
         }) {
-            Ok(_) => Ok(true),
-            Err(wgpu::PollError::Timeout) => Ok(false),
-            Err(e) => Err(GpuError::Readback(e.to_string())),
+            Ok(_) => true,
+            Err(wgpu::PollError::Timeout) => false,
+            Err(e) => return Err(GpuError::Readback(e.to_string())),
+        };
+        match self.reported.lock().expect("error slot poisoned").take() {
+            Some(error) => Err(GpuError::Reported(error)),
+            None => Ok(finished),
         }
     }
 }
