@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use drama_engine::batch::{Batcher, JobId};
+use drama_engine::error::EngineError;
 use drama_engine::session::Engine;
 use drama_engine::synth::{Stop, SynthesisRequest, SynthesisStats};
 use drama_engine::voice::prefix_from_wav;
@@ -142,7 +143,14 @@ pub fn run(
                 }
                 Command::SaveVoice { wav, reply } => {
                     let saved = prefix_from_wav(&wav, &engine.checkpoint, engine.gpu.clone())
-                        .map_err(|e| ApiError::status(400, e.to_string()))
+                        .map_err(|e| {
+                            // The recording's fault, or the server's (the GPU, the tower).
+                            let status = match e {
+                                EngineError::Audio(_) | EngineError::Input(_) => 400,
+                                _ => 500,
+                            };
+                            ApiError::status(status, e.to_string())
+                        })
                         .and_then(|prefix| {
                             store
                                 .save(&prefix, &engine.checkpoint)
