@@ -116,8 +116,11 @@ impl WeightFiles {
             return Err(CheckpointError::MissingFile(name.to_string()));
         }
         let file = std::fs::File::open(&path).map_err(|e| CheckpointError::io(&path, e))?;
-        // SAFETY: the map is read-only; the checkpoint directory is treated as immutable
-        // while loaded (its digests were verified), as with every mmap-based loader.
+        // SAFETY: the map is read-only, and the checkpoint directory must not change while
+        // it is loaded, as with every mmap-based loader: the digests are computed from
+        // separate reads of the files while the maps are made, so they vouch for the bytes
+        // the maps hold only if nothing rewrites the files in between (a file truncated
+        // under its map would fault on access).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(&path, e))?;
         let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| CheckpointError::Safetensors {
             file: name.to_string(),
