@@ -125,6 +125,9 @@ pub enum GpuError {
     /// Reading results back failed.
     #[error("reading back from the GPU failed: {0}")]
     Readback(String),
+    /// Waiting for submitted work failed (the device was lost, say).
+    #[error("waiting for the GPU failed: {0}")]
+    Wait(String),
     /// wgpu reported an error outside an error scope (running out of GPU memory, say),
     /// surfaced at the next wait for the GPU.
     #[error("the GPU reported an error: {0}")]

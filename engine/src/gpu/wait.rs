@@ -83,7 +83,7 @@ impl Gpu {
         }) {
             Ok(_) => true,
             Err(wgpu::PollError::Timeout) => false,
-            Err(e) => return Err(GpuError::Readback(e.to_string())),
+            Err(e) => return Err(GpuError::Wait(e.to_string())),
         };
         match self.reported.lock().expect("error slot poisoned").take() {
             Some(error) => Err(GpuError::Reported(error)),
