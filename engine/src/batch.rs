@@ -146,6 +146,13 @@ impl<'e> Batcher<'e> {
         if gamma == 1.0 { 1 } else { 2 }
     }
 
+    /// Cache positions a segment of `text_len` tokens needs: the voice prefix, the text,
+    /// `audio_bos` and up to `max_audio_tokens` audio tokens (saturating: a cap past any
+    /// context never wraps around).
+    pub fn positions_needed(prefix_len: usize, text_len: usize, max_audio_tokens: usize) -> usize {
+        (prefix_len + text_len + 1).saturating_add(max_audio_tokens)
+    }
+
     /// Lanes not held by a job.
     pub fn free_lanes(&self) -> usize {
         self.free.len()
@@ -178,7 +185,7 @@ impl<'e> Batcher<'e> {
         }
         let p = c.speech.voice_prefix_len;
         for segment in &request.segments {
-            let needed = (p + segment.len() + 1).saturating_add(request.max_audio_tokens);
+            let needed = Self::positions_needed(p, segment.len(), request.max_audio_tokens);
             if needed > self.capacity {
                 return Err(EngineError::Input(format!(
                     "a segment of {} tokens with up to {} audio tokens needs {needed} positions, more than the {} available",

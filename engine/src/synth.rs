@@ -107,8 +107,7 @@ pub fn synthesize(
 ) -> Result<SynthesisStats, EngineError> {
     let c = &engine.checkpoint.config;
     let longest = request.segments.iter().map(Vec::len).max().unwrap_or(0);
-    let capacity = (c.speech.voice_prefix_len + longest + 1)
-        .saturating_add(request.max_audio_tokens)
+    let capacity = Batcher::positions_needed(c.speech.voice_prefix_len, longest, request.max_audio_tokens)
         .min(c.max_position_embeddings);
     let mut batcher = Batcher::new(engine, Batcher::lanes_needed(request.gamma), capacity.max(1))?;
     // The batcher's sink must be 'static: collect chunks through a channel and forward them.

@@ -155,13 +155,13 @@ impl CodecConfig {
     }
 }
 
-/// A refusal of `key` (returned as an `Err`).
 /// The largest size a config may give (hidden size, heads, vocabulary, context...), and the
 /// most layers (or voice-tower blocks). Far past any real model; refusing more before the
 /// layout checks run keeps a hostile config from making them allocate for it or overflow.
 const MAX_SIZE: usize = 1 << 24;
 const MAX_LAYERS: usize = 4096;
 
+/// A refusal of `key` (returned as an `Err`).
 fn bad(key: &str, problem: String) -> Result<(), CheckpointError> {
     Err(CheckpointError::Config {
         key: key.to_string(),
