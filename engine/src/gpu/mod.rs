@@ -295,7 +295,10 @@ impl Gpu {
             layout: None,
             module: &module,
             entry_point: Some(kernel.entry_point()),
-            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: drama_kernels::ZERO_FILL_WORKGROUP_MEMORY,
+                ..Default::default()
+            },
             cache: None,
         });
         if let Some(error) = pollster::block_on(scope.pop()) {

@@ -30,6 +30,11 @@ var<workgroup> used_blocks: u32;
 
 @compute @workgroup_size(256)
 fn group_slots(@builtin(local_invocation_index) t: u32) {
+    // Workgroup memory starts undefined (see `ZERO_FILL_WORKGROUP_MEMORY` in lib.rs).
+    for (var e = t; e < g.experts; e += GROUP_WG) {
+        atomicStore(&counts[e], 0u);
+    }
+    workgroupBarrier();
     // Ids at or past `g.experts` (never made by the router) are left out, as `gathered`
     // leaves them out.
     for (var s = t; s < g.slots; s += GROUP_WG) {

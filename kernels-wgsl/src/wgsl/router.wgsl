@@ -168,6 +168,12 @@ fn route_token(row: u32, t: u32, invocations: u32) {
         expert_group[i] = kept_ids[i] / rp.group_size;
         eligible[i] = 1u;
     }
+    // The padding past `kept`, which the counting below reads four at a time (workgroup
+    // memory starts undefined: see `ZERO_FILL_WORKGROUP_MEMORY`).
+    for (var i = rp.kept + t; i < MAX_KEPT; i += invocations) {
+        rank[i] = 0.0;
+        eligible[i] = 0u;
+    }
     workgroupBarrier();
     var local_max = -3.0e38;
     for (var i = t; i < rp.kept; i += invocations) {
