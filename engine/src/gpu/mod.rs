@@ -286,10 +286,15 @@ impl Gpu {
     /// (wgpu's error scopes are per thread.)
     fn build_pipeline(&self, kernel: Kernel) -> Result<wgpu::ComputePipeline, GpuError> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let descriptor = wgpu::ShaderModuleDescriptor {
             label: Some(&kernel.module().name()),
             source: wgpu::ShaderSource::Wgsl(kernel.module().source().into()),
-        });
+        };
+        let mut checks = wgpu::ShaderRuntimeChecks::checked();
+        checks.force_loop_bounding = drama_kernels::FORCE_LOOP_BOUNDING;
+        // SAFETY: the one check left out is the loop counting, which the kernels do not
+        // need: every loop of theirs ends (see `FORCE_LOOP_BOUNDING`); bounds checks stay.
+        let module = unsafe { self.device.create_shader_module_trusted(descriptor, checks) };
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(kernel.entry_point()),
             layout: None,
