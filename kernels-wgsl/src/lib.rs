@@ -63,8 +63,8 @@ pub const EXPERT_GROUP_SLOTS: usize = 8;
 /// reads it, so the fill would buy nothing, and on Apple GPUs it costs every workgroup of
 /// every launch: naga's Metal translation has the first invocation store every workgroup
 /// variable the entry point uses, one after another, while the others wait at a barrier
-/// (naga 30's `write_workgroup_variables_initialization`): 9.3 KB per attention workgroup,
-/// 14 KB per routing one. Vulkan drivers fill natively: on an H200 decode steps, prefill and
+/// (naga 30's `write_workgroup_variables_initialization`): 10 KB per attention workgroup,
+/// 15 KB per routing one. Vulkan drivers fill natively: on an H200 decode steps, prefill and
 /// PCM were the same either way. The engine's pipelines and [`to_msl`] use this setting.
 pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
 
