@@ -168,9 +168,10 @@ fn route_token(row: u32, t: u32, invocations: u32) {
         expert_group[i] = kept_ids[i] / rp.group_size;
         eligible[i] = 1u;
     }
-    // The padding past `kept`, which the counting below reads four at a time (workgroup
-    // memory starts undefined: see `ZERO_FILL_WORKGROUP_MEMORY`).
-    for (var i = rp.kept + t; i < MAX_KEPT; i += invocations) {
+    // The padding of the last quad past `kept`, which the counting below reads four at a
+    // time (workgroup memory starts undefined: see `ZERO_FILL_WORKGROUP_MEMORY`).
+    let quads = (rp.kept + 3u) / 4u;
+    for (var i = rp.kept + t; i < 4u * quads; i += invocations) {
         rank[i] = 0.0;
         eligible[i] = 0u;
     }
@@ -214,7 +215,7 @@ fn route_token(row: u32, t: u32, invocations: u32) {
     // Ranking scores and eligibility as vec4s for the counting below, each vec4 written whole
     // by one invocation (a component write may rewrite the whole vector on some compilers);
     // the padding past `kept` is never eligible. The chosen mask and positions start clear.
-    for (var q = t; q < MAX_KEPT / 4u; q += invocations) {
+    for (var q = t; q < quads; q += invocations) {
         let i = 4u * q;
         ranking[q] = vec4<f32>(rank[i], rank[i + 1u], rank[i + 2u], rank[i + 3u]);
         let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
@@ -230,7 +231,6 @@ fn route_token(row: u32, t: u32, invocations: u32) {
     workgroupBarrier();
     // An eligible expert's rank: the eligible experts with a higher score, or the same score
     // and a lower index (branch-free, four at a time). Ranks below K are chosen.
-    let quads = (rp.kept + 3u) / 4u;
     for (var i = t; i < rp.kept; i += invocations) {
         let mine = vec4<f32>(rank[i]);
         var above = vec4<u32>(0u);
