@@ -864,3 +864,18 @@ fn staged_buffers_hold_their_pieces() {
         );
     }
 }
+
+/// Staging an upload on a device that is gone (as when wgpu cannot make the staging memory)
+/// is the upload's error, naming the staging memory, not a panic.
+#[test]
+fn staging_on_a_lost_device_is_an_error_not_a_panic() {
+    let gpu = drama_engine::gpu::Gpu::new(&drama_engine::gpu::GpuOptions::default()).unwrap();
+    gpu.device.destroy();
+    let mut stager = drama_engine::gpu::Stager::new(&gpu);
+    let bytes: Vec<u8> = (0..=255).cycle().take(4 << 20).collect();
+    let error = stager.buffer("after loss", &[&bytes]).unwrap_err().to_string();
+    assert!(
+        error.starts_with("staging memory for an upload to the GPU could not be mapped"),
+        "{error}"
+    );
+}

@@ -125,6 +125,10 @@ pub enum GpuError {
     /// Reading results back failed.
     #[error("reading back from the GPU failed: {0}")]
     Readback(String),
+    /// Staging memory for an upload could not be mapped (wgpu could not make it: out of
+    /// memory, say, or the device was lost).
+    #[error("staging memory for an upload to the GPU could not be mapped: {0}")]
+    Staging(String),
     /// Waiting for submitted work failed (the device was lost, say).
     #[error("waiting for the GPU failed: {0}")]
     Wait(String),

@@ -105,14 +105,9 @@ impl<'g> Stager<'g> {
         let len: usize = pieces.iter().map(|piece| piece.len()).sum();
         let size = padded(len);
         let buffer = self.gpu.new_buffer(label, len);
-        let writes: Vec<(Range<usize>, wgpu::BufferViewMut)> = staging_ranges(size)
-            .map(|(range, bytes)| {
-                let view = self
-                    .belt
-                    .write_buffer(&mut self.encoder, &buffer, range.start as u64, bytes);
-                (range, view)
-            })
-            .collect();
+        let writes = staging_ranges(size)
+            .map(|(range, bytes)| Ok((range.clone(), self.stage_range(&buffer, range.start as u64, bytes)?)))
+            .collect::<Result<Vec<(Range<usize>, wgpu::BufferViewMut)>, GpuError>>()?;
         writes
             .into_par_iter()
             .for_each(|(range, mut view)| stage(view.slice(..), pieces, range, len));
@@ -121,6 +116,25 @@ impl<'g> Stager<'g> {
             self.send()?;
         }
         Ok(buffer)
+    }
+
+    /// Staging memory for `bytes` bytes of `target` at `offset`, and the copy from it
+    /// recorded. (`StagingBelt::write_buffer` does the same but panics when the memory
+    /// cannot be mapped: wgpu could not make the belt's buffer, out of memory, say, or the
+    /// device was lost.)
+    fn stage_range(
+        &mut self,
+        target: &wgpu::Buffer,
+        offset: u64,
+        bytes: wgpu::BufferSize,
+    ) -> Result<wgpu::BufferViewMut, GpuError> {
+        let alignment = wgpu::BufferSize::new(wgpu::COPY_BUFFER_ALIGNMENT).expect("a nonzero alignment");
+        let slice = self.belt.allocate(bytes, alignment);
+        self.encoder
+            .copy_buffer_to_buffer(slice.buffer(), slice.offset(), target, offset, bytes.get());
+        slice
+            .get_mapped_range_mut()
+            .map_err(|error| GpuError::Staging(error.to_string()))
     }
 
     /// Sends the copies staged so far, then waits for the batch sent before them (whose
