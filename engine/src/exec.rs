@@ -10,8 +10,8 @@ use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    AttentionParams, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, NormParams, RouterParams,
-    WeightFormat,
+    AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS, LinearParams,
+    MAX_KEPT_EXPERTS, NormParams, RouterParams, WeightFormat,
 };
 
 use crate::error::EngineError;
@@ -709,7 +709,8 @@ pub fn linear_pair_launch(
 }
 
 /// Routing of `params.rows` tokens as one launch (`routing`: the logits, kept ids, score
-/// bias, chosen ids and chosen weights): alone (`Kernel::Route`), or with `linear` (one
+/// bias, chosen ids and chosen weights), compiled for the smallest [`KeptCapacity`] that
+/// holds `params.kept`: alone (`Kernel::Route`), or with `linear` (one
 /// bias-free BF16 segment, plain outputs) computed by its other workgroups
 /// (`Kernel::RouteLinear`), each output with the bits of its own launch.
 pub fn route_launch(
@@ -719,8 +720,14 @@ pub fn route_launch(
     linear: Option<(&GpuLinear, &LinearIo<'_>)>,
     placeholder: &wgpu::Buffer,
 ) -> Result<Dispatch, EngineError> {
+    let capacity = KeptCapacity::for_kept(params.kept as usize).ok_or_else(|| {
+        EngineError::Unsupported(format!(
+            "{} kept experts: routing holds at most {MAX_KEPT_EXPERTS}",
+            params.kept
+        ))
+    })?;
     let Some((linear, io)) = linear else {
-        return Ok(gpu.dispatch(Kernel::Route, params, &routing, [params.rows, 1, 1])?);
+        return Ok(gpu.dispatch(Kernel::Route(capacity), params, &routing, [params.rows, 1, 1])?);
     };
     let beside = linear.format == WeightFormat::Bf16
         && linear.bias.is_none()
@@ -741,7 +748,7 @@ pub fn route_launch(
     let mut resources = launch.resources;
     resources.push(&uniform);
     resources.extend(routing);
-    Ok(gpu.dispatch(Kernel::RouteLinear, &launch.params, &resources, launch.grid)?)
+    Ok(gpu.dispatch(Kernel::RouteLinear(capacity), &launch.params, &resources, launch.grid)?)
 }
 
 /// The parameter block of routing `rows` tokens whose logits rows are `logit_width` wide.

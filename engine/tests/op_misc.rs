@@ -340,7 +340,23 @@ fn router_matches_reference() {
         false,
         false,
     );
-    route_case(wide, (0..512).filter(|e| e % 5 != 2).collect(), true, false, false);
+    route_case(
+        wide.clone(),
+        (0..512).filter(|e| e % 5 != 2).collect(),
+        true,
+        false,
+        false,
+    );
+    // Exactly the smallest routing capacity (128 kept experts, no padding) and one past it
+    // (the next capacity's arrays).
+    route_case(wide.clone(), (0..512).step_by(4).collect(), false, false, true);
+    route_case(
+        wide,
+        (0..512).filter(|e| e % 4 == 0 || *e == 1).collect(),
+        false,
+        false,
+        false,
+    );
     let sigmoid = RouterSpec {
         sigmoid: true,
         k: 6,
@@ -358,6 +374,37 @@ fn router_matches_reference() {
     no_groups.n_group = 1;
     no_groups.topk_group = 1;
     route_case(no_groups, kept, true, false, true);
+}
+
+/// More kept experts than any routing capacity holds are refused by name.
+#[test]
+fn routing_past_its_largest_capacity_is_refused() {
+    let gpu = gpu();
+    let kept = drama_kernels::MAX_KEPT_EXPERTS as u32 + 1;
+    let params = RouterParams {
+        rows: 1,
+        logit_width: kept,
+        kept,
+        k: 8,
+        flags: 0,
+        n_group: 1,
+        topk_group: 1,
+        group_size: kept,
+        scaling: 1.0,
+        pad: [0; 3],
+    };
+    let placeholder = gpu.buffer_with("placeholder", &[0; 16]);
+    let buffers: Vec<wgpu::Buffer> = (0..5).map(|_| poisoned(gpu, "routing", kept as usize)).collect();
+    let routing = [&buffers[0], &buffers[1], &buffers[2], &buffers[3], &buffers[4]];
+    let Err(error) = route_launch(gpu, &params, routing, None, &placeholder) else {
+        panic!("{kept} kept experts were routed");
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("513 kept experts: routing holds at most 512"),
+        "{error}"
+    );
 }
 
 #[test]

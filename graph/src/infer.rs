@@ -1,7 +1,7 @@
 //! Output types of every op, and the checks of its inputs: the one place each op's shape
 //! and dtype rules live.
 
-use drama_kernels::MAX_KEPT_EXPERTS;
+use drama_kernels::{KeptCapacity, MAX_KEPT_EXPERTS};
 
 use crate::graph::{is_bf16, shape_of};
 use crate::ir::{DType, Op, Value, ValueKind};
@@ -157,7 +157,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect((1..=16).contains(&r.k) && r.k <= r.kept, || {
                 format!("k {} must be in 1..=min(16, kept)", r.k)
             })?;
-            expect(r.kept <= MAX_KEPT_EXPERTS && r.n_group <= 64, || {
+            expect(KeptCapacity::for_kept(r.kept).is_some() && r.n_group <= 64, || {
                 format!("at most {MAX_KEPT_EXPERTS} kept experts and 64 groups")
             })?;
             let rows = rows_of(logits);

@@ -2,7 +2,7 @@
 //! the members are stacked; the engine adds one launch per weight segment when a weight is
 //! split, and launches a linear pair's halves apart when either half's weight is split).
 
-use drama_kernels::{Kernel, WeightFormat};
+use drama_kernels::{KeptCapacity, Kernel, WeightFormat};
 
 use crate::ir::{LinearMember, Op, PairHalf};
 
@@ -74,8 +74,14 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         }
         Op::LinearPair { .. } => vec![Kernel::LinearPair],
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
-        Op::Router { linear: Some(_), .. } => vec![Kernel::RouteLinear],
-        Op::Router { linear: None, .. } => vec![Kernel::Route],
+        Op::Router { route, linear } => {
+            let capacity = KeptCapacity::for_kept(route.kept)
+                .expect("shape inference refuses more kept experts than routing holds");
+            match linear {
+                Some(_) => vec![Kernel::RouteLinear(capacity)],
+                None => vec![Kernel::Route(capacity)],
+            }
+        }
         Op::Experts {
             projections,
             swiglu,

@@ -80,9 +80,35 @@ pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
 /// a codec chunk 1.83 against 1.95 ms, the PCM identical.
 pub const FORCE_LOOP_BOUNDING: bool = false;
 
-/// Kept experts per MoE layer that routing and slot grouping take at most (`router.wgsl`'s
-/// MAX_KEPT, `moe.wgsl`'s MAX_EXPERTS: their workgroup arrays).
+/// Kept experts per MoE layer that routing and slot grouping take at most (the largest
+/// [`KeptCapacity`], `moe.wgsl`'s MAX_EXPERTS: their workgroup arrays).
 pub const MAX_KEPT_EXPERTS: usize = 512;
+
+/// The kept experts a routing module's workgroup arrays hold (`router.wgsl`'s MAX_KEPT): a
+/// layer routes with the smallest capacity that holds its kept experts, since routing's
+/// workgroup memory (about 15 KB at 512) is carried by every workgroup of its launch, the
+/// linear's beside it too. (On an H200, routing a guidance pair over 128 kept experts
+/// compiled for 128 instead of 512 took the 23 launches of `route_linear` 378 against
+/// 419-425 us of the profiled step, and the step 2.203 against 2.266-2.272 ms.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeptCapacity(u16);
+
+impl KeptCapacity {
+    /// Every capacity, smallest first.
+    pub const ALL: [KeptCapacity; 3] = [KeptCapacity(128), KeptCapacity(256), KeptCapacity(512)];
+
+    /// The smallest capacity holding `kept` experts; None past [`MAX_KEPT_EXPERTS`].
+    pub fn for_kept(kept: usize) -> Option<KeptCapacity> {
+        KeptCapacity::ALL
+            .into_iter()
+            .find(|capacity| kept <= capacity.experts())
+    }
+
+    /// Experts it holds.
+    pub fn experts(self) -> usize {
+        usize::from(self.0)
+    }
+}
 
 /// A compilable WGSL module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -93,9 +119,9 @@ pub enum Module {
     Norm,
     /// `attention.wgsl`: RoPE, KV writes, attention.
     Attention,
-    /// `router.wgsl` appended to the BF16 linear module: routing, and a BF16 linear in the
-    /// same launch.
-    Router,
+    /// `router.wgsl` appended to the BF16 linear module: routing of up to that many kept
+    /// experts, and a BF16 linear in the same launch.
+    Router(KeptCapacity),
     /// `elementwise.wgsl`.
     Elementwise,
     /// `moe.wgsl`.
@@ -130,13 +156,15 @@ impl WeightFormat {
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 11] = [
+    pub const ALL: [Module; 13] = [
         Module::Linear(WeightFormat::Bf16),
         Module::Linear(WeightFormat::Nvfp4),
         Module::Linear(WeightFormat::Fp8Block),
         Module::Norm,
         Module::Attention,
-        Module::Router,
+        Module::Router(KeptCapacity::ALL[0]),
+        Module::Router(KeptCapacity::ALL[1]),
+        Module::Router(KeptCapacity::ALL[2]),
         Module::Elementwise,
         Module::Moe,
         Module::Codec,
@@ -150,10 +178,11 @@ impl Module {
         let (helpers, family) = match self {
             Module::Linear(format) => return linear_source(format),
             // The router refers to the BF16 linear's `Params` and `linear_rows`.
-            Module::Router => {
+            Module::Router(capacity) => {
                 return format!(
-                    "{}\n{REDUCE}\n{}",
+                    "{}\n{REDUCE}\nconst MAX_KEPT: u32 = {}u;\n{}",
                     linear_source(WeightFormat::Bf16),
+                    capacity.experts(),
                     include_str!("wgsl/router.wgsl")
                 );
             }
@@ -172,6 +201,7 @@ impl Module {
     pub fn name(self) -> String {
         match self {
             Module::Linear(format) => format!("linear_{format:?}").to_lowercase(),
+            Module::Router(capacity) => format!("router_{}", capacity.experts()),
             other => format!("{other:?}").to_lowercase(),
         }
     }
@@ -217,11 +247,11 @@ pub enum Kernel {
     Attend,
     /// Combines a row's attention chunks into its output.
     AttendCombine,
-    /// Top-k routing.
-    Route,
-    /// Top-k routing, and a BF16 linear (a MoE layer's shared-expert down projection)
-    /// computed by the launch's other workgroups.
-    RouteLinear,
+    /// Top-k routing over up to that many kept experts.
+    Route(KeptCapacity),
+    /// Top-k routing over up to that many kept experts, and a BF16 linear (a MoE layer's
+    /// shared-expert down projection) computed by the launch's other workgroups.
+    RouteLinear(KeptCapacity),
     /// silu(gate) * up from [gate | up] rows.
     Swiglu,
     /// Element-wise addition (the voice tower's residual connections).
@@ -279,8 +309,6 @@ impl Kernel {
             Kernel::CombineRmsNorm,
             Kernel::Attend,
             Kernel::AttendCombine,
-            Kernel::Route,
-            Kernel::RouteLinear,
             Kernel::Swiglu,
             Kernel::Add,
             Kernel::GroupSlots,
@@ -299,6 +327,11 @@ impl Kernel {
             Kernel::ReadBandwidth,
             Kernel::UnpackF16,
         ]);
+        all.extend(
+            KeptCapacity::ALL
+                .iter()
+                .flat_map(|&c| [Kernel::Route(c), Kernel::RouteLinear(c)]),
+        );
         all
     }
 
@@ -311,7 +344,7 @@ impl Kernel {
             Kernel::LinearPair => Module::Linear(WeightFormat::Bf16),
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendCombine => Module::Attention,
-            Kernel::Route | Kernel::RouteLinear => Module::Router,
+            Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
             Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 | Kernel::Gelu | Kernel::MeanRows => {
                 Module::Elementwise
             }
@@ -337,8 +370,8 @@ impl Kernel {
             Kernel::CombineRmsNorm => "combine_rms_norm",
             Kernel::Attend => "attend",
             Kernel::AttendCombine => "attend_combine",
-            Kernel::Route => "route",
-            Kernel::RouteLinear => "route_linear",
+            Kernel::Route(_) => "route",
+            Kernel::RouteLinear(_) => "route_linear",
             Kernel::Swiglu => "swiglu",
             Kernel::Add => "add",
             Kernel::EmbedBf16 => "embed_bf16",
@@ -388,9 +421,9 @@ impl Kernel {
             // params, row_pos, dst, scratch
             Kernel::AttendCombine => &[0, 2, 7, 8],
             // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights
-            Kernel::Route => &[17, 18, 19, 20, 21, 22],
+            Kernel::Route(_) => &[17, 18, 19, 20, 21, 22],
             // the BF16 dense linear's, then the router's
-            Kernel::RouteLinear => &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
+            Kernel::RouteLinear(_) => &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
             // params, a ([gate | up]), out
             Kernel::Swiglu => &[0, 1, 8],
             // params, a, b, out
@@ -423,7 +456,7 @@ impl Kernel {
             | Kernel::Attend
             | Kernel::RmsNorm
             | Kernel::CombineRmsNorm
-            | Kernel::Route
+            | Kernel::Route(_)
             | Kernel::GroupSlots => 256,
             _ => 64,
         }
@@ -602,7 +635,14 @@ mod tests {
         }
         assert_eq!(wgsl_u32(Module::Moe, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
         assert_eq!(wgsl_u32(Module::Moe, "MAX_EXPERTS") as usize, MAX_KEPT_EXPERTS);
-        assert_eq!(wgsl_u32(Module::Router, "MAX_KEPT") as usize, MAX_KEPT_EXPERTS);
+        for capacity in KeptCapacity::ALL {
+            assert_eq!(
+                wgsl_u32(Module::Router(capacity), "MAX_KEPT") as usize,
+                capacity.experts()
+            );
+        }
+        let largest = KeptCapacity::ALL[KeptCapacity::ALL.len() - 1];
+        assert_eq!(largest.experts(), MAX_KEPT_EXPERTS);
     }
 
     #[test]

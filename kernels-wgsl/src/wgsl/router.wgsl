@@ -32,7 +32,8 @@
 // experts' terms in index order (i = t, t + WG, ...), then a fixed tree combines their sums:
 // the same bits from either entry point.
 
-const MAX_KEPT: u32 = 512u;
+// MAX_KEPT, the kept experts the workgroup arrays hold, is declared by the host when it
+// assembles the module (`KeptCapacity`): a multiple of 32.
 const MAX_K: u32 = 16u;
 
 struct RouterParams {
@@ -77,9 +78,9 @@ var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probabi
 var<workgroup> expert_weight: array<f32, MAX_KEPT>;  // weight: softmax probability, or sigmoid
 var<workgroup> expert_group: array<u32, MAX_KEPT>;   // group of each kept expert
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
-var<workgroup> ranking: array<vec4<f32>, 128>;  // MAX_KEPT / 4: the ranking scores, four at a time
-var<workgroup> ranking_eligible: array<vec4<u32>, 128>;  // MAX_KEPT / 4: `eligible`, four at a time
-var<workgroup> chosen: array<atomic<u32>, 16>;  // MAX_KEPT / 32: bit i set when expert i is among the top K
+var<workgroup> ranking: array<vec4<f32>, MAX_KEPT / 4u>;  // the ranking scores, four at a time
+var<workgroup> ranking_eligible: array<vec4<u32>, MAX_KEPT / 4u>;  // `eligible`, four at a time
+var<workgroup> chosen: array<atomic<u32>, MAX_KEPT / 32u>;  // bit i set when expert i is among the top K
 var<workgroup> by_position: array<u32, MAX_K>;  // chosen kept index by output position
 
 // Sigmoid routers with groups: a group's score is the sum of its best min(2, n) ranking
