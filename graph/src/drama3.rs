@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::graph::{Graph, GraphBuilder, GraphError};
 use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
 use crate::select::{
-    GROUPED_EXPERT_ROWS, ROUTE_BESIDE_MAX_ROWS, pairs, shares_launch, stacks_expert_swiglu, stacks_swiglu,
+    GROUPED_EXPERT_ROWS, pairs, routes_beside_linear, shares_launch, stacks_expert_swiglu, stacks_swiglu,
 };
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
@@ -491,7 +491,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         round_output: true,
         swiglu: false,
     };
-    let beside = shared_act.filter(|_| shares_launch(&shared_down) && g.rows <= ROUTE_BESIDE_MAX_ROWS);
+    let beside = shared_act.filter(|_| shares_launch(&shared_down) && routes_beside_linear(g.rows, route.kept));
     let op = Op::Router {
         route,
         linear: beside.map(|_| shared_down.clone()),

@@ -34,13 +34,18 @@ pub fn stacks(members: &[LinearMember]) -> bool {
 /// many times over, a decode step's rarely, and the grouping costs a launch.
 pub const GROUPED_EXPERT_ROWS: usize = 16;
 
-/// Steps of at most this many rows compute a MoE layer's shared-expert down projection in
-/// routing's launch ([`crate::ir::Op::Router`]'s linear); larger steps launch the two apart.
-/// (Beside routing, the linear's workgroups carry routing's workgroup memory, about 15 KB
-/// each: on an H200 an eight-row decode step took 5.21 ms against 4.88 ms with the two
-/// apart, a 256-row prefill 106 ms against 87 ms, while one and two rows gain a launch per
-/// layer.)
-pub const ROUTE_BESIDE_MAX_ROWS: usize = 2;
+/// Whether a step of `rows` rows computes a MoE layer's shared-expert down projection in
+/// routing's launch ([`crate::ir::Op::Router`]'s linear) for a layer of `kept` kept experts,
+/// or launches the two apart. Beside routing, the linear's workgroups carry routing's
+/// workgroup memory ([`KeptCapacity`]): about 4.5 KB each for up to 128 kept experts, 15 KB
+/// for 512. One or two rows gain a launch per layer either way. Up to eight rows gain with
+/// the smallest capacity (on an H200 an eight-row decode step took 4.369-4.372 ms against
+/// 4.460-4.478 ms apart) but lost with 15 KB (5.21 ms against 4.88 ms apart); a 256-row
+/// prefill took 106 ms against 87 ms apart with 15 KB.
+pub fn routes_beside_linear(rows: usize, kept: usize) -> bool {
+    let smallest = KeptCapacity::for_kept(kept) == Some(KeptCapacity::ALL[0]);
+    rows <= 2 || (smallest && rows <= 8)
+}
 
 /// Whether a linear can share a launch with other work (a half of a
 /// [`crate::ir::Op::LinearPair`], the linear of a [`crate::ir::Op::Router`]): every member
