@@ -108,3 +108,26 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         Op::MoeCombineNorm { .. } => vec![Kernel::CombineRmsNorm],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Routing shares the shared down projection's launch at one or two rows always, and up
+    /// to eight rows only when its arrays are the smallest (128 kept experts or fewer).
+    #[test]
+    fn routing_beside_the_linear_follows_rows_and_capacity() {
+        for (rows, kept, beside) in [
+            (1, 128, true),
+            (2, 512, true),
+            (8, 128, true),
+            (8, 9, true),
+            (9, 128, false),
+            (3, 129, false),
+            (8, 512, false),
+            (256, 128, false),
+        ] {
+            assert_eq!(routes_beside_linear(rows, kept), beside, "{rows} rows, {kept} kept");
+        }
+    }
+}
