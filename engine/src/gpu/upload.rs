@@ -128,8 +128,8 @@ impl<'g> Stager<'g> {
         offset: u64,
         bytes: wgpu::BufferSize,
     ) -> Result<wgpu::BufferViewMut, GpuError> {
-        let alignment = wgpu::BufferSize::new(wgpu::COPY_BUFFER_ALIGNMENT).expect("a nonzero alignment");
-        let slice = self.belt.allocate(bytes, alignment);
+        const ALIGNMENT: wgpu::BufferSize = wgpu::BufferSize::new(wgpu::COPY_BUFFER_ALIGNMENT).unwrap();
+        let slice = self.belt.allocate(bytes, ALIGNMENT);
         self.encoder
             .copy_buffer_to_buffer(slice.buffer(), slice.offset(), target, offset, bytes.get());
         slice
