@@ -81,7 +81,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     for s in &report.decode {
         eprintln!(
-            "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches (alone {:.3} ms; {:.2}x both floors), compiled in {:.1} ms",
+            "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches, {} waiting (alone {:.3} ms; {:.2}x both floors), compiled in {:.1} ms",
             s.label,
             s.lanes,
             s.gpu_ms,
@@ -89,6 +89,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             s.floor_ms,
             s.ratio_to_floor,
             s.dispatches,
+            s.waiting_dispatches,
             s.launch_floor_ms,
             s.ratio_to_floors,
             s.compile_ms

@@ -19,6 +19,11 @@ fn parse_backend(text: &str) -> Result<BackendChoice, String> {
 }
 
 impl GpuArg {
+    /// The API chosen.
+    pub fn backend(&self) -> BackendChoice {
+        self.backend
+    }
+
     /// Opens the device.
     pub fn open(&self) -> Result<Arc<Gpu>> {
         let gpu = Gpu::new(&GpuOptions {

@@ -8,6 +8,7 @@ use drama_graph::dump::dump;
 use drama_graph::plan::plan;
 
 use crate::checkpoint_arg::CheckpointArg;
+use crate::gpu_arg::GpuArg;
 
 /// Dump formats.
 #[derive(Clone, Copy, ValueEnum)]
@@ -22,6 +23,10 @@ enum Format {
 pub struct GraphArgs {
     #[command(flatten)]
     checkpoint: CheckpointArg,
+    /// The step as this API runs it (no GPU is opened): where launches run beside one
+    /// another, some work gets launches of its own.
+    #[command(flatten)]
+    gpu: GpuArg,
     /// Lanes decoded together (one token row each).
     #[arg(long, default_value_t = 1)]
     lanes: usize,
@@ -44,6 +49,7 @@ pub fn run(args: GraphArgs) -> Result<()> {
         capacity: args.capacity.unwrap_or(c.max_position_embeddings),
         prefix_rows: args.lanes * c.speech.voice_prefix_len,
         trace: false,
+        concurrent_launches: args.gpu.backend().runs_launches_concurrently(),
     };
     let graph = build(&model_spec(&checkpoint), &CheckpointNames, shape)?;
     let planned = plan(&graph);

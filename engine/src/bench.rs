@@ -117,6 +117,8 @@ pub struct StepResult {
     pub context: usize,
     /// Kernel launches per step.
     pub dispatches: usize,
+    /// Those that wait for the launch before them (the others run beside it).
+    pub waiting_dispatches: usize,
     /// Wall milliseconds to compile the step's shape the first time a session meets it
     /// (graph, memory plan, buffers, parameter blocks, bind groups; the pipelines already
     /// built by the prompt's step).
@@ -131,8 +133,8 @@ pub struct StepResult {
     pub floor_ms: f64,
     /// gpu_ms / floor_ms.
     pub ratio_to_floor: f64,
-    /// dispatches x the dependent launch cost, in milliseconds: what the launches cost
-    /// before any of them reads a byte.
+    /// waiting_dispatches x the dependent launch cost, in milliseconds: what the launches
+    /// cost before any of them reads a byte.
     pub launch_floor_ms: f64,
     /// gpu_ms / (floor_ms + launch_floor_ms).
     pub ratio_to_floors: f64,
@@ -518,7 +520,7 @@ pub fn decode_step(
         .collect();
     session.step(&prompt, false)?;
     let compile_start = std::time::Instant::now();
-    let dispatches = session.dispatch_count(lanes)?;
+    let (dispatches, waiting_dispatches) = session.dispatch_count(lanes)?;
     let compile_ms = ms(compile_start.elapsed());
     let mut gpu_times = Vec::new();
     let mut wall_times = Vec::new();
@@ -552,12 +554,13 @@ pub fn decode_step(
     bytes += lanes as u64 * options.context as u64 * kv_width * 4 * 2 * c.num_hidden_layers as u64;
     let gpu_ms = median(gpu_times);
     let floor_ms = bytes as f64 / (roofline.gb_per_s * 1e9) * 1e3;
-    let launch_floor_ms = dispatches as f64 * launch.dependent_us * 1e-3;
+    let launch_floor_ms = waiting_dispatches as f64 * launch.dependent_us * 1e-3;
     Ok(StepResult {
         label: label.to_string(),
         lanes,
         context: options.context,
         dispatches,
+        waiting_dispatches,
         compile_ms,
         gpu_ms,
         wall_ms: median(wall_times),

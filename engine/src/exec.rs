@@ -174,6 +174,9 @@ impl<'a> Lowering<'a> {
                 residual,
                 swiglu,
                 cache_write,
+                // Lowered like any linear: its output has a buffer no earlier node used and
+                // its input was made visible by routing's barrier, so wgpu records none.
+                beside: _,
             } => {
                 let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
                 let cache = match cache_write {
@@ -256,16 +259,21 @@ impl<'a> Lowering<'a> {
                 let rows = self.rows(inputs[0]);
                 let params = router_params(route, rows, self.graph.value(inputs[0]).shape[1]);
                 let bias = weights.score_bias.get(&route.layer).unwrap_or(&weights.placeholder);
+                let listed = match inputs.get(1) {
+                    Some(&value) => self.buffer(value)?,
+                    None => &weights.placeholder,
+                };
                 let routing = [
                     self.buffer(inputs[0])?,
                     &weights.kept_ids[&route.layer],
                     bias,
                     out,
                     self.buffer(node.outputs[1])?,
+                    listed,
                 ];
                 let beside = match linear {
                     Some(half) => {
-                        let (x, y) = (self.buffer(inputs[1])?, self.buffer(node.outputs[2])?);
+                        let (x, y) = (listed, self.buffer(node.outputs[2])?);
                         let io = LinearIo::plain(x, y, rows, half.width(), half.round_output);
                         Some((half, self.graph.value(inputs[1]).shape[1], io))
                     }
@@ -452,7 +460,7 @@ impl<'a> Lowering<'a> {
     fn lower_router(
         &mut self,
         params: &RouterParams,
-        routing: [&'a wgpu::Buffer; 5],
+        routing: [&'a wgpu::Buffer; 6],
         beside: Option<(&PairHalf, usize, LinearIo<'a>)>,
     ) -> Result<(), EngineError> {
         let placeholder = &self.bind.weights.placeholder;
@@ -709,14 +717,15 @@ pub fn linear_pair_launch(
 }
 
 /// Routing of `params.rows` tokens as one launch (`routing`: the logits, kept ids, score
-/// bias, chosen ids and chosen weights), compiled for the smallest [`KeptCapacity`] that
-/// holds `params.kept`: alone (`Kernel::Route`), or with `linear` (one
-/// bias-free BF16 segment, plain outputs) computed by its other workgroups
-/// (`Kernel::RouteLinear`), each output with the bits of its own launch.
+/// bias, chosen ids, chosen weights, and the value routing lists for a linear that runs
+/// beside a later launch, or any placeholder), compiled for the smallest [`KeptCapacity`]
+/// that holds `params.kept`: alone (`Kernel::Route`), or with `linear` (one bias-free BF16
+/// segment, plain outputs) computed by its other workgroups (`Kernel::RouteLinear`), each
+/// output with the bits of its own launch.
 pub fn route_launch(
     gpu: &Gpu,
     params: &RouterParams,
-    routing: [&wgpu::Buffer; 5],
+    routing: [&wgpu::Buffer; 6],
     linear: Option<(&GpuLinear, &LinearIo<'_>)>,
     placeholder: &wgpu::Buffer,
 ) -> Result<Dispatch, EngineError> {
@@ -747,7 +756,7 @@ pub fn route_launch(
     let uniform = gpu.uniform("route", params);
     let mut resources = launch.resources;
     resources.push(&uniform);
-    resources.extend(routing);
+    resources.extend(&routing[..5]);
     Ok(gpu.dispatch(Kernel::RouteLinear(capacity), &launch.params, &resources, launch.grid)?)
 }
 
@@ -937,6 +946,19 @@ impl Executable {
     /// Kernel launches per step.
     pub fn dispatch_count(&self) -> usize {
         self.dispatches.len()
+    }
+
+    /// Kernel launches per step that wait for the launch before them: all but the first of
+    /// each linear that runs beside it (`beside`; any further launch of such a linear writes
+    /// the buffer its first wrote, and waits).
+    pub fn waiting_dispatch_count(&self) -> usize {
+        let beside = self
+            .graph
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::Linear { beside: true, .. }))
+            .count();
+        self.dispatches.len() - beside
     }
 
     /// The buffer holding a value (inputs and activations).

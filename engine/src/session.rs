@@ -63,6 +63,7 @@ fn build_step_pipelines(gpu: &Gpu, spec: &ModelSpec) -> Result<(), EngineError> 
             capacity: rows,
             prefix_rows: 1,
             trace: false,
+            concurrent_launches: gpu.caps.concurrent_launches,
         };
         for node in drama3::build(spec, &CheckpointNames, shape)?.nodes {
             for kernel in drama_graph::select::kernels_of(&node.op) {
@@ -265,9 +266,11 @@ impl<'e> Session<'e> {
         Ok(())
     }
 
-    /// Kernel launches of a step of `rows` rows (compiling it if needed).
-    pub fn dispatch_count(&mut self, rows: usize) -> Result<usize, EngineError> {
-        Ok(self.executable(rows, false)?.dispatch_count())
+    /// Kernel launches of a step of `rows` rows (compiling it if needed): all of them, and
+    /// those that wait for the launch before them.
+    pub fn dispatch_count(&mut self, rows: usize) -> Result<(usize, usize), EngineError> {
+        let exe = self.executable(rows, false)?;
+        Ok((exe.dispatch_count(), exe.waiting_dispatch_count()))
     }
 
     /// The number of launches of the nodes labelled `first` through `last` in a `rows`-row step.
@@ -303,6 +306,7 @@ impl<'e> Session<'e> {
                 capacity: self.capacity,
                 prefix_rows: self.lanes * c.speech.voice_prefix_len,
                 trace,
+                concurrent_launches: self.engine.gpu.caps.concurrent_launches,
             };
             let graph = drama3::build(&self.engine.spec, &CheckpointNames, shape)?;
             let bind = Bindings {

@@ -1,7 +1,8 @@
 //! The whole backbone on the GPU against the FP64 reference, on generated checkpoints of
 //! every tiny preset: teacher-forced logits, every layer's hidden state and every router
-//! choice; plus the exactness promises: paired == separate, chunked == whole, and weights
-//! split across many bindings == unsplit, bit for bit.
+//! choice; plus the exactness promises: paired == separate, chunked == whole, weights split
+//! across many bindings == unsplit, and steps built for serial launches == steps built for
+//! concurrent ones, bit for bit.
 
 mod common;
 
@@ -387,6 +388,61 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
         split_pairs,
         "{preset}: split pairs launch their halves"
     );
+}
+
+/// Steps built for a device that runs every launch after the one before (Metal's form: the
+/// shared expert's down projection computed by routing's launch) give the bits of steps built
+/// for one that runs a launch needing no barrier beside the one before it (the projection a
+/// launch of its own beside the routed gate/up): a prompt, then one-row steps.
+#[test]
+fn serial_launch_steps_equal_concurrent_launch_steps() {
+    let mut rng = rng("serial and concurrent launches");
+    let f = Fixture::preset("tiny", rng.next_u64());
+    let (text, audio) = utterance(&f.open(), &mut rng, 5, 3);
+    let p = f.open().config.speech.voice_prefix_len;
+    let prompt = rows_for(0, p, &text, &audio);
+    let codes = f.open().config.speech.audio_codes as u32;
+    let steps: Vec<Row> = (0..3)
+        .map(|i| Row {
+            source: RowSource::Audio(rng.next_u32() % codes),
+            lane: 0,
+            pos: prompt.len() + i,
+        })
+        .collect();
+    let run = |concurrent: bool| {
+        let gpu = Gpu::new(&GpuOptions {
+            concurrent_launches: Some(concurrent),
+            ..Default::default()
+        })
+        .unwrap();
+        let engine = Engine::load(Arc::new(gpu), f.open()).unwrap();
+        let mut session = Session::new(&engine, 1, prompt.len() + steps.len()).unwrap();
+        let mut logits = session.step(&prompt, false).unwrap().logits;
+        for row in &steps {
+            logits.extend(session.step(std::slice::from_ref(row), false).unwrap().logits);
+        }
+        // Rerunning the last step (profiled: a list of its launches) rewrites the same cache
+        // entries.
+        let last = session.profiled_step(&steps[steps.len() - 1..]).unwrap();
+        let kernels: Vec<Kernel> = last.into_iter().map(|(k, _)| k).collect();
+        (logits, kernels)
+    };
+    let (serial, serial_kernels) = run(false);
+    let (concurrent, concurrent_kernels) = run(true);
+    assert_eq!(bits(&serial), bits(&concurrent));
+    let moe_layers = f.open().layers.iter().filter(|l| matches!(l, LayerMlp::Moe(_))).count();
+    let fused = |kernels: &[Kernel]| kernels.iter().filter(|k| matches!(k, Kernel::RouteLinear(_))).count();
+    assert_eq!(
+        fused(&serial_kernels),
+        moe_layers,
+        "serial: routing computes the projection"
+    );
+    assert_eq!(
+        fused(&concurrent_kernels),
+        0,
+        "concurrent: the projection has its own launch"
+    );
+    assert_eq!(concurrent_kernels.len(), serial_kernels.len() + moe_layers);
 }
 
 /// A step whose launches would need more than 65535 workgroups along one dimension is

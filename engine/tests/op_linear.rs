@@ -862,11 +862,14 @@ fn linear_pair_gives_each_linears_own_bits() {
 }
 
 /// Routing with a linear beside it in one launch (a MoE layer's routing and its shared
-/// expert's down projection) writes exactly the bits that routing alone and the linear's own
-/// launch write, for one, two, eight and 37 rows (routing's workgroups on one grid row, and
-/// spread over several) and sizes drawn fresh, the linear within the FP64 reference's bound;
-/// a quantized linear beside routing is refused by name. (Routing's own choices and weights
-/// are checked against the FP64 reference in op_misc.rs.)
+/// expert's down projection), and routing that lists the linear's input followed in the same
+/// pass by the linear's own launch (as the projection runs beside the launch before it, with
+/// no barrier of its own), write exactly the bits that routing alone and the linear's own
+/// launch write in submissions of their own, for one, two, eight and 37 rows (routing's
+/// workgroups on one grid row, and spread over several) and sizes drawn fresh, the linear
+/// within the FP64 reference's bound; a quantized linear beside routing is refused by name.
+/// (Routing's own choices and weights are checked against the FP64 reference in
+/// op_misc.rs.)
 #[test]
 fn route_beside_a_linear_gives_each_its_own_bits() {
     let gpu = gpu();
@@ -906,9 +909,9 @@ fn route_beside_a_linear_gives_each_its_own_bits() {
                 poisoned(gpu, &format!("{name} y"), rows * out),
             )
         };
-        let (together, apart) = (outputs("together"), outputs("apart"));
+        let (together, listed, apart) = (outputs("together"), outputs("listed"), outputs("apart"));
         let io = |y| LinearIo::plain(&xb, y, rows, out, true);
-        let routing_together = [&lb, &kb, &placeholder, &together.0, &together.1];
+        let routing_together = [&lb, &kb, &placeholder, &together.0, &together.1, &xb];
         let one = route_launch(
             gpu,
             &params,
@@ -917,22 +920,32 @@ fn route_beside_a_linear_gives_each_its_own_bits() {
             &placeholder,
         );
         run(gpu, &[one.unwrap()]);
-        let routing_apart = [&lb, &kb, &placeholder, &apart.0, &apart.1];
-        let mut launches = vec![route_launch(gpu, &params, routing_apart, None, &placeholder).unwrap()];
-        launches.extend(linear_launches(gpu, &linear, &placeholder, &io(&apart.2)).unwrap());
+        let routing_listed = [&lb, &kb, &placeholder, &listed.0, &listed.1, &xb];
+        let mut launches = vec![route_launch(gpu, &params, routing_listed, None, &placeholder).unwrap()];
+        launches.extend(linear_launches(gpu, &linear, &placeholder, &io(&listed.2)).unwrap());
         run(gpu, &launches);
-        assert_eq!(
-            gpu.read_u32(&together.0).unwrap(),
-            gpu.read_u32(&apart.0).unwrap(),
-            "{label}: chosen experts"
+        let routing_apart = [&lb, &kb, &placeholder, &apart.0, &apart.1, &placeholder];
+        run(
+            gpu,
+            &[route_launch(gpu, &params, routing_apart, None, &placeholder).unwrap()],
         );
-        assert_eq!(
-            bits(&gpu.read_f32(&together.1).unwrap()),
-            bits(&gpu.read_f32(&apart.1).unwrap()),
-            "{label}: routing weights"
+        run(
+            gpu,
+            &linear_launches(gpu, &linear, &placeholder, &io(&apart.2)).unwrap(),
         );
+        let want_ids = gpu.read_u32(&apart.0).unwrap();
+        let want_weights = bits(&gpu.read_f32(&apart.1).unwrap());
+        let want_linear = bits(&gpu.read_f32(&apart.2).unwrap());
+        for (form, (ids, weights, y)) in [("one launch", &together), ("listed", &listed)] {
+            assert_eq!(gpu.read_u32(ids).unwrap(), want_ids, "{label}, {form}: chosen experts");
+            assert_eq!(
+                bits(&gpu.read_f32(weights).unwrap()),
+                want_weights,
+                "{label}, {form}: routing weights"
+            );
+            assert_eq!(bits(&gpu.read_f32(y).unwrap()), want_linear, "{label}, {form}: linear");
+        }
         let got = gpu.read_f32(&together.2).unwrap();
-        assert_eq!(bits(&got), bits(&gpu.read_f32(&apart.2).unwrap()), "{label}: linear");
         let (mut want, mut scale) = (Vec::new(), Vec::new());
         for r in 0..rows {
             let xr = &x[r * cols..(r + 1) * cols];
@@ -952,7 +965,7 @@ fn route_beside_a_linear_gives_each_its_own_bits() {
     let nvfp4 = GpuLinear::one_segment(gpu, WeightFormat::Nvfp4, (4, 32), &quantized.packed, &quantized.scales);
     let (xb, y) = (gpu.buffer_with("x", &f32_bytes(&[1.0; 32])), poisoned(gpu, "y", 4));
     let io = LinearIo::plain(&xb, &y, 1, 4, false);
-    let routing = [&placeholder, &placeholder, &placeholder, &y, &y];
+    let routing = [&placeholder, &placeholder, &placeholder, &y, &y, &xb];
     let params = RouterParams::default();
     let Err(error) = route_launch(gpu, &params, routing, Some((&nvfp4, &io)), &placeholder) else {
         panic!("routing with an NVFP4 linear beside it was launched");

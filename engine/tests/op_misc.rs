@@ -259,7 +259,7 @@ fn gpu_route(
     let bb = gpu.buffer_with("bias", &f32_bytes(bias.unwrap_or(&[0.0])));
     let ids = poisoned(gpu, "ids", rows * spec.k);
     let weights = poisoned(gpu, "weights", rows * spec.k);
-    let routing = [&lb, &kb, &bb, &ids, &weights];
+    let routing = [&lb, &kb, &bb, &ids, &weights, &placeholder];
     run(gpu, &[route_launch(gpu, &params, routing, None, &placeholder).unwrap()]);
     (gpu.read_u32(&ids).unwrap(), gpu.read_f32(&weights).unwrap())
 }
@@ -394,8 +394,15 @@ fn routing_past_its_largest_capacity_is_refused() {
         pad: [0; 3],
     };
     let placeholder = gpu.buffer_with("placeholder", &[0; 16]);
-    let buffers: Vec<wgpu::Buffer> = (0..5).map(|_| poisoned(gpu, "routing", kept as usize)).collect();
-    let routing = [&buffers[0], &buffers[1], &buffers[2], &buffers[3], &buffers[4]];
+    let buffers: Vec<wgpu::Buffer> = (0..6).map(|_| poisoned(gpu, "routing", kept as usize)).collect();
+    let routing = [
+        &buffers[0],
+        &buffers[1],
+        &buffers[2],
+        &buffers[3],
+        &buffers[4],
+        &buffers[5],
+    ];
     let Err(error) = route_launch(gpu, &params, routing, None, &placeholder) else {
         panic!("{kept} kept experts were routed");
     };

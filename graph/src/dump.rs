@@ -55,6 +55,8 @@ pub struct GraphDump {
     pub activation_bytes: u64,
     /// Kernel launches of one step, before weight splitting.
     pub kernel_launches: usize,
+    /// Those that run beside the launch before them (see [`Op::Linear`]'s `beside`).
+    pub beside_launches: usize,
 }
 
 fn value_dump(graph: &Graph, plan: &MemoryPlan, id: ValueId) -> ValueDump {
@@ -101,11 +103,16 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
         })
         .collect();
     let kernel_launches = nodes.iter().map(|n| n.kernels.len()).sum();
+    let beside_launches = nodes
+        .iter()
+        .filter(|n| matches!(n.attributes, Op::Linear { beside: true, .. }))
+        .count();
     GraphDump {
         nodes,
         buffers: plan.buffers.clone(),
         activation_bytes: plan.total_bytes(),
         kernel_launches,
+        beside_launches,
     }
 }
 
@@ -133,13 +140,19 @@ impl GraphDump {
             if !n.formats.is_empty() {
                 let _ = write!(out, "  [{}]", n.formats.join(", "));
             }
-            let _ = writeln!(out, "  {{{}}}", n.kernels.join(", "));
+            let beside = if matches!(n.attributes, Op::Linear { beside: true, .. }) {
+                " beside the launch before"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "  {{{}}}{beside}", n.kernels.join(", "));
         }
         let _ = writeln!(
             out,
-            "{} nodes, {} kernel launches per step (before weight splitting), {} activation buffers, {} activation bytes",
+            "{} nodes, {} kernel launches per step (before weight splitting; {} beside the launch before them), {} activation buffers, {} activation bytes",
             self.nodes.len(),
             self.kernel_launches,
+            self.beside_launches,
             self.buffers.len(),
             self.activation_bytes
         );

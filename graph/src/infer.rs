@@ -67,6 +67,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             residual,
             swiglu,
             cache_write,
+            ..
         } => {
             let cached = if cache_write.is_some() { 4 } else { 0 };
             arity(inputs, if *residual { 2 } else { 1 } + cached)?;
@@ -145,7 +146,10 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             Ok(vec![(vec![rows, heads * head_dim], dtype)])
         }
         Op::Router { route: r, linear } => {
-            arity(inputs, 1 + usize::from(linear.is_some()))?;
+            expect(
+                (1..=2).contains(&inputs.len()) && (linear.is_none() || inputs.len() == 2),
+                || format!("takes the logits and the linear's input, got {} inputs", inputs.len()),
+            )?;
             let logits = inputs[0];
             let width = if r.full_width { r.group_size * r.n_group } else { r.kept } + usize::from(r.gate_column);
             expect(logits.dtype == DType::F32 && width_of(logits) == width, || {
@@ -162,13 +166,14 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             })?;
             let rows = rows_of(logits);
             let mut outputs = vec![(vec![rows, r.k], DType::U32), (vec![rows, r.k], DType::F32)];
-            if let Some(linear) = linear {
-                let x = inputs[1];
-                expect(crate::select::shares_launch(linear) && !linear.swiglu, || {
-                    "the linear beside routing needs bias-free BF16 members and no SwiGLU".into()
-                })?;
+            if let Some(&x) = inputs.get(1) {
                 expect(is_bf16(x.dtype) && rows_of(x) == rows, || {
                     format!("the linear's input must be BF16 with {rows} rows")
+                })?;
+            }
+            if let Some(linear) = linear {
+                expect(crate::select::shares_launch(linear) && !linear.swiglu, || {
+                    "the linear beside routing needs bias-free BF16 members and no SwiGLU".into()
                 })?;
                 let dtype = if linear.round_output { DType::Bf16 } else { DType::F32 };
                 outputs.push((vec![rows, linear.width()], dtype));

@@ -184,6 +184,11 @@ pub enum Op {
         /// linear also writes each row's keys (rotated by RoPE at the row's position) and
         /// values into its lane's caches as it computes them.
         cache_write: Option<CacheWrite>,
+        /// Runs beside the launch before it: it reads only values that an earlier node's
+        /// launch lists among its bindings after their writer (see [`Op::Router`]), and its
+        /// output gets a buffer no earlier node used (see [`crate::plan`]), so wgpu records
+        /// no barrier before it and the GPU need not finish the launch before first.
+        beside: bool,
     },
     /// Two linears over the same input computed by one launch, each with its own weight and
     /// output: a MoE layer's router logits (with the shared expert's gate logit) and its
@@ -213,8 +218,12 @@ pub enum Op {
     },
     /// Top-k routing, and with `linear` an independent linear computed by the same launch (a
     /// MoE layer's shared-expert down projection, which reads nothing routing writes).
-    /// Inputs: router logits, and with `linear` its input (BF16). Outputs: ids (U32 [rows,
-    /// k]), weights, and with `linear` its output; each has the bits of its own node.
+    /// Inputs: router logits, and optionally the linear's input (BF16): with `linear` the
+    /// launch computes the linear too; without, routing only lists the input among its
+    /// bindings for a linear that runs beside a later launch ([`Op::Linear`]'s `beside`), so
+    /// that the barrier wgpu records before routing (which reads what the launch before it
+    /// wrote) makes that input visible too. Outputs: ids (U32 [rows, k]), weights, and with
+    /// `linear` its output; each has the bits of its own node.
     Router {
         /// The routing.
         route: RouterOp,

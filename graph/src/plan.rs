@@ -1,11 +1,14 @@
 //! The static memory plan: every activation gets a buffer, and buffers are reused once the
 //! values in them are dead. Inputs get their own buffers; states (KV caches) belong to the
-//! session. Values the host reads after the step are never reused.
+//! session. Values the host reads after the step are never reused. The output of a linear
+//! that runs beside the launch before it ([`Op::Linear`]'s `beside`) gets a buffer no
+//! earlier node used: wgpu records a barrier before any launch that writes a buffer the
+//! step's pass has used before.
 
 use serde::Serialize;
 
 use crate::graph::Graph;
-use crate::ir::ValueKind;
+use crate::ir::{Op, ValueKind};
 
 /// Buffer assignment of a graph.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -24,7 +27,8 @@ impl MemoryPlan {
 }
 
 /// Plans buffers greedily in execution order: a value takes the smallest free buffer that
-/// holds it (growing it if none does), and frees its buffer after its last reader.
+/// holds it (growing it if none does; a new one for the output of a linear that runs beside
+/// the launch before it), and frees its buffer after its last reader.
 pub fn plan(graph: &Graph) -> MemoryPlan {
     let count = graph.values.len();
     let mut last_use = vec![None; count];
@@ -43,12 +47,14 @@ pub fn plan(graph: &Graph) -> MemoryPlan {
         }
     }
     for (index, node) in graph.nodes.iter().enumerate() {
+        let fresh = matches!(node.op, Op::Linear { beside: true, .. });
         for output in &node.outputs {
             let need = graph.value(*output).bytes();
             let fitting = (0..free.len())
                 .filter(|&slot| buffers[free[slot]] >= need)
                 .min_by_key(|&slot| buffers[free[slot]]);
             let best = fitting.or_else(|| (0..free.len()).max_by_key(|&slot| buffers[free[slot]]));
+            let best = best.filter(|_| !fresh);
             let buffer = match best {
                 Some(slot) => {
                     let b = free.swap_remove(slot);

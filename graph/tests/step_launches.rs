@@ -1,13 +1,15 @@
 //! How many kernel launches a step of the bench shape takes (`drama fixture --preset bench`:
 //! hidden 2048, 24 layers, the first dense, 23 MoE layers keeping 128 of 256 experts, top-8,
-//! a shared expert, routed experts in NVFP4). Every launch of a decode step waits for the
-//! one before (about 2.1 us each on an H200 before it reads a byte), so the count is part of
-//! the step's cost: a change that adds a launch per layer fails here.
+//! a shared expert, routed experts in NVFP4). A launch that waits for the one before costs
+//! about 2.1 us on an H200 before it reads a byte, so the count of those is part of the
+//! step's cost: a change that adds one per layer fails here.
 
 use std::collections::BTreeMap;
 
 use drama_graph::drama3::{self, GlobalWeight, LayerWeight, ModelSpec, MoeSpec, StepShape, WeightNames};
+use drama_graph::plan::plan;
 use drama_graph::select::kernels_of;
+use drama_graph::{Graph, Node, Op, ValueId};
 use drama_kernels::{KeptCapacity, Kernel, WeightFormat};
 
 struct Names;
@@ -51,8 +53,8 @@ fn bench_spec() -> ModelSpec {
     }
 }
 
-/// The kernels of a step of `rows` rows, in launch order.
-fn step_kernels(rows: usize) -> Vec<Kernel> {
+/// A step of `rows` rows, for a device that runs launches beside the one before them or not.
+fn bench_step(rows: usize, concurrent_launches: bool) -> Graph {
     let lanes = rows.min(8);
     let shape = StepShape {
         rows,
@@ -60,9 +62,20 @@ fn step_kernels(rows: usize) -> Vec<Kernel> {
         capacity: 4096,
         prefix_rows: lanes * 8,
         trace: false,
+        concurrent_launches,
     };
-    let graph = drama3::build(&bench_spec(), &Names, shape).expect("the bench shape builds");
-    graph.nodes.iter().flat_map(|node| kernels_of(&node.op)).collect()
+    drama3::build(&bench_spec(), &Names, shape).expect("the bench shape builds")
+}
+
+fn runs_beside(node: &Node) -> bool {
+    matches!(node.op, Op::Linear { beside: true, .. })
+}
+
+/// A step's launches: those that wait for the launch before them, and those beside it.
+fn launches(graph: &Graph) -> (Vec<Kernel>, Vec<Kernel>) {
+    let (beside, waiting): (Vec<&Node>, Vec<&Node>) = graph.nodes.iter().partition(|n| runs_beside(n));
+    let kernels = |nodes: Vec<&Node>| nodes.iter().flat_map(|n| kernels_of(&n.op)).collect();
+    (kernels(waiting), kernels(beside))
 }
 
 fn count(kernels: &[Kernel], kernel: Kernel) -> usize {
@@ -70,27 +83,77 @@ fn count(kernels: &[Kernel], kernel: Kernel) -> usize {
 }
 
 #[test]
-fn decode_steps_of_up_to_eight_rows_take_ten_launches_per_moe_layer() {
+fn decode_steps_of_up_to_eight_rows_wait_on_ten_launches_per_moe_layer() {
     for rows in [1, 2, 8] {
-        let kernels = step_kernels(rows);
-        assert_eq!(kernels.len(), 243, "{rows} rows: {kernels:?}");
-        // Routing shares the shared down projection's launch in every MoE layer, and the
-        // layer's combine is the next norm's work.
+        // The shared expert's down projection beside the routed gate/up of each MoE layer.
+        let (waiting, beside) = launches(&bench_step(rows, true));
+        assert_eq!(waiting.len(), 243, "{rows} rows: {waiting:?}");
+        assert_eq!(beside, vec![Kernel::Linear(WeightFormat::Bf16); 23], "{rows} rows");
+        assert_eq!(count(&waiting, Kernel::Route(KeptCapacity::ALL[0])), 23, "{rows} rows");
+        // ... or in routing's launch, where launches run one after another.
+        let (serial, beside) = launches(&bench_step(rows, false));
+        assert_eq!(serial.len(), 243, "{rows} rows: {serial:?}");
+        assert!(beside.is_empty(), "{rows} rows");
         assert_eq!(
-            count(&kernels, Kernel::RouteLinear(KeptCapacity::ALL[0])),
+            count(&serial, Kernel::RouteLinear(KeptCapacity::ALL[0])),
             23,
             "{rows} rows"
         );
-        assert_eq!(count(&kernels, Kernel::CombineRmsNorm), 23, "{rows} rows");
-        assert_eq!(count(&kernels, Kernel::GroupSlots), 0, "{rows} rows");
+        for kernels in [waiting, serial] {
+            // A MoE layer's combine is the next norm's work.
+            assert_eq!(count(&kernels, Kernel::CombineRmsNorm), 23, "{rows} rows");
+            assert_eq!(count(&kernels, Kernel::GroupSlots), 0, "{rows} rows");
+        }
     }
 }
 
 #[test]
-fn steps_of_many_rows_route_apart_and_group_their_slots() {
-    let kernels = step_kernels(256);
-    // Per MoE layer: routing on its own, and the slots grouped by expert first.
-    assert_eq!(count(&kernels, Kernel::GroupSlots), 23);
-    assert_eq!(count(&kernels, Kernel::RouteLinear(KeptCapacity::ALL[0])), 0);
-    assert_eq!(kernels.len(), 243 + 2 * 23);
+fn steps_of_many_rows_group_their_slots_first() {
+    let (waiting, beside) = launches(&bench_step(256, true));
+    assert_eq!(count(&waiting, Kernel::GroupSlots), 23);
+    assert_eq!(waiting.len(), 243 + 23);
+    assert_eq!(beside.len(), 23);
+    // One after another: routing and the shared expert's down projection each alone.
+    let (serial, beside) = launches(&bench_step(256, false));
+    assert_eq!(count(&serial, Kernel::GroupSlots), 23);
+    assert_eq!(serial.len(), 243 + 2 * 23);
+    assert!(beside.is_empty());
+}
+
+/// What lets wgpu record no barrier before a linear that runs beside the launch before it:
+/// its output's buffer is one no earlier node used, its input is listed by an earlier
+/// routing node (whose barrier makes it visible), and no node in between writes that input.
+#[test]
+fn a_linear_beside_the_launch_before_it_needs_no_barrier_of_its_own() {
+    for rows in [1, 8, 256] {
+        let graph = bench_step(rows, true);
+        let plan = plan(&graph);
+        let buffer = |v: &ValueId| plan.value_buffer[v.0];
+        let mut checked = 0;
+        for (index, node) in graph.nodes.iter().enumerate().filter(|(_, n)| runs_beside(n)) {
+            let earlier = &graph.nodes[..index];
+            let output = buffer(&node.outputs[0]);
+            assert!(
+                earlier
+                    .iter()
+                    .all(|n| n.inputs.iter().chain(&n.outputs).all(|v| buffer(v) != output)),
+                "{rows} rows: {} writes a buffer an earlier node used",
+                node.label
+            );
+            let input = node.inputs[0];
+            let lister = earlier
+                .iter()
+                .rposition(|n| matches!(n.op, Op::Router { .. }) && n.inputs.get(1) == Some(&input))
+                .unwrap_or_else(|| panic!("{rows} rows: no routing lists the input of {}", node.label));
+            assert!(
+                earlier[lister + 1..]
+                    .iter()
+                    .all(|n| n.outputs.iter().all(|v| buffer(v) != buffer(&input))),
+                "{rows} rows: a node between routing and {} writes its input's buffer",
+                node.label
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, 23, "{rows} rows");
+    }
 }

@@ -422,8 +422,9 @@ impl Kernel {
             Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 8],
             // params, row_pos, dst, scratch
             Kernel::AttendCombine => &[0, 2, 7, 8],
-            // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights
-            Kernel::Route(_) => &[17, 18, 19, 20, 21, 22],
+            // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights,
+            // listed
+            Kernel::Route(_) => &[17, 18, 19, 20, 21, 22, 23],
             // the BF16 dense linear's, then the router's
             Kernel::RouteLinear(_) => &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
             // params, a ([gate | up]), out

@@ -27,6 +27,10 @@ pub struct Capabilities {
     pub max_buffer: u64,
     /// Workgroups per dispatch dimension.
     pub max_workgroups_per_dimension: u32,
+    /// A launch that needs no barrier may run beside the launch before it: wgpu's Vulkan and
+    /// DX12 backends record barriers only where the bindings need them, while its Metal and
+    /// GL backends run every launch after the one before (Metal's serial compute encoders).
+    pub concurrent_launches: bool,
 }
 
 impl Capabilities {
@@ -44,6 +48,7 @@ impl Capabilities {
             max_storage_binding: limits.max_storage_buffer_binding_size,
             max_buffer: limits.max_buffer_size,
             max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            concurrent_launches: matches!(info.backend, wgpu::Backend::Vulkan | wgpu::Backend::Dx12),
         }
     }
 }

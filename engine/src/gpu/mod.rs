@@ -48,6 +48,13 @@ impl BackendChoice {
         })
     }
 
+    /// Whether launches that need no barrier run beside the launch before them on the API
+    /// this choice opens (see [`Capabilities::concurrent_launches`]).
+    pub fn runs_launches_concurrently(self) -> bool {
+        self.backends()
+            .intersects(wgpu::Backends::VULKAN | wgpu::Backends::DX12)
+    }
+
     fn backends(self) -> wgpu::Backends {
         match self {
             BackendChoice::Auto => {
@@ -80,6 +87,10 @@ pub struct GpuOptions {
     /// Bytes of buffer writes gathered before they are sent to the GPU while weights
     /// upload (None: [`UPLOAD_BATCH`]; tests send every buffer alone).
     pub upload_batch: Option<u64>,
+    /// Whether steps are built for launches that run beside the launch before them (see
+    /// [`Capabilities::concurrent_launches`]). None: as the backend runs them (tests build
+    /// the other form too, to compare their bits).
+    pub concurrent_launches: Option<bool>,
 }
 
 /// Why the GPU could not be used.
@@ -219,7 +230,8 @@ impl Gpu {
             adapter: info.name.clone(),
             reason: e.to_string(),
         })?;
-        let caps = Capabilities::read(&info, adapter.features(), &limits);
+        let mut caps = Capabilities::read(&info, adapter.features(), &limits);
+        caps.concurrent_launches = options.concurrent_launches.unwrap_or(caps.concurrent_launches);
         let reported = Arc::new(Mutex::new(None));
         let first = reported.clone();
         device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {

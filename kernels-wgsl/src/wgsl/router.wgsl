@@ -7,7 +7,13 @@
 // `p.split_groups` workgroups of each grid row route; the others compute the linear exactly
 // as `linear` would, so each gets the bits of its own launch. Routing after the router
 // logits and the shared expert's down projection after its gate/up read nothing of each
-// other: one launch fewer per MoE layer.
+// other: one launch fewer per MoE layer, where launches run one after another (wgpu's Metal
+// and GL backends). Where a launch that needs no barrier runs beside the one before it
+// (Vulkan, DX12), the projection is a launch of its own beside the routed experts' gate/up
+// instead (see `Op::Linear`'s `beside` in the graph crate), and routing alone (`route`)
+// lists its input (`listed`) without reading it: the barrier wgpu records before routing,
+// which reads the logits the launch before it wrote, then makes that input visible too, and
+// the projection's launch needs no barrier of its own.
 //
 // `logits` rows hold one entry per router row: per kept expert (compact) or per original id
 // (full width; pruned ids are never read, the same as masking them to -inf before softmax).
@@ -58,6 +64,7 @@ struct RouterParams {
 @group(0) @binding(20) var<storage, read> score_bias: array<f32>;
 @group(0) @binding(21) var<storage, read_write> chosen_ids: array<u32>;
 @group(0) @binding(22) var<storage, read_write> chosen_weights: array<f32>;
+@group(0) @binding(23) var<storage, read> listed: array<vec4<f32>>;
 
 // (A branch, not `select`: a select would load kept_ids[i] for compact routers too and make
 // the logit's load wait for it.)
@@ -139,6 +146,7 @@ const ROUTE_WG: u32 = 256u;
 
 @compute @workgroup_size(256)
 fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    _ = &listed;
     route_token(wg.x, t, ROUTE_WG);
 }
 
