@@ -336,22 +336,28 @@ fn split_weights_equal_unsplit() {
 }
 
 /// One checkpoint, one step of the voice prefix and `text` tokens and `codes` audio codes
-/// after audio_bos, under a storage-binding `limit`.
+/// after audio_bos, under a storage-binding `limit`: the same bits split or not, with steps
+/// built for launches that run one after another or for launches beside each other.
 fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize, usize)) {
     let mut rng = rng(&format!("split {preset}"));
     let f = Fixture::preset(preset, rng.next_u64());
     let (text, audio) = utterance(&f.open(), &mut rng, text, codes);
     let p = f.open().config.speech.voice_prefix_len;
     let rows = rows_for(0, p, &text, &audio);
-    let small = Gpu::new(&GpuOptions {
-        max_storage_binding: Some(limit),
-        upload_batch: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
-    assert_eq!(small.caps.max_storage_binding, limit);
-    let split_engine = Engine::load(Arc::new(small), f.open()).unwrap();
-    let plain_engine = Engine::load(shared_gpu(), f.open()).unwrap();
+    let engine = |limit: Option<u64>, concurrent: bool| {
+        let gpu = Gpu::new(&GpuOptions {
+            max_storage_binding: limit,
+            upload_batch: Some(1),
+            concurrent_launches: Some(concurrent),
+            ..Default::default()
+        })
+        .unwrap();
+        if let Some(limit) = limit {
+            assert_eq!(gpu.caps.max_storage_binding, limit);
+        }
+        Engine::load(Arc::new(gpu), f.open()).unwrap()
+    };
+    let (split_engine, plain_engine) = (engine(Some(limit), false), engine(None, false));
     let count = |e: &Engine| -> usize {
         let w = &e.weights;
         w.linears
@@ -371,6 +377,15 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
     let a = split_session.step(&rows, false).unwrap().logits;
     let b = plain_session.step(&rows, false).unwrap().logits;
     assert_eq!(bits(&a), bits(&b), "{preset}");
+    for (limit, form) in [(Some(limit), "split"), (None, "unsplit")] {
+        let concurrent = engine(limit, true);
+        let c = Session::new(&concurrent, 1, rows.len())
+            .unwrap()
+            .step(&rows, false)
+            .unwrap()
+            .logits;
+        assert_eq!(bits(&c), bits(&b), "{preset}: {form}, launches beside each other");
+    }
     // Rerunning the step (profiled: a list of its launches) rewrites the same cache entries.
     let pair_launches = |s: &mut Session<'_>| {
         let launches = s.profiled_step(&rows).unwrap();
