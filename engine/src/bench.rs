@@ -45,7 +45,7 @@ pub struct Machine {
     pub adapter: Capabilities,
     /// wgpu version the binary was built with.
     pub wgpu: String,
-    /// Source commit.
+    /// Source commit (with `-dirty` when the binary was built from uncommitted changes).
     pub commit: String,
     /// Checkpoint provenance.
     pub checkpoint: String,
