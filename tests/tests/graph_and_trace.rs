@@ -143,6 +143,32 @@ fn a_missing_backend_is_refused_by_name() {
         "{err}"
     );
     assert!(!out.exists());
-    let (code, _, err) = drama_text(&["graph", "--checkpoint", ckpt.to_str().unwrap(), "--backend", "vulkan"]);
-    assert_eq!(code, Some(2), "graph takes no --backend: {err}");
+}
+
+/// `drama graph` opens no GPU: `--backend` names the API whose step it prints. Where wgpu
+/// runs every launch after the one before (Metal), routing's launch computes the shared
+/// expert's down projection; on Vulkan the projection runs beside the routed gate/up. An
+/// unknown API is refused by name.
+#[test]
+fn graph_prints_the_step_each_backend_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", 6, &ckpt).unwrap();
+    let graph = |backend: &str| drama_text(&["graph", "--checkpoint", ckpt.to_str().unwrap(), "--backend", backend]);
+    let (code, metal, err) = graph("metal");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        metal.contains("RouteLinear") && metal.contains("; 0 beside the launch before them)"),
+        "{metal}"
+    );
+    let (code, vulkan, err) = graph("vulkan");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        vulkan.contains("shared_expert.down") && vulkan.contains("beside the launch before\n"),
+        "{vulkan}"
+    );
+    assert!(!vulkan.contains("RouteLinear"), "{vulkan}");
+    let (code, _, err) = graph("cuda");
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unknown backend \"cuda\""), "{err}");
 }
