@@ -3,7 +3,7 @@
 //
 // This file is appended to the BF16 linear module (linear.wgsl + fmt_bf16.wgsl), whose
 // `Params` (`p`, binding 0), bindings and `linear_rows` it uses; routing has its own
-// parameter block (`rp`, binding 17) and bindings (18-22). A `route_linear` launch's first
+// parameter block (`rp`, binding 17) and bindings (18-23). A `route_linear` launch's first
 // `p.split_groups` workgroups of each grid row route; the others compute the linear exactly
 // as `linear` would, so each gets the bits of its own launch. Routing after the router
 // logits and the shared expert's down projection after its gate/up read nothing of each
