@@ -174,7 +174,11 @@ fn route_linear(
 fn route_token(row: u32, t: u32, invocations: u32) {
     for (var i = t; i < rp.kept; i += invocations) {
         raw[i] = logit(row, i);
-        expert_group[i] = kept_ids[i] / rp.group_size;
+        // Only grouped routing reads the groups: a compact router's launch then loads no kept
+        // id before its first barrier.
+        if (rp.n_group > 1u) {
+            expert_group[i] = kept_ids[i] / rp.group_size;
+        }
         eligible[i] = 1u;
     }
     // The padding of the last quad past `kept`, which the counting below reads four at a
