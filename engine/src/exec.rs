@@ -952,12 +952,7 @@ impl Executable {
     /// each linear that runs beside it (`beside`; any further launch of such a linear writes
     /// the buffer its first wrote, and waits).
     pub fn waiting_dispatch_count(&self) -> usize {
-        let beside = self
-            .graph
-            .nodes
-            .iter()
-            .filter(|n| matches!(n.op, Op::Linear { beside: true, .. }))
-            .count();
+        let beside = self.graph.nodes.iter().filter(|n| n.op.runs_beside()).count();
         self.dispatches.len() - beside
     }
 

@@ -103,10 +103,7 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
         })
         .collect();
     let kernel_launches = nodes.iter().map(|n| n.kernels.len()).sum();
-    let beside_launches = nodes
-        .iter()
-        .filter(|n| matches!(n.attributes, Op::Linear { beside: true, .. }))
-        .count();
+    let beside_launches = nodes.iter().filter(|n| n.attributes.runs_beside()).count();
     GraphDump {
         nodes,
         buffers: plan.buffers.clone(),
@@ -140,7 +137,7 @@ impl GraphDump {
             if !n.formats.is_empty() {
                 let _ = write!(out, "  [{}]", n.formats.join(", "));
             }
-            let beside = if matches!(n.attributes, Op::Linear { beside: true, .. }) {
+            let beside = if n.attributes.runs_beside() {
                 " beside the launch before"
             } else {
                 ""

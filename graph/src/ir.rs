@@ -287,6 +287,11 @@ pub enum Op {
 }
 
 impl Op {
+    /// Whether this is a linear that runs beside the launch before it (`beside`).
+    pub fn runs_beside(&self) -> bool {
+        matches!(self, Op::Linear { beside: true, .. })
+    }
+
     /// Short name for dumps.
     pub fn name(&self) -> &'static str {
         match self {

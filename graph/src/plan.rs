@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use crate::graph::Graph;
-use crate::ir::{Op, ValueKind};
+use crate::ir::ValueKind;
 
 /// Buffer assignment of a graph.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -47,7 +47,7 @@ pub fn plan(graph: &Graph) -> MemoryPlan {
         }
     }
     for (index, node) in graph.nodes.iter().enumerate() {
-        let fresh = matches!(node.op, Op::Linear { beside: true, .. });
+        let fresh = node.op.runs_beside();
         for output in &node.outputs {
             let need = graph.value(*output).bytes();
             let fitting = (0..free.len())

@@ -67,13 +67,9 @@ fn bench_step(rows: usize, concurrent_launches: bool) -> Graph {
     drama3::build(&bench_spec(), &Names, shape).expect("the bench shape builds")
 }
 
-fn runs_beside(node: &Node) -> bool {
-    matches!(node.op, Op::Linear { beside: true, .. })
-}
-
 /// A step's launches: those that wait for the launch before them, and those beside it.
 fn launches(graph: &Graph) -> (Vec<Kernel>, Vec<Kernel>) {
-    let (beside, waiting): (Vec<&Node>, Vec<&Node>) = graph.nodes.iter().partition(|n| runs_beside(n));
+    let (beside, waiting): (Vec<&Node>, Vec<&Node>) = graph.nodes.iter().partition(|n| n.op.runs_beside());
     let kernels = |nodes: Vec<&Node>| nodes.iter().flat_map(|n| kernels_of(&n.op)).collect();
     (kernels(waiting), kernels(beside))
 }
@@ -130,7 +126,7 @@ fn a_linear_beside_the_launch_before_it_needs_no_barrier_of_its_own() {
         let plan = plan(&graph);
         let buffer = |v: &ValueId| plan.value_buffer[v.0];
         let mut checked = 0;
-        for (index, node) in graph.nodes.iter().enumerate().filter(|(_, n)| runs_beside(n)) {
+        for (index, node) in graph.nodes.iter().enumerate().filter(|(_, n)| n.op.runs_beside()) {
             let earlier = &graph.nodes[..index];
             let output = buffer(&node.outputs[0]);
             assert!(

@@ -27,11 +27,15 @@ pub struct Capabilities {
     pub max_buffer: u64,
     /// Workgroups per dispatch dimension.
     pub max_workgroups_per_dimension: u32,
-    /// A launch that needs no barrier may run beside the launch before it: wgpu's Vulkan and
-    /// DX12 backends record barriers only where the bindings need them, while its Metal and
-    /// GL backends run every launch after the one before (Metal's serial compute encoders).
+    /// A launch that needs no barrier may run beside the launch before it (the backend is
+    /// one of [`CONCURRENT_LAUNCH_BACKENDS`]).
     pub concurrent_launches: bool,
 }
+
+/// The backends on which a launch that needs no barrier runs beside the launch before it:
+/// wgpu records barriers there only where the bindings need them, while its Metal and GL
+/// backends run every launch after the one before (Metal's serial compute encoders).
+pub const CONCURRENT_LAUNCH_BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN.union(wgpu::Backends::DX12);
 
 impl Capabilities {
     /// Reads the report from the adapter's info, features and the limits the device got.
@@ -48,7 +52,7 @@ impl Capabilities {
             max_storage_binding: limits.max_storage_buffer_binding_size,
             max_buffer: limits.max_buffer_size,
             max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
-            concurrent_launches: matches!(info.backend, wgpu::Backend::Vulkan | wgpu::Backend::Dx12),
+            concurrent_launches: CONCURRENT_LAUNCH_BACKENDS.contains(info.backend.into()),
         }
     }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use drama_kernels::{Kernel, ProbeParams};
 use wgpu::util::DeviceExt;
 
-pub use capabilities::Capabilities;
+pub use capabilities::{CONCURRENT_LAUNCH_BACKENDS, Capabilities};
 pub use readback::Readback;
 pub(crate) use upload::bytes_of;
 pub use upload::{Stager, UPLOAD_BATCH};
@@ -51,8 +51,7 @@ impl BackendChoice {
     /// Whether launches that need no barrier run beside the launch before them on the API
     /// this choice opens (see [`Capabilities::concurrent_launches`]).
     pub fn runs_launches_concurrently(self) -> bool {
-        self.backends()
-            .intersects(wgpu::Backends::VULKAN | wgpu::Backends::DX12)
+        self.backends().intersects(CONCURRENT_LAUNCH_BACKENDS)
     }
 
     fn backends(self) -> wgpu::Backends {
