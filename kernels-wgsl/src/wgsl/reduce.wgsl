@@ -7,17 +7,30 @@ var<workgroup> tree: array<f32, 256>;   // one value per invocation, up to 256
 
 // Reduces the values of the first `width` invocations (a power of two, at most 256) by the
 // fixed tree, max or sum; every invocation gets the result. Every invocation must call it.
+// Two levels of the tree per barrier: invocation i < w / 4 of a round over w values
+// combines (x[i], x[i + w / 2]) and (x[i + w / 4], x[i + 3 w / 4]), then the two results,
+// exactly the additions of the levels at distance w / 2 and w / 4.
 fn tree_reduce(t: u32, value: f32, is_max: bool, width: u32) -> f32 {
     tree[t] = value;
-    for (var stride = width / 2u; stride > 0u; stride /= 2u) {
+    var w = width;
+    for (; w >= 4u; w /= 4u) {
         workgroupBarrier();
-        if (t < stride) {
-            let other = tree[t + stride];
-            tree[t] = select(tree[t] + other, max(tree[t], other), is_max);
+        let q = w / 4u;
+        if (t < q) {
+            let a = combine(tree[t], tree[t + 2u * q], is_max);
+            let b = combine(tree[t + q], tree[t + 3u * q], is_max);
+            tree[t] = combine(a, b, is_max);
         }
     }
     workgroupBarrier();
-    let result = tree[0];
+    var result = tree[0];
+    if (w == 2u) {
+        result = combine(result, tree[1], is_max);
+    }
     workgroupBarrier();
     return result;
+}
+
+fn combine(a: f32, b: f32, is_max: bool) -> f32 {
+    return select(a + b, max(a, b), is_max);
 }

@@ -34,9 +34,13 @@
 // H200: 23 routes 517 -> 248 us of a decode step's profile).
 //
 // Routing alone (`route`) runs 256 invocations per token, beside the linear (`route_linear`)
-// the linear's WG (64). For the softmax denominator the first WG invocations each sum their
-// experts' terms in index order (i = t, t + WG, ...), then a fixed tree combines their sums:
-// the same bits from either entry point.
+// the linear's WG (64). With two invocations per kept expert (routing alone, up to 128
+// kept), each counts the experts above its expert in half of the quads, and the two counts
+// are added; the chosen weights are gathered into workgroup memory once, so the
+// renormalising sum reads them without a chain of dependent loads. For the softmax
+// denominator the first WG invocations each sum their experts' terms in index order (i = t,
+// t + WG, ...), then a fixed tree combines their sums: the same bits from either entry
+// point.
 
 // MAX_KEPT, the kept experts the workgroup arrays hold, is declared by the host when it
 // assembles the module (`KeptCapacity`): a multiple of 32.
@@ -89,6 +93,8 @@ var<workgroup> ranking: array<vec4<f32>, MAX_KEPT / 4u>;  // the ranking scores,
 var<workgroup> ranking_eligible: array<vec4<u32>, MAX_KEPT / 4u>;  // `eligible`, four at a time
 var<workgroup> chosen: array<atomic<u32>, MAX_KEPT / 32u>;  // bit i set when expert i is among the top K
 var<workgroup> by_position: array<u32, MAX_K>;  // chosen kept index by output position
+var<workgroup> counts: array<u32, ROUTE_WG>;   // each (expert, half)'s count of experts above it
+var<workgroup> chosen_weight: array<f32, MAX_K>;  // the chosen experts' weights by output position
 
 // Sigmoid routers with groups: a group's score is the sum of its best min(2, n) ranking
 // scores; groups without kept experts are never picked; the best `topk_group` groups stay
@@ -227,13 +233,20 @@ fn route_token(row: u32, t: u32, invocations: u32) {
     }
     // Ranking scores and eligibility as vec4s for the counting below, each vec4 written whole
     // by one invocation (a component write may rewrite the whole vector on some compilers);
-    // the padding past `kept` is never eligible. The chosen mask and positions start clear.
-    for (var q = t; q < quads; q += invocations) {
-        let i = 4u * q;
-        ranking[q] = vec4<f32>(rank[i], rank[i + 1u], rank[i + 2u], rank[i + 3u]);
-        let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
-        let allowed = vec4<u32>(eligible[i], eligible[i + 1u], eligible[i + 2u], eligible[i + 3u]);
-        ranking_eligible[q] = select(vec4<u32>(0u), allowed, live);
+    // the padding past `kept`, up to MAX_KEPT, is never eligible. The chosen mask and
+    // positions start clear.
+    for (var q = t; q < MAX_KEPT / 4u; q += invocations) {
+        var scores = vec4<f32>(0.0);
+        var allowed = vec4<u32>(0u);
+        if (q < quads) {
+            let i = 4u * q;
+            scores = vec4<f32>(rank[i], rank[i + 1u], rank[i + 2u], rank[i + 3u]);
+            let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
+            let flags = vec4<u32>(eligible[i], eligible[i + 1u], eligible[i + 2u], eligible[i + 3u]);
+            allowed = select(vec4<u32>(0u), flags, live);
+        }
+        ranking[q] = scores;
+        ranking_eligible[q] = allowed;
     }
     if (t < MAX_KEPT / 32u) {
         atomicStore(&chosen[t], 0u);
@@ -243,18 +256,23 @@ fn route_token(row: u32, t: u32, invocations: u32) {
     }
     workgroupBarrier();
     // An eligible expert's rank: the eligible experts with a higher score, or the same score
-    // and a lower index (branch-free, four at a time). Ranks below K are chosen.
-    for (var i = t; i < rp.kept; i += invocations) {
-        let mine = vec4<f32>(rank[i]);
-        var above = vec4<u32>(0u);
-        for (var q = 0u; q < quads; q++) {
-            let other = ranking[q];
-            let lower = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(i);
-            let outranks = (other > mine) | ((other == mine) & lower);
-            above += select(vec4<u32>(0u), vec4<u32>(1u), outranks & (ranking_eligible[q] != vec4<u32>(0u)));
+    // and a lower index. Ranks below K are chosen. With two invocations per expert the
+    // halves of the quads are counted apart and added.
+    if (invocations >= 2u * MAX_KEPT) {
+        let i = t % MAX_KEPT;
+        let half = t / MAX_KEPT;
+        var above = 0u;
+        if (half < 2u && i < rp.kept) {
+            above = count_above(i, half * (MAX_KEPT / 8u), (half + 1u) * (MAX_KEPT / 8u));
         }
-        if (eligible[i] != 0u && above.x + above.y + above.z + above.w < rp.k) {
-            atomicOr(&chosen[i / 32u], 1u << (i % 32u));
+        counts[t] = above;
+        workgroupBarrier();
+        if (t < rp.kept) {
+            choose_within_k(t, counts[t] + counts[t + MAX_KEPT]);
+        }
+    } else {
+        for (var i = t; i < rp.kept; i += invocations) {
+            choose_within_k(i, count_above(i, 0u, quads));
         }
     }
     workgroupBarrier();
@@ -274,17 +292,41 @@ fn route_token(row: u32, t: u32, invocations: u32) {
     }
     workgroupBarrier();
     if (t < rp.k) {
-        // Every writer sums the chosen weights in the same (position) order.
-        var chosen_sum = 0.0;
-        for (var j = 0u; j < rp.k; j++) {
-            chosen_sum += expert_weight[by_position[j]];
-        }
-        let i = by_position[t];
-        var v = expert_weight[i];
+        chosen_weight[t] = expert_weight[by_position[t]];
+    }
+    workgroupBarrier();
+    if (t < rp.k) {
+        var v = chosen_weight[t];
         if ((rp.flags & 8u) != 0u) {
+            // Every writer sums the chosen weights in the same (position) order.
+            var chosen_sum = 0.0;
+            for (var j = 0u; j < rp.k; j++) {
+                chosen_sum += chosen_weight[j];
+            }
             v = v / chosen_sum;
         }
-        chosen_ids[row * rp.k + t] = i;
+        chosen_ids[row * rp.k + t] = by_position[t];
         chosen_weights[row * rp.k + t] = v * rp.scaling;
+    }
+}
+
+// The eligible experts among quads [q_begin, q_end) that outrank expert i (a higher score,
+// or the same score and a lower index), branch-free four at a time.
+fn count_above(i: u32, q_begin: u32, q_end: u32) -> u32 {
+    let mine = vec4<f32>(rank[i]);
+    var above = vec4<u32>(0u);
+    for (var q = q_begin; q < q_end; q++) {
+        let other = ranking[q];
+        let lower = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(i);
+        let outranks = (other > mine) | ((other == mine) & lower);
+        above += select(vec4<u32>(0u), vec4<u32>(1u), outranks & (ranking_eligible[q] != vec4<u32>(0u)));
+    }
+    return above.x + above.y + above.z + above.w;
+}
+
+// Marks eligible expert i chosen when fewer than K experts outrank it.
+fn choose_within_k(i: u32, above: u32) {
+    if (eligible[i] != 0u && above < rp.k) {
+        atomicOr(&chosen[i / 32u], 1u << (i % 32u));
     }
 }
