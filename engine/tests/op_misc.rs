@@ -376,6 +376,44 @@ fn router_matches_reference() {
     route_case(no_groups, kept, true, false, true);
 }
 
+/// A softmax router ranks as the exact probabilities do, as the FP64 reference does: two
+/// logits one f32 step apart, whose f32 differences from the largest logit (and so whose
+/// f32 probabilities) are equal, still rank apart, the higher logit first even where it
+/// belongs to the higher id.
+#[test]
+fn router_ranks_logits_whose_f32_probabilities_are_equal() {
+    let spec = RouterSpec {
+        sigmoid: false,
+        k: 2,
+        norm_topk_prob: true,
+        routed_scaling_factor: 1.0,
+        num_experts: 16,
+        n_group: 1,
+        topk_group: 1,
+    };
+    let kept: Vec<usize> = (0..16).collect();
+    let mut logits: Vec<f32> = (0..16).map(|e| -1.0 - e as f32 * 0.25).collect();
+    let close = 0.1f32;
+    let just_below = f32::from_bits(close.to_bits() - 1);
+    logits[9] = 5.0;
+    logits[3] = just_below;
+    logits[7] = close;
+    assert_eq!(
+        just_below - 5.0,
+        close - 5.0,
+        "the two probabilities must round alike in f32"
+    );
+    let (ids, weights) = gpu_route(&spec, &kept, &logits, 16, None);
+    let by_id: Vec<f64> = logits.iter().map(|&l| f64::from(l)).collect();
+    let want = ops::route(&spec, &kept, &by_id, None);
+    let want_ids: Vec<u32> = want.iter().map(|w| w.0 as u32).collect();
+    assert_eq!(want_ids, vec![7, 9], "the reference ranks the higher logit first");
+    assert_eq!(ids, want_ids);
+    for (got, (_, w)) in weights.iter().zip(&want) {
+        assert!((f64::from(*got) - w).abs() <= 1e-6, "weight {got} against {w}");
+    }
+}
+
 /// More kept experts than any routing capacity holds are refused by name.
 #[test]
 fn routing_past_its_largest_capacity_is_refused() {

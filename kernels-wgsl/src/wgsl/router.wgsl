@@ -17,17 +17,19 @@
 //
 // `logits` rows hold one entry per router row: per kept expert (compact) or per original id
 // (full width; pruned ids are never read, the same as masking them to -inf before softmax).
-// softmax: p = softmax over kept ids, choose top K by p, weights p.
+// softmax: p = softmax over kept ids, choose top K by p (ranked by the logits, which order
+// exactly as the exact probabilities do), weights p.
 // sigmoid: s = sigmoid(logit), choice score c = s + bias; with groups, a group's score is
 // the sum of its best min(2, n) choices, groups without kept experts are never picked, the
 // best `topk_group` groups are kept, and the top K by c among their experts are chosen;
 // weights s. Then optional renormalisation and the routed scaling factor. Every ranking
 // breaks ties toward the lower original id. Output: the K chosen local (kept-list) indices
-// in ascending original-id order, and their weights. The workgroup loads the logits and
-// computes every expert's ranking score and weight in parallel into workgroup memory (the
-// softmax max and denominator by fixed reduction trees); then every eligible expert counts
-// the eligible experts that outrank it (a higher score, or the same score and a lower
-// index), which is its rank: ranks below K are chosen. The counting compares four scores
+// in ascending original-id order, and their weights. The workgroup loads the logits, a quad
+// of experts per invocation, and computes every expert's ranking score (and a sigmoid
+// router's weight) into workgroup memory; then every eligible expert counts the eligible
+// experts that outrank it (a higher score, or the same score and a lower index), which is
+// its rank: ranks below K are chosen. A softmax router's largest logit and denominator
+// (fixed reduction trees) serve only the K chosen experts' probabilities. The counting compares four scores
 // at a time without branches, and the chosen set is a bit mask whose popcounts give each
 // chosen expert its output position (with short-circuit conditions in the counting loop
 // and one invocation sorting the chosen experts, a route took about twice as long on the
@@ -87,8 +89,8 @@ fn sigmoid(v: f32) -> f32 {
 }
 
 var<workgroup> raw: array<f32, MAX_KEPT>;      // logits of the kept experts
-var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: softmax probability, or sigmoid + bias
-var<workgroup> expert_weight: array<f32, MAX_KEPT>;  // weight: softmax probability, or sigmoid
+var<workgroup> rank: array<f32, MAX_KEPT>;     // ranking score: the logit (softmax), or sigmoid + bias
+var<workgroup> expert_weight: array<f32, MAX_KEPT>;  // a sigmoid router's weight: the sigmoid
 var<workgroup> expert_group: array<u32, MAX_KEPT>;   // group of each kept expert
 var<workgroup> eligible: array<u32, MAX_KEPT>;  // 1: may still be chosen
 var<workgroup> ranking: array<vec4<f32>, MAX_KEPT / 4u>;  // the ranking scores, four at a time
@@ -177,78 +179,69 @@ fn route_linear(
     linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), groups.y, t, false, false);
 }
 
+// Keeps what routing needs of kept expert i, whose logit is `l`: the logit, its eligibility,
+// its group (grouped routing), its weight (sigmoid routers) and its ranking score, which it
+// returns. A softmax router ranks by the logit itself: the probabilities rank exactly as
+// their logits do (exp and the division by one denominator are monotonic), and two
+// different logits never tie, where their f32 probabilities can (within about 6e-8 of the
+// largest, both round to 1 / total).
+fn keep_expert(i: u32, l: f32) -> f32 {
+    raw[i] = l;
+    eligible[i] = 1u;
+    // Only grouped routing reads the groups: a compact router's launch then loads no kept id
+    // before its first barrier.
+    if (rp.n_group > 1u) {
+        expert_group[i] = kept_ids[i] / rp.group_size;
+    }
+    var c = l;
+    if ((rp.flags & 1u) != 0u) {
+        let s = sigmoid(l);
+        expert_weight[i] = s;
+        c = s;
+        if ((rp.flags & 4u) != 0u) {
+            c += score_bias[select(i, kept_ids[i], (rp.flags & 2u) != 0u)];
+        }
+    }
+    rank[i] = c;
+    return c;
+}
+
 // Routes token `row` with a workgroup of `invocations` (WG or ROUTE_WG, a constant at each
 // call). Every invocation of the workgroup must call it.
 fn route_token(row: u32, t: u32, invocations: u32) {
-    for (var i = t; i < rp.kept; i += invocations) {
-        raw[i] = logit(row, i);
-        // Only grouped routing reads the groups: a compact router's launch then loads no kept
-        // id before its first barrier.
-        if (rp.n_group > 1u) {
-            expert_group[i] = kept_ids[i] / rp.group_size;
-        }
-        eligible[i] = 1u;
-    }
-    // The padding of the last quad past `kept`, which the counting below reads four at a
-    // time (workgroup memory starts undefined: see `ZERO_FILL_WORKGROUP_MEMORY`).
+    let softmax = (rp.flags & 1u) == 0u;
     let quads = (rp.kept + 3u) / 4u;
-    for (var i = rp.kept + t; i < 4u * quads; i += invocations) {
-        rank[i] = 0.0;
-        eligible[i] = 0u;
-    }
-    workgroupBarrier();
-    var local_max = -3.0e38;
-    for (var i = t; i < rp.kept; i += invocations) {
-        local_max = max(local_max, raw[i]);
-    }
-    // Trees as wide as the kept experts need (the invocations past them hold nothing).
-    let span = 1u << firstLeadingBit(max(rp.kept, 2u) * 2u - 1u);
-    let max_logit = tree_reduce(t, local_max, true, min(invocations, span));
-    // The denominator: the sums of the first WG invocations whatever the workgroup's size,
-    // so both entry points give the same bits.
-    var local_sum = 0.0;
-    for (var i = t; t < WG && i < rp.kept; i += WG) {
-        local_sum += exp(raw[i] - max_logit);
-    }
-    let total = tree_reduce(t, local_sum, false, min(WG, span));
-    for (var i = t; i < rp.kept; i += invocations) {
-        if ((rp.flags & 1u) == 0u) {
-            let probability = exp(raw[i] - max_logit) / total;
-            rank[i] = probability;
-            expert_weight[i] = probability;
-        } else {
-            let s = sigmoid(raw[i]);
-            expert_weight[i] = s;
-            var c = s;
-            if ((rp.flags & 4u) != 0u) {
-                c += score_bias[select(i, kept_ids[i], (rp.flags & 2u) != 0u)];
-            }
-            rank[i] = c;
-        }
-    }
-    workgroupBarrier();
-    if (rp.n_group > 1u) {
-        if (t == 0u) {
-            keep_best_groups();
-        }
-        workgroupBarrier();
-    }
-    // Ranking scores and eligibility as vec4s for the counting below, each vec4 written whole
-    // by one invocation (a component write may rewrite the whole vector on some compilers);
-    // the padding past `kept`, up to MAX_KEPT, is never eligible. The chosen mask and
-    // positions start clear.
+    // A quad of kept experts per invocation: their four logits loaded together (past `kept`:
+    // the last expert's, unused), each expert kept (`keep_expert`), and the ranking scores
+    // and eligibility as vec4s for the counting below, each vec4 written whole by one
+    // invocation (a component write may rewrite the whole vector on some compilers); the
+    // padding past `kept`, up to MAX_KEPT, is never eligible. The chosen mask and positions
+    // start clear.
     for (var q = t; q < MAX_KEPT / 4u; q += invocations) {
+        let i = 4u * q;
+        let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
         var scores = vec4<f32>(0.0);
-        var allowed = vec4<u32>(0u);
         if (q < quads) {
-            let i = 4u * q;
-            scores = vec4<f32>(rank[i], rank[i + 1u], rank[i + 2u], rank[i + 3u]);
-            let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
-            let flags = vec4<u32>(eligible[i], eligible[i + 1u], eligible[i + 2u], eligible[i + 3u]);
-            allowed = select(vec4<u32>(0u), flags, live);
+            let last = rp.kept - 1u;
+            let l = vec4<f32>(
+                logit(row, i),
+                logit(row, min(i + 1u, last)),
+                logit(row, min(i + 2u, last)),
+                logit(row, min(i + 3u, last)),
+            );
+            scores.x = keep_expert(i, l.x);
+            if (live.y) {
+                scores.y = keep_expert(i + 1u, l.y);
+            }
+            if (live.z) {
+                scores.z = keep_expert(i + 2u, l.z);
+            }
+            if (live.w) {
+                scores.w = keep_expert(i + 3u, l.w);
+            }
         }
         ranking[q] = scores;
-        ranking_eligible[q] = allowed;
+        ranking_eligible[q] = select(vec4<u32>(0u), vec4<u32>(1u), live);
     }
     if (t < MAX_KEPT / 32u) {
         atomicStore(&chosen[t], 0u);
@@ -257,10 +250,31 @@ fn route_token(row: u32, t: u32, invocations: u32) {
         by_position[t] = 0u;
     }
     workgroupBarrier();
+    if (rp.n_group > 1u) {
+        if (t == 0u) {
+            keep_best_groups();
+        }
+        workgroupBarrier();
+        for (var q = t; q < quads; q += invocations) {
+            let i = 4u * q;
+            let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
+            let last = rp.kept - 1u;
+            let allowed = vec4<u32>(
+                eligible[i],
+                eligible[min(i + 1u, last)],
+                eligible[min(i + 2u, last)],
+                eligible[min(i + 3u, last)],
+            );
+            ranking_eligible[q] = select(vec4<u32>(0u), allowed, live);
+        }
+        workgroupBarrier();
+    }
     // An eligible expert's rank: the eligible experts with a higher score, or the same score
     // and a lower index. Ranks below K are chosen. With two invocations per expert the
-    // halves of the quads are counted apart and added.
-    if (invocations >= 2u * MAX_KEPT) {
+    // halves of the quads are counted apart, and added once the barriers below have made
+    // both counts visible.
+    let split = invocations >= 2u * MAX_KEPT;
+    if (split) {
         let i = t % MAX_KEPT;
         let half = t / MAX_KEPT;
         var above = 0u;
@@ -268,14 +282,35 @@ fn route_token(row: u32, t: u32, invocations: u32) {
             above = count_above(i, half * (MAX_KEPT / 8u), (half + 1u) * (MAX_KEPT / 8u));
         }
         counts[t] = above;
-        workgroupBarrier();
-        if (t < rp.kept) {
-            choose_within_k(t, counts[t] + counts[t + MAX_KEPT]);
-        }
     } else {
         for (var i = t; i < rp.kept; i += invocations) {
             choose_within_k(i, count_above(i, 0u, quads));
         }
+    }
+    // A softmax router's weights: the largest logit and the denominator (their trees'
+    // barriers also serve the counting).
+    var max_logit = 0.0;
+    var total = 0.0;
+    if (softmax) {
+        var local_max = -3.0e38;
+        for (var i = t; i < rp.kept; i += invocations) {
+            local_max = max(local_max, raw[i]);
+        }
+        // Trees as wide as the kept experts need (the invocations past them hold nothing).
+        let span = 1u << firstLeadingBit(max(rp.kept, 2u) * 2u - 1u);
+        max_logit = tree_reduce(t, local_max, true, min(invocations, span));
+        // The denominator: the sums of the first WG invocations whatever the workgroup's
+        // size, so both entry points give the same bits.
+        var local_sum = 0.0;
+        for (var i = t; t < WG && i < rp.kept; i += WG) {
+            local_sum += exp(raw[i] - max_logit);
+        }
+        total = tree_reduce(t, local_sum, false, min(WG, span));
+    } else {
+        workgroupBarrier();
+    }
+    if (split && t < rp.kept) {
+        choose_within_k(t, counts[t] + counts[t + MAX_KEPT]);
     }
     workgroupBarrier();
     // A chosen expert's output position: the chosen experts below it (ascending kept index
@@ -293,8 +328,14 @@ fn route_token(row: u32, t: u32, invocations: u32) {
         }
     }
     workgroupBarrier();
+    // The chosen experts' weights (softmax: their probabilities), once.
     if (t < rp.k) {
-        chosen_weight[t] = expert_weight[by_position[t]];
+        let i = by_position[t];
+        if (softmax) {
+            chosen_weight[t] = exp(raw[i] - max_logit) / total;
+        } else {
+            chosen_weight[t] = expert_weight[i];
+        }
     }
     workgroupBarrier();
     if (t < rp.k) {
