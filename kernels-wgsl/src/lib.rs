@@ -64,7 +64,7 @@ pub const EXPERT_GROUP_SLOTS: usize = 8;
 /// every launch: naga's Metal translation has the first invocation store every workgroup
 /// variable the entry point uses, one after another, while the others wait at a barrier
 /// (naga 30's `write_workgroup_variables_initialization`): 10 KB per attention workgroup,
-/// 4.5-15 KB per routing one (by its [`KeptCapacity`]). Vulkan drivers fill natively: on an
+/// 5.6-16 KB per routing one (by its [`KeptCapacity`]). Vulkan drivers fill natively: on an
 /// H200 decode steps, prefill and PCM were the same either way. The engine's pipelines and
 /// [`to_msl`] use this setting.
 pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
@@ -87,7 +87,7 @@ pub const MAX_KEPT_EXPERTS: usize = 512;
 
 /// The kept experts a routing module's workgroup arrays hold (`router.wgsl`'s MAX_KEPT): a
 /// layer routes with the smallest capacity that holds its kept experts, since routing's
-/// workgroup memory (about 15 KB at 512) is carried by every workgroup of its launch, the
+/// workgroup memory (about 16 KB at 512) is carried by every workgroup of its launch, the
 /// linear's beside it too. (On an H200, with 128 kept experts compiled for 128 instead of
 /// 512, a guidance-pair decode step took 2.181-2.188 against 2.250-2.254 ms in one call, its
 /// 23 `route_linear` launches 368-371 against 407-409 us of the profiled step; the bits the

@@ -29,11 +29,11 @@
 // router's weight) into workgroup memory; then every eligible expert counts the eligible
 // experts that outrank it (a higher score, or the same score and a lower index), which is
 // its rank: ranks below K are chosen. A softmax router's largest logit and denominator
-// (fixed reduction trees) serve only the K chosen experts' probabilities. The counting compares four scores
-// at a time without branches, and the chosen set is a bit mask whose popcounts give each
-// chosen expert its output position (with short-circuit conditions in the counting loop
-// and one invocation sorting the chosen experts, a route took about twice as long on the
-// H200: 23 routes 517 -> 248 us of a decode step's profile).
+// (fixed reduction trees) serve only the K chosen experts' probabilities. The counting
+// compares four scores at a time without branches, and the chosen set is a bit mask whose
+// popcounts give each chosen expert its output position (with short-circuit conditions in
+// the counting loop and one invocation sorting the chosen experts, a route took about twice
+// as long on the H200: 23 routes 517 -> 248 us of a decode step's profile).
 //
 // Routing alone (`route`) runs 256 invocations per token, beside the linear (`route_linear`)
 // the linear's WG (64). With two invocations per kept expert (routing alone, up to 128
@@ -181,10 +181,10 @@ fn route_linear(
 
 // Keeps what routing needs of kept expert i, whose logit is `l`: the logit, its eligibility,
 // its group (grouped routing), its weight (sigmoid routers) and its ranking score, which it
-// returns. A softmax router ranks by the logit itself: the probabilities rank exactly as
-// their logits do (exp and the division by one denominator are monotonic), and two
-// different logits never tie, where their f32 probabilities can (within about 6e-8 of the
-// largest, both round to 1 / total).
+// returns. A softmax router ranks by the logit itself: the exact probabilities rank as their
+// logits do (exp and the division by one denominator are monotonic), and two different
+// logits never tie, where their f32 probabilities can (whenever their differences from the
+// largest logit round to the same f32, or f32 exp maps them alike).
 fn keep_expert(i: u32, l: f32) -> f32 {
     raw[i] = l;
     eligible[i] = 1u;
