@@ -206,6 +206,17 @@ fn keep_expert(i: u32, l: f32) -> f32 {
     return c;
 }
 
+// The experts of quad q (4 q .. 4 q + 3) that are kept experts, not padding.
+fn quad_live(q: u32) -> vec4<bool> {
+    return vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
+}
+
+// The experts of quad q, past `kept` the last kept expert (for loads issued together whose
+// padding values go unused).
+fn quad_clamped(q: u32) -> vec4<u32> {
+    return min(vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(rp.kept - 1u));
+}
+
 // Routes token `row` with a workgroup of `invocations` (WG or ROUTE_WG, a constant at each
 // call). Every invocation of the workgroup must call it.
 fn route_token(row: u32, t: u32, invocations: u32) {
@@ -219,16 +230,11 @@ fn route_token(row: u32, t: u32, invocations: u32) {
     // start clear.
     for (var q = t; q < MAX_KEPT / 4u; q += invocations) {
         let i = 4u * q;
-        let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
+        let live = quad_live(q);
         var scores = vec4<f32>(0.0);
         if (q < quads) {
-            let last = rp.kept - 1u;
-            let l = vec4<f32>(
-                logit(row, i),
-                logit(row, min(i + 1u, last)),
-                logit(row, min(i + 2u, last)),
-                logit(row, min(i + 3u, last)),
-            );
+            let e = quad_clamped(q);
+            let l = vec4<f32>(logit(row, e.x), logit(row, e.y), logit(row, e.z), logit(row, e.w));
             scores.x = keep_expert(i, l.x);
             if (live.y) {
                 scores.y = keep_expert(i + 1u, l.y);
@@ -256,16 +262,9 @@ fn route_token(row: u32, t: u32, invocations: u32) {
         }
         workgroupBarrier();
         for (var q = t; q < quads; q += invocations) {
-            let i = 4u * q;
-            let live = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rp.kept);
-            let last = rp.kept - 1u;
-            let allowed = vec4<u32>(
-                eligible[i],
-                eligible[min(i + 1u, last)],
-                eligible[min(i + 2u, last)],
-                eligible[min(i + 3u, last)],
-            );
-            ranking_eligible[q] = select(vec4<u32>(0u), allowed, live);
+            let e = quad_clamped(q);
+            let allowed = vec4<u32>(eligible[e.x], eligible[e.y], eligible[e.z], eligible[e.w]);
+            ranking_eligible[q] = select(vec4<u32>(0u), allowed, quad_live(q));
         }
         workgroupBarrier();
     }
