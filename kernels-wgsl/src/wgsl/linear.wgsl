@@ -24,11 +24,12 @@
 // loads (two units of each row; the last batch too) before decoding any, so enough bytes
 // are in flight to cover memory latency (eight loads in flight measured no faster); the
 // dense kernel also issues the next batch's loads before this batch's math (single-lane
-// H200 decode step 2.63 -> 2.47 ms; the gathered kernel measured slower that way for two
-// and eight lanes and keeps one batch at a time). The sums still run in unit order. Small
-// per-thread arrays (decoded weights, the per-row sums) are only ever indexed by constants:
-// NVIDIA's compiler left loop-indexed ones in local memory (3.87 -> 3.36 ms per H200 decode
-// step when written out).
+// H200 decode step 2.63 -> 2.47 ms). The gathered kernels, four weight rows per thread row,
+// load one unit of each row per iteration (see `expert_sums`): larger batches, and the next
+// batch's loads before this batch's math, measured slower there. The sums still run in unit
+// order. Small per-thread arrays (decoded weights, the per-row sums) are only ever indexed
+// by constants: NVIDIA's compiler left loop-indexed ones in local memory (3.87 -> 3.36 ms
+// per H200 decode step when written out).
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP weight rows; each unit is decoded once
@@ -605,24 +606,14 @@ fn expert_sums(n: vec4<u32>, valid: bool, lane: u32, x_at: SlotVecs, count: u32)
     }
     let units = p.in_features / UNIT;
     let base = n * units;
-    let last = units - 1u;
-    for (var k = lane; k < units; k += 2u * LANES) {
-        // Eight loads issued together (past the end: the last unit, not used).
-        let k1 = min(k + LANES, last);
-        let a0 = w[base.x + k];
-        let b0 = w[base.y + k];
-        let c0 = w[base.z + k];
-        let d0 = w[base.w + k];
-        let a1 = w[base.x + k1];
-        let b1 = w[base.y + k1];
-        let c1 = w[base.z + k1];
-        let d1 = w[base.w + k1];
-        let s0 = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
-        let s1 = vec4<f32>(unit_scale(n.x, k1), unit_scale(n.y, k1), unit_scale(n.z, k1), unit_scale(n.w, k1));
-        add_unit(&acc, a0, b0, c0, d0, s0, x_at, k * VECS, count);
-        if (k + LANES < units) {
-            add_unit(&acc, a1, b1, c1, d1, s1, x_at, k1 * VECS, count);
-        }
+    // One unit of each row per iteration: on the H200 the fewer loads in flight per thread,
+    // the shorter the launches. Against two units per iteration, in one call, the gathered
+    // launches of the pair's profiled step took 879-888 us against 915-923 us, the prefill
+    // 79.1 against 80.6 ms; in another, four units took 990-998 us against 908-916 us and
+    // eight 1119-1132 us.
+    for (var k = lane; k < units; k += LANES) {
+        let s = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
+        add_unit(&acc, w[base.x + k], w[base.y + k], w[base.z + k], w[base.w + k], s, x_at, k * VECS, count);
     }
     return acc;
 }
