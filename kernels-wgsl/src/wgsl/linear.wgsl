@@ -22,9 +22,13 @@
 // (one row per thread measured 3.35 against 3.30 ms per H200 decode step, 8.96 against
 // 7.50 ms for 8 lanes). Each thread walks its units two at a time, issuing the four weight
 // loads (two units of each row; the last batch too) before decoding any, so enough bytes
-// are in flight to cover memory latency (eight loads in flight measured no faster); the
-// dense kernel also issues the next batch's loads before this batch's math (single-lane
-// H200 decode step 2.63 -> 2.47 ms). The gathered kernels, four weight rows per thread row,
+// are in flight to cover memory latency (eight loads in flight measured no faster). A pass
+// of one activation row also issues the next batch's loads before this batch's math
+// (`pipelined_sums`; single-lane H200 decode step 2.63 -> 2.47 ms when it was introduced);
+// a pass of two rows does not (`batched_sums`), which made the H200's eight-lane decode
+// step 4.244-4.247 -> 4.027-4.038 ms and the prefill 79.9 -> 77.5 ms in one call, one and
+// two lanes unchanged (pipelining every pass, as before; without it for one row too, the
+// single-lane step took 1.863-1.875 ms against 1.802-1.812). The gathered kernels, four weight rows per thread row,
 // load one unit of each row per iteration (see `expert_sums`): larger batches, and the next
 // batch's loads before this batch's math, measured slower there. The sums still run in unit
 // order. Small per-thread arrays (decoded weights, the per-row sums) are only ever indexed
@@ -358,6 +362,98 @@ fn linear_pair(
     }
 }
 
+// Rows A and B (weight rows `na`, `nb`) over a pass of one activation row (vec4s from
+// `x0`), software pipelined: the next batch's loads (past the end: the last unit, unused)
+// are issued before this batch's math.
+fn pipelined_sums(
+    acc_a: ptr<function, array<f32, PASS_ROWS>>,
+    acc_b: ptr<function, array<f32, PASS_ROWS>>,
+    na: u32,
+    nb: u32,
+    lane: u32,
+    x0: u32,
+    second: bool,
+) {
+    let units = p.in_features / UNIT;
+    let base_a = na * units;
+    let base_b = nb * units;
+    let last = units - 1u;
+    var k = lane;
+    let f0 = min(k, last);
+    let f1 = min(k + LANES, last);
+    var a0 = weight_unit(base_a + f0, second);
+    var b0 = weight_unit(base_b + f0, second);
+    var a1 = weight_unit(base_a + f1, second);
+    var b1 = weight_unit(base_b + f1, second);
+    var sa0 = scale_word(na, f0);
+    var sb0 = scale_word(nb, f0);
+    var sa1 = scale_word(na, f1);
+    var sb1 = scale_word(nb, f1);
+    for (; k < units; k += 2u * LANES) {
+        let k1 = min(k + LANES, last);
+        let n0 = min(k + 2u * LANES, last);
+        let n1 = min(k + 3u * LANES, last);
+        let next_a0 = weight_unit(base_a + n0, second);
+        let next_b0 = weight_unit(base_b + n0, second);
+        let next_a1 = weight_unit(base_a + n1, second);
+        let next_b1 = weight_unit(base_b + n1, second);
+        let next_sa0 = scale_word(na, n0);
+        let next_sb0 = scale_word(nb, n0);
+        let next_sa1 = scale_word(na, n1);
+        let next_sb1 = scale_word(nb, n1);
+        let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
+        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, 0u, 1u);
+        if (k + LANES < units) {
+            let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
+            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, 0u, 1u);
+        }
+        a0 = next_a0;
+        b0 = next_b0;
+        a1 = next_a1;
+        b1 = next_b1;
+        sa0 = next_sa0;
+        sb0 = next_sb0;
+        sa1 = next_sa1;
+        sb1 = next_sb1;
+    }
+}
+
+// Rows A and B over a pass of `count` (1 or 2) activation rows (row r's vec4s from
+// x0 + r * x_row), a batch of two units of each row at a time.
+fn batched_sums(
+    acc_a: ptr<function, array<f32, PASS_ROWS>>,
+    acc_b: ptr<function, array<f32, PASS_ROWS>>,
+    na: u32,
+    nb: u32,
+    lane: u32,
+    x0: u32,
+    x_row: u32,
+    count: u32,
+    second: bool,
+) {
+    let units = p.in_features / UNIT;
+    let base_a = na * units;
+    let base_b = nb * units;
+    let last = units - 1u;
+    for (var k = lane; k < units; k += 2u * LANES) {
+        let k1 = min(k + LANES, last);
+        let a0 = weight_unit(base_a + k, second);
+        let b0 = weight_unit(base_b + k, second);
+        let a1 = weight_unit(base_a + k1, second);
+        let b1 = weight_unit(base_b + k1, second);
+        let sa0 = scale_word(na, k);
+        let sb0 = scale_word(nb, k);
+        let sa1 = scale_word(na, k1);
+        let sb1 = scale_word(nb, k1);
+        let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
+        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, x_row, count);
+        if (k + LANES < units) {
+            let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
+            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, x_row, count);
+        }
+    }
+}
+
 // The dense linear; `cache` (a constant at each entry point) adds the KV-cache write, and
 // `second` (a constant at each call) makes it the second linear of `linear_pair`. The grid's
 // `row_blocks` workgroup rows share the passes over the activation rows (workgroup row y
@@ -372,56 +468,17 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
     let na = plan.row_a;
     // An invalid row B reads row A's units (in bounds) and is never written.
     let nb = select(na, plan.row_b, plan.valid_b);
-    let units = p.in_features / UNIT;
     let x_row = p.in_features / 4u;
     for (var row0 = wg.y * PASS_ROWS; row0 < p.rows; row0 += row_blocks * PASS_ROWS) {
         let count = min(PASS_ROWS, p.rows - row0);
         var acc_a = array<f32, PASS_ROWS>();
         var acc_b = array<f32, PASS_ROWS>();
         if (plan.valid_a) {
-            let base_a = na * units;
-            let base_b = nb * units;
             let x0 = row0 * x_row;
-            let last = units - 1u;
-            // Software pipelined: the next batch's loads (past the end: the last unit, unused)
-            // are issued before this batch's math.
-            var k = lane;
-            let f0 = min(k, last);
-            let f1 = min(k + LANES, last);
-            var a0 = weight_unit(base_a + f0, second);
-            var b0 = weight_unit(base_b + f0, second);
-            var a1 = weight_unit(base_a + f1, second);
-            var b1 = weight_unit(base_b + f1, second);
-            var sa0 = scale_word(na, f0);
-            var sb0 = scale_word(nb, f0);
-            var sa1 = scale_word(na, f1);
-            var sb1 = scale_word(nb, f1);
-            for (; k < units; k += 2u * LANES) {
-                let k1 = min(k + LANES, last);
-                let n0 = min(k + 2u * LANES, last);
-                let n1 = min(k + 3u * LANES, last);
-                let next_a0 = weight_unit(base_a + n0, second);
-                let next_b0 = weight_unit(base_b + n0, second);
-                let next_a1 = weight_unit(base_a + n1, second);
-                let next_b1 = weight_unit(base_b + n1, second);
-                let next_sa0 = scale_word(na, n0);
-                let next_sb0 = scale_word(nb, n0);
-                let next_sa1 = scale_word(na, n1);
-                let next_sb1 = scale_word(nb, n1);
-                let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
-                apply_pair(&acc_a, &acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, x_row, count);
-                if (k + LANES < units) {
-                    let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
-                    apply_pair(&acc_a, &acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, x_row, count);
-                }
-                a0 = next_a0;
-                b0 = next_b0;
-                a1 = next_a1;
-                b1 = next_b1;
-                sa0 = next_sa0;
-                sb0 = next_sb0;
-                sa1 = next_sa1;
-                sb1 = next_sb1;
+            if (count == 1u) {
+                pipelined_sums(&acc_a, &acc_b, na, nb, lane, x0, second);
+            } else {
+                batched_sums(&acc_a, &acc_b, na, nb, lane, x0, x_row, count, second);
             }
         }
         store_partials(t, acc_a, acc_b);
