@@ -12,10 +12,11 @@
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
 // fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
 // 16- or 8-byte load; unit k of weight row n is w[n * K / UNIT + k]), UNIT (weights per
-// unit), LANES (threads per thread row), `decode_unit(unit)` (its weights as UNIT / 4
-// vec4s, up to a per-unit factor), `scale_word(row, unit)` (the stored word holding that
-// factor: a load) and `scale_of(word, row, unit)` (the factor from it). Inputs are
-// BF16-valued f32 (the graph guarantees it), read as vec4s.
+// unit), LANES (threads per thread row), PIPELINED_PASS_ROWS (see below),
+// `decode_unit(unit)` (its weights as UNIT / 4 vec4s, up to a per-unit factor),
+// `scale_word(row, unit)` (the stored word holding that factor: a load) and
+// `scale_of(word, row, unit)` (the factor from it). Inputs are BF16-valued f32 (the graph
+// guarantees it), read as vec4s.
 //
 // A workgroup is WG / LANES thread rows of LANES threads; each thread row computes two
 // weight rows (A and B) side by side, so every activation vec4 a thread loads serves both
@@ -23,12 +24,14 @@
 // 7.50 ms for 8 lanes). Each thread walks its units two at a time, issuing the four weight
 // loads (two units of each row; the last batch too) before decoding any, so enough bytes
 // are in flight to cover memory latency (eight loads in flight measured no faster). A pass
-// of one activation row also issues the next batch's loads before this batch's math
-// (`pipelined_sums`; single-lane H200 decode step 2.63 -> 2.47 ms when it was introduced);
-// a pass of two rows does not (`batched_sums`), which made the H200's eight-lane decode
+// of up to the format's PIPELINED_PASS_ROWS activation rows also issues the next batch's
+// loads before this batch's math (`pipelined_sums`; single-lane H200 decode step 2.63 ->
+// 2.47 ms when it was introduced); larger passes do not (`batched_sums`). For BF16 that is
+// a pass of one row: not pipelining BF16's two-row passes made the H200's eight-lane decode
 // step 4.244-4.247 -> 4.027-4.038 ms and the prefill 79.9 -> 77.5 ms in one call, one and
-// two lanes unchanged (pipelining every pass, as before; without it for one row too, the
-// single-lane step took 1.863-1.875 ms against 1.802-1.812). The gathered kernels, four weight rows per thread row,
+// two lanes unchanged (without pipelining for one row too, the single-lane step took
+// 1.863-1.875 against 1.802-1.812 ms), but made the NVFP4 linear of 768 x 2048 weights over
+// two rows 9.0 -> 10.2 us in another. The gathered kernels, four weight rows per thread row,
 // load one unit of each row per iteration (see `expert_sums`): larger batches, and the next
 // batch's loads before this batch's math, measured slower there. The sums still run in unit
 // order. Small per-thread arrays (decoded weights, the per-row sums) are only ever indexed
@@ -362,9 +365,9 @@ fn linear_pair(
     }
 }
 
-// Rows A and B (weight rows `na`, `nb`) over a pass of one activation row (vec4s from
-// `x0`), software pipelined: the next batch's loads (past the end: the last unit, unused)
-// are issued before this batch's math.
+// Rows A and B (weight rows `na`, `nb`) over a pass of `count` (1 or 2) activation rows
+// (row r's vec4s from x0 + r * x_row), software pipelined: the next batch's loads (past the
+// end: the last unit, unused) are issued before this batch's math.
 fn pipelined_sums(
     acc_a: ptr<function, array<f32, PASS_ROWS>>,
     acc_b: ptr<function, array<f32, PASS_ROWS>>,
@@ -372,6 +375,8 @@ fn pipelined_sums(
     nb: u32,
     lane: u32,
     x0: u32,
+    x_row: u32,
+    count: u32,
     second: bool,
 ) {
     let units = p.in_features / UNIT;
@@ -402,10 +407,10 @@ fn pipelined_sums(
         let next_sa1 = scale_word(na, n1);
         let next_sb1 = scale_word(nb, n1);
         let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
-        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, 0u, 1u);
+        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, x_row, count);
         if (k + LANES < units) {
             let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
-            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, 0u, 1u);
+            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, x_row, count);
         }
         a0 = next_a0;
         b0 = next_b0;
@@ -475,8 +480,8 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
         var acc_b = array<f32, PASS_ROWS>();
         if (plan.valid_a) {
             let x0 = row0 * x_row;
-            if (count == 1u) {
-                pipelined_sums(&acc_a, &acc_b, na, nb, lane, x0, second);
+            if (count <= PIPELINED_PASS_ROWS) {
+                pipelined_sums(&acc_a, &acc_b, na, nb, lane, x0, x_row, count, second);
             } else {
                 batched_sums(&acc_a, &acc_b, na, nb, lane, x0, x_row, count, second);
             }
