@@ -76,8 +76,6 @@ struct Conv {
 
 /// What a conv1d launch writes besides the convolution (`drama_kernels::ConvOutput`).
 enum Written<'a> {
-    /// The convolution alone.
-    Plain,
     /// snake(convolution) with the named alpha, rounded to BF16.
     Snake(&'a str),
     /// The given residual plus the convolution.
@@ -201,7 +199,6 @@ impl Builder<'_> {
         };
         let grid = conv_grid(cin, cout, frames);
         let (kernel, extra) = match written {
-            Written::Plain => (ConvOutput::Plain, None),
             Written::Snake(alpha) => (ConvOutput::Snake, Some(self.tensor(alpha).clone())),
             Written::Residual(residual) => (ConvOutput::Residual, Some(residual.clone())),
             Written::Tanh => (ConvOutput::Tanh, None),
@@ -409,7 +406,9 @@ impl CodecDecoder {
             no_history: w.gpu.buffer("no history", 4),
             dispatches: Vec::new(),
         };
-        let mut x = b.conv1d(
+        // `s`: the snake of what the next stage (or the output convolution) reads. The input
+        // convolution writes the first stage's snake of it in its own launch.
+        let mut s = b.conv1d(
             &input,
             frames,
             names::CODEC_IN,
@@ -419,14 +418,13 @@ impl CodecDecoder {
                 kernel: k,
                 dilation: 1,
             },
-            Written::Plain,
+            Written::Snake(&names::fill(names::STAGE_SNAKE, &[("u", 0)])),
         )?;
         let mut t = frames;
         for (u, &rate) in c.upsample_rates.iter().enumerate() {
             let at = |tpl: &str| names::fill(tpl, &[("u", u)]);
             let (cin, cout) = (c.channels[u], c.channels[u + 1]);
-            let s = b.snake(&x, t, &at(names::STAGE_SNAKE), cin)?;
-            x = b.conv_transpose(&s, t, &at(names::STAGE_UP), cin, cout, rate)?;
+            let mut x = b.conv_transpose(&s, t, &at(names::STAGE_UP), cin, cout, rate)?;
             t *= rate;
             for (r, &d) in c.residual_dilations.iter().enumerate() {
                 let at = |tpl: &str| names::fill(tpl, &[("u", u), ("r", r)]);
@@ -456,9 +454,13 @@ impl CodecDecoder {
                     Written::Residual(&x),
                 )?;
             }
+            let next_snake = match u + 1 < c.upsample_rates.len() {
+                true => names::fill(names::STAGE_SNAKE, &[("u", u + 1)]),
+                false => names::OUT_SNAKE.to_string(),
+            };
+            s = b.snake(&x, t, &next_snake, cout)?;
         }
         let last = *c.channels.last().expect("validated");
-        let s = b.snake(&x, t, names::OUT_SNAKE, last)?;
         let output = b.conv1d(
             &s,
             t,

@@ -38,10 +38,13 @@ pub enum WeightFormat {
 /// kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum ConvOutput {
-    /// The convolution (bias added, rounded as the flags ask).
+    /// The convolution (bias added, rounded as the flags ask): the first step of every form
+    /// below, which the tests compare them with (the decoder runs each of its convolutions
+    /// fused with the step after it).
     Plain,
-    /// snake(convolution) rounded to BF16: a residual unit's dilated convolution and its
-    /// second snake (alpha at binding 6).
+    /// snake(convolution) rounded to BF16: the input convolution and the first stage's
+    /// snake, or a residual unit's dilated convolution and its second snake (alpha at
+    /// binding 6).
     Snake,
     /// residual + convolution: a residual unit's 1x1 convolution and its residual
     /// connection (the residual at binding 7).

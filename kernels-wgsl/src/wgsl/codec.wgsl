@@ -244,8 +244,9 @@ fn conv1d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
 }
 
-// A residual unit's dilated conv1d followed by its second snake: y = snake(conv, `alpha`),
-// rounded to BF16 (what `snake` with flag 2 computes from the conv1d's output).
+// A conv1d followed by a snake (the input conv1d and the first stage's snake, or a residual
+// unit's dilated conv1d and its second snake): y = snake(conv, `alpha`), rounded to BF16
+// (what `snake` with flag 2 computes from the conv1d's output).
 @compute @workgroup_size(64)
 fn conv1d_snake(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let tile = conv1d_tile(wg, t);
