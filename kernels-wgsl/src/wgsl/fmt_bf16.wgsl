@@ -4,8 +4,6 @@ alias Unit = vec4<u32>;
 const UNIT: u32 = 8u;
 // Threads per thread row: two thread rows (four weight rows) per workgroup.
 const LANES: u32 = 32u;
-// Rows of a pass whose loads are software pipelined: one row (see linear.wgsl).
-const PIPELINED_PASS_ROWS: u32 = 1u;
 
 // Word `u`'s two weights (low half first).
 fn bf16_pair(u: u32) -> vec2<f32> {

@@ -10,8 +10,6 @@ alias Unit = vec4<u32>;
 const UNIT: u32 = 16u;
 // Threads per thread row: two thread rows (four weight rows) per workgroup.
 const LANES: u32 = 32u;
-// Rows of a pass whose loads are software pipelined: every pass (unmeasured without it).
-const PIPELINED_PASS_ROWS: u32 = 2u;
 
 // Bytes j and j + 2 of `word` as E4M3 values times 2^-8.
 fn e4m3_pair(word: u32, j: u32) -> vec2<f32> {

@@ -17,8 +17,6 @@ const UNIT: u32 = 16u;
 // but slower in the H200 decode step: 3.97 ms against 3.87 ms for one lane, 12.6 against
 // 11.1 ms for 8.)
 const LANES: u32 = 16u;
-// Rows of a pass whose loads are software pipelined: every pass (see linear.wgsl).
-const PIPELINED_PASS_ROWS: u32 = 2u;
 
 // A word's eight weights: columns 0..3 and 4..7. Nibbles j and j + 4 land in the two f16
 // halves of pair j: each pair masks its magnitude bits and its sign bits straight out of the

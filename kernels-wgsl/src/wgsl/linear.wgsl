@@ -12,11 +12,10 @@
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
 // fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
 // 16- or 8-byte load; unit k of weight row n is w[n * K / UNIT + k]), UNIT (weights per
-// unit), LANES (threads per thread row), PIPELINED_PASS_ROWS (see below),
-// `decode_unit(unit)` (its weights as UNIT / 4 vec4s, up to a per-unit factor),
-// `scale_word(row, unit)` (the stored word holding that factor: a load) and
-// `scale_of(word, row, unit)` (the factor from it). Inputs are BF16-valued f32 (the graph
-// guarantees it), read as vec4s.
+// unit), LANES (threads per thread row), `decode_unit(unit)` (its weights as UNIT / 4
+// vec4s, up to a per-unit factor), `scale_word(row, unit)` (the stored word holding that
+// factor: a load) and `scale_of(word, row, unit)` (the factor from it). Inputs are
+// BF16-valued f32 (the graph guarantees it), read as vec4s.
 //
 // A workgroup is WG / LANES thread rows of LANES threads; each thread row computes two
 // weight rows (A and B) side by side, so every activation vec4 a thread loads serves both
@@ -24,14 +23,12 @@
 // 7.50 ms for 8 lanes). Each thread walks its units two at a time, issuing the four weight
 // loads (two units of each row; the last batch too) before decoding any, so enough bytes
 // are in flight to cover memory latency (eight loads in flight measured no faster). A pass
-// of up to the format's PIPELINED_PASS_ROWS activation rows also issues the next batch's
-// loads before this batch's math (`pass_sums`; single-lane H200 decode step 2.63 -> 2.47 ms
-// when it was introduced); larger passes do not. For BF16 that is a pass of one row: not
-// pipelining BF16's two-row passes made the H200's eight-lane decode step 4.244-4.247 ->
-// 4.027-4.038 ms and the prefill 79.9 -> 77.5 ms in one call, one and two lanes unchanged
-// (without pipelining for one row too, the single-lane step took 1.863-1.875 against
-// 1.802-1.812 ms), but made the NVFP4 linear of 768 x 2048 weights over two rows 9.0 ->
-// 10.2 us in another. The gathered kernels, four weight rows per thread row,
+// of one activation row also issues the next batch's loads before this batch's math
+// (`pipelined_sums`; single-lane H200 decode step 2.63 -> 2.47 ms when it was introduced);
+// a pass of two rows does not (`batched_sums`), which made the H200's eight-lane decode
+// step 4.244-4.247 -> 4.027-4.038 ms and the prefill 79.9 -> 77.5 ms in one call, one and
+// two lanes unchanged (pipelining every pass, as before; without it for one row too, the
+// single-lane step took 1.863-1.875 ms against 1.802-1.812). The gathered kernels, four weight rows per thread row,
 // load one unit of each row per iteration (see `expert_sums`): larger batches, and the next
 // batch's loads before this batch's math, measured slower there. The sums still run in unit
 // order. Small per-thread arrays (decoded weights, the per-row sums) are only ever indexed
@@ -365,57 +362,65 @@ fn linear_pair(
     }
 }
 
-// A batch of a thread row's loads: units k and k + LANES of rows A and B (past the end: the
-// last unit, unused), and the words holding their factors.
-struct Batch {
-    a0: Unit,
-    b0: Unit,
-    a1: Unit,
-    b1: Unit,
-    scales: vec4<u32>,   // A's and B's at k, then at k + LANES
-}
-
-// Issues the loads of the batch at unit `k` of weight rows `na` and `nb`.
-fn load_batch(na: u32, nb: u32, k: u32, second: bool) -> Batch {
-    let units = p.in_features / UNIT;
-    let last = units - 1u;
-    let k0 = min(k, last);
-    let k1 = min(k + LANES, last);
-    return Batch(
-        weight_unit(na * units + k0, second),
-        weight_unit(nb * units + k0, second),
-        weight_unit(na * units + k1, second),
-        weight_unit(nb * units + k1, second),
-        vec4<u32>(scale_word(na, k0), scale_word(nb, k0), scale_word(na, k1), scale_word(nb, k1)),
-    );
-}
-
-// Adds the batch at unit `k` (inside the row) to rows A's and B's sums over a pass of `count`
-// (1 or 2) activation rows, row r's vec4s from x0 + r * x_row.
-fn apply_batch(
+// Rows A and B (weight rows `na`, `nb`) over a pass of one activation row (vec4s from
+// `x0`), software pipelined: the next batch's loads (past the end: the last unit, unused)
+// are issued before this batch's math.
+fn pipelined_sums(
     acc_a: ptr<function, array<f32, PASS_ROWS>>,
     acc_b: ptr<function, array<f32, PASS_ROWS>>,
-    batch: Batch,
     na: u32,
     nb: u32,
-    k: u32,
+    lane: u32,
     x0: u32,
-    x_row: u32,
-    count: u32,
+    second: bool,
 ) {
-    let s0 = vec2<f32>(scale_of(batch.scales.x, na, k), scale_of(batch.scales.y, nb, k));
-    apply_pair(acc_a, acc_b, decode_unit(batch.a0), decode_unit(batch.b0), s0, x0 + k * VECS, x_row, count);
-    let k1 = k + LANES;
-    if (k1 < p.in_features / UNIT) {
-        let s1 = vec2<f32>(scale_of(batch.scales.z, na, k1), scale_of(batch.scales.w, nb, k1));
-        apply_pair(acc_a, acc_b, decode_unit(batch.a1), decode_unit(batch.b1), s1, x0 + k1 * VECS, x_row, count);
+    let units = p.in_features / UNIT;
+    let base_a = na * units;
+    let base_b = nb * units;
+    let last = units - 1u;
+    var k = lane;
+    let f0 = min(k, last);
+    let f1 = min(k + LANES, last);
+    var a0 = weight_unit(base_a + f0, second);
+    var b0 = weight_unit(base_b + f0, second);
+    var a1 = weight_unit(base_a + f1, second);
+    var b1 = weight_unit(base_b + f1, second);
+    var sa0 = scale_word(na, f0);
+    var sb0 = scale_word(nb, f0);
+    var sa1 = scale_word(na, f1);
+    var sb1 = scale_word(nb, f1);
+    for (; k < units; k += 2u * LANES) {
+        let k1 = min(k + LANES, last);
+        let n0 = min(k + 2u * LANES, last);
+        let n1 = min(k + 3u * LANES, last);
+        let next_a0 = weight_unit(base_a + n0, second);
+        let next_b0 = weight_unit(base_b + n0, second);
+        let next_a1 = weight_unit(base_a + n1, second);
+        let next_b1 = weight_unit(base_b + n1, second);
+        let next_sa0 = scale_word(na, n0);
+        let next_sb0 = scale_word(nb, n0);
+        let next_sa1 = scale_word(na, n1);
+        let next_sb1 = scale_word(nb, n1);
+        let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
+        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, 0u, 1u);
+        if (k + LANES < units) {
+            let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
+            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, 0u, 1u);
+        }
+        a0 = next_a0;
+        b0 = next_b0;
+        a1 = next_a1;
+        b1 = next_b1;
+        sa0 = next_sa0;
+        sb0 = next_sb0;
+        sa1 = next_sa1;
+        sb1 = next_sb1;
     }
 }
 
-// Rows A and B (weight rows `na`, `nb`) over a pass, a batch at a time: software pipelined
-// (the next batch's loads issued before this batch's math) for passes of up to
-// PIPELINED_PASS_ROWS rows.
-fn pass_sums(
+// Rows A and B over a pass of `count` (1 or 2) activation rows (row r's vec4s from
+// x0 + r * x_row), a batch of two units of each row at a time.
+fn batched_sums(
     acc_a: ptr<function, array<f32, PASS_ROWS>>,
     acc_b: ptr<function, array<f32, PASS_ROWS>>,
     na: u32,
@@ -427,17 +432,25 @@ fn pass_sums(
     second: bool,
 ) {
     let units = p.in_features / UNIT;
-    if (count <= PIPELINED_PASS_ROWS) {
-        var batch = load_batch(na, nb, lane, second);
-        for (var k = lane; k < units; k += 2u * LANES) {
-            let next = load_batch(na, nb, k + 2u * LANES, second);
-            apply_batch(acc_a, acc_b, batch, na, nb, k, x0, x_row, count);
-            batch = next;
-        }
-        return;
-    }
+    let base_a = na * units;
+    let base_b = nb * units;
+    let last = units - 1u;
     for (var k = lane; k < units; k += 2u * LANES) {
-        apply_batch(acc_a, acc_b, load_batch(na, nb, k, second), na, nb, k, x0, x_row, count);
+        let k1 = min(k + LANES, last);
+        let a0 = weight_unit(base_a + k, second);
+        let b0 = weight_unit(base_b + k, second);
+        let a1 = weight_unit(base_a + k1, second);
+        let b1 = weight_unit(base_b + k1, second);
+        let sa0 = scale_word(na, k);
+        let sb0 = scale_word(nb, k);
+        let sa1 = scale_word(na, k1);
+        let sb1 = scale_word(nb, k1);
+        let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
+        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, x_row, count);
+        if (k + LANES < units) {
+            let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
+            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, x_row, count);
+        }
     }
 }
 
@@ -461,7 +474,12 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
         var acc_a = array<f32, PASS_ROWS>();
         var acc_b = array<f32, PASS_ROWS>();
         if (plan.valid_a) {
-            pass_sums(&acc_a, &acc_b, na, nb, lane, row0 * x_row, x_row, count, second);
+            let x0 = row0 * x_row;
+            if (count == 1u) {
+                pipelined_sums(&acc_a, &acc_b, na, nb, lane, x0, second);
+            } else {
+                batched_sums(&acc_a, &acc_b, na, nb, lane, x0, x_row, count, second);
+            }
         }
         store_partials(t, acc_a, acc_b);
         let sum = reduce_lanes(t, count);
