@@ -28,12 +28,17 @@
 // a pass of two rows does not (`batched_sums`), which made the H200's eight-lane decode
 // step 4.244-4.247 -> 4.027-4.038 ms and the prefill 79.9 -> 77.5 ms in one call, one and
 // two lanes unchanged (pipelining every pass, as before; without it for one row too, the
-// single-lane step took 1.863-1.875 ms against 1.802-1.812). The gathered kernels, four weight rows per thread row,
-// load one unit of each row per iteration (see `expert_sums`): larger batches, and the next
-// batch's loads before this batch's math, measured slower there. The sums still run in unit
-// order. Small per-thread arrays (decoded weights, the per-row sums) are only ever indexed
-// by constants: NVIDIA's compiler left loop-indexed ones in local memory (3.87 -> 3.36 ms
-// per H200 decode step when written out).
+// single-lane step took 1.863-1.875 ms against 1.802-1.812), and the bench's NVFP4 GEMV of
+// 768 x 2048 weights over two rows 9.0 -> 10.2 us (the model's NVFP4 weights run in the
+// gathered kernels). Pipelining NVFP4's two-row passes again (the row count passed to
+// `pipelined_sums` at run time: 9.9 us), together with one loop body shared by both forms,
+// made the BF16 steps slower: 1.839-1.854 / 4.099-4.102 against 1.817 / 4.024 ms for one
+// and eight lanes; which of the two did was not measured. The gathered kernels, four weight
+// rows per thread row, load one unit of each row per iteration (see `expert_sums`): larger
+// batches, and the next batch's loads before this batch's math, measured slower there. The
+// sums still run in unit order. Small per-thread arrays (decoded weights, the per-row sums)
+// are only ever indexed by constants: NVIDIA's compiler left loop-indexed ones in local
+// memory (3.87 -> 3.36 ms per H200 decode step when written out).
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP weight rows; each unit is decoded once
