@@ -61,51 +61,70 @@ impl TextFrontEnd {
         if text.trim().is_empty() {
             return Err(EngineError::Input("the text is empty".into()));
         }
-        // The segment being filled and its tokens (each text is tokenized once, when tried).
-        let mut segments: Vec<Vec<u32>> = Vec::new();
-        let mut current = String::new();
-        let mut current_ids: Vec<u32> = Vec::new();
+        let mut packer = Packer {
+            front: self,
+            budget,
+            segments: Vec::new(),
+            current: String::new(),
+            current_ids: Vec::new(),
+        };
         for sentence in sentences(text) {
-            let candidate = format!("{current}{sentence}");
-            let ids = self.encode(candidate.trim())?;
-            if ids.len() <= budget {
-                (current, current_ids) = (candidate, ids);
+            if packer.extend(&sentence)? {
                 continue;
             }
-            if !current.trim().is_empty() {
-                segments.push(std::mem::take(&mut current_ids));
-                current.clear();
-            }
-            let ids = self.encode(sentence.trim())?;
-            if ids.len() <= budget {
-                (current, current_ids) = (sentence, ids);
+            packer.close();
+            if packer.extend(&sentence)? {
                 continue;
             }
             for word in sentence.split_inclusive(char::is_whitespace) {
-                let candidate = format!("{current}{word}");
-                let ids = self.encode(candidate.trim())?;
-                if ids.len() <= budget {
-                    (current, current_ids) = (candidate, ids);
+                if packer.extend(word)? {
                     continue;
                 }
-                if !current.trim().is_empty() {
-                    segments.push(std::mem::take(&mut current_ids));
-                    current.clear();
-                }
-                let ids = self.encode(word.trim())?;
-                if ids.len() > budget {
+                packer.close();
+                if !packer.extend(word)? {
                     return Err(EngineError::Input(format!(
                         "the word {:?} alone needs more than the {budget} tokens that fit the context",
                         word.trim()
                     )));
                 }
-                (current, current_ids) = (word.to_string(), ids);
             }
         }
-        if !current.trim().is_empty() {
-            segments.push(current_ids);
+        packer.close();
+        Ok(packer.segments)
+    }
+}
+
+/// Packs pieces of text in order into segments of at most `budget` tokens; each candidate
+/// text is tokenized once, when tried.
+struct Packer<'a> {
+    front: &'a TextFrontEnd,
+    budget: usize,
+    segments: Vec<Vec<u32>>,
+    /// The segment being filled, and its tokens.
+    current: String,
+    current_ids: Vec<u32>,
+}
+
+impl Packer<'_> {
+    /// Appends `piece` to the segment being filled if the result fits the budget; says
+    /// whether it did.
+    fn extend(&mut self, piece: &str) -> Result<bool, EngineError> {
+        let candidate = format!("{}{piece}", self.current);
+        let ids = self.front.encode(candidate.trim())?;
+        if ids.len() > self.budget {
+            return Ok(false);
         }
-        Ok(segments)
+        (self.current, self.current_ids) = (candidate, ids);
+        Ok(true)
+    }
+
+    /// Ends the segment being filled (one of white space only is dropped).
+    fn close(&mut self) {
+        if !self.current.trim().is_empty() {
+            self.segments.push(std::mem::take(&mut self.current_ids));
+        }
+        self.current.clear();
+        self.current_ids.clear();
     }
 }
 
