@@ -78,8 +78,13 @@ struct Conv {
 enum Written<'a> {
     /// snake(convolution) with the named alpha, rounded to BF16.
     Snake(&'a str),
-    /// The given residual plus the convolution.
-    Residual(&'a wgpu::Buffer),
+    /// The residual plus the convolution, and into `snaked` its snake with the named alpha,
+    /// rounded to BF16.
+    ResidualAndSnake {
+        residual: &'a wgpu::Buffer,
+        alpha: &'a str,
+        snaked: &'a wgpu::Buffer,
+    },
     /// tanh(convolution): PCM.
     Tanh,
 }
@@ -118,6 +123,11 @@ impl Builder<'_> {
         self.dispatches
             .push(self.gpu.dispatch(kernel, params, resources, grid)?);
         Ok(())
+    }
+
+    /// A chunk's activations of `channels` channels (f32), labelled `label`.
+    fn activation(&self, label: &str, frames: usize, channels: usize) -> wgpu::Buffer {
+        self.gpu.buffer(label, (frames * channels * 4) as u64)
     }
 
     fn tensor(&self, name: &str) -> &wgpu::Buffer {
@@ -183,7 +193,7 @@ impl Builder<'_> {
             kernel: k,
             dilation: d,
         } = conv;
-        let y = self.gpu.buffer(module, (frames * cout * 4) as u64);
+        let y = self.activation(module, frames, cout);
         let (w, b) = self.weight_and_bias(module);
         let params = CodecParams {
             frames: frames as u32,
@@ -198,14 +208,22 @@ impl Builder<'_> {
             pad: [0; 3],
         };
         let grid = conv_grid(cin, cout, frames);
+        // The epilogue's bindings after y: alpha (6), residual (7), the snake's output (8).
         let (kernel, extra) = match written {
-            Written::Snake(alpha) => (ConvOutput::Snake, Some(self.tensor(alpha).clone())),
-            Written::Residual(residual) => (ConvOutput::Residual, Some(residual.clone())),
-            Written::Tanh => (ConvOutput::Tanh, None),
+            Written::Snake(alpha) => (ConvOutput::Snake, vec![self.tensor(alpha).clone()]),
+            Written::ResidualAndSnake {
+                residual,
+                alpha,
+                snaked,
+            } => (
+                ConvOutput::ResidualAndSnake,
+                vec![self.tensor(alpha).clone(), residual.clone(), snaked.clone()],
+            ),
+            Written::Tanh => (ConvOutput::Tanh, Vec::new()),
         };
         let launch = |me: &mut Self, hist: &wgpu::Buffer| {
             let mut resources = vec![x, hist, &w, &b, &y];
-            resources.extend(extra.as_ref());
+            resources.extend(&extra);
             me.launch_over(Kernel::Conv1d(kernel), &params, &resources, grid)
         };
         // No history for kernel size 1 (`history_shapes` lists none either).
@@ -255,7 +273,7 @@ impl Builder<'_> {
         alpha: &str,
         channels: usize,
     ) -> Result<wgpu::Buffer, EngineError> {
-        let y = self.gpu.buffer(alpha, (frames * channels * 4) as u64);
+        let y = self.activation(alpha, frames, channels);
         let params = CodecParams {
             out_ch: channels as u32,
             flags: 2,
@@ -406,8 +424,8 @@ impl CodecDecoder {
             no_history: w.gpu.buffer("no history", 4),
             dispatches: Vec::new(),
         };
-        // `s`: the snake of what the next stage (or the output convolution) reads. The input
-        // convolution writes the first stage's snake of it in its own launch.
+        // `s`: the snake the next convolution reads. Each is written by the launch of the
+        // convolution before it, except the one after a transposed convolution.
         let mut s = b.conv1d(
             &input,
             frames,
@@ -421,16 +439,28 @@ impl CodecDecoder {
             Written::Snake(&names::fill(names::STAGE_SNAKE, &[("u", 0)])),
         )?;
         let mut t = frames;
+        let stages = c.upsample_rates.len();
+        let units = c.residual_dilations.len();
         for (u, &rate) in c.upsample_rates.iter().enumerate() {
-            let at = |tpl: &str| names::fill(tpl, &[("u", u)]);
             let (cin, cout) = (c.channels[u], c.channels[u + 1]);
-            let mut x = b.conv_transpose(&s, t, &at(names::STAGE_UP), cin, cout, rate)?;
+            // The snake that reads the stage's output: the next stage's, or the output's.
+            let after_stage = match u + 1 < stages {
+                true => names::fill(names::STAGE_SNAKE, &[("u", u + 1)]),
+                false => names::OUT_SNAKE.to_string(),
+            };
+            // The snake before residual unit `r` of this stage, or after the stage.
+            let before_unit = |r: usize| match r < units {
+                true => names::fill(names::RES_SNAKE1, &[("u", u), ("r", r)]),
+                false => after_stage.clone(),
+            };
+            let stage_up = names::fill(names::STAGE_UP, &[("u", u)]);
+            let mut x = b.conv_transpose(&s, t, &stage_up, cin, cout, rate)?;
             t *= rate;
+            s = b.snake(&x, t, &before_unit(0), cout)?;
             for (r, &d) in c.residual_dilations.iter().enumerate() {
                 let at = |tpl: &str| names::fill(tpl, &[("u", u), ("r", r)]);
-                let y = b.snake(&x, t, &at(names::RES_SNAKE1), cout)?;
                 let y = b.conv1d(
-                    &y,
+                    &s,
                     t,
                     &at(names::RES_CONV1),
                     Conv {
@@ -441,6 +471,8 @@ impl CodecDecoder {
                     },
                     Written::Snake(&at(names::RES_SNAKE2)),
                 )?;
+                let next = before_unit(r + 1);
+                let snaked = b.activation(&next, t, cout);
                 x = b.conv1d(
                     &y,
                     t,
@@ -451,14 +483,14 @@ impl CodecDecoder {
                         kernel: 1,
                         dilation: 1,
                     },
-                    Written::Residual(&x),
+                    Written::ResidualAndSnake {
+                        residual: &x,
+                        alpha: &next,
+                        snaked: &snaked,
+                    },
                 )?;
+                s = snaked;
             }
-            let next_snake = match u + 1 < c.upsample_rates.len() {
-                true => names::fill(names::STAGE_SNAKE, &[("u", u + 1)]),
-                false => names::OUT_SNAKE.to_string(),
-            };
-            s = b.snake(&x, t, &next_snake, cout)?;
         }
         let last = *c.channels.last().expect("validated");
         let output = b.conv1d(

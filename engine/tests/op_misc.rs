@@ -755,10 +755,10 @@ fn snake_matches_reference_to_a_few_ulps() {
     check(label, &got, &want, &scale, 2.0 * f64::from(f32::EPSILON));
 }
 
-/// A codec conv1d whose launch also runs the step after it (snake2, the residual add, tanh)
-/// writes what the convolution followed by that step's own kernel writes: bit for bit for
-/// the snake and the add (the same arithmetic), within f32 rounding of the host's tanh for
-/// the output convolution. Random shapes with a history, channel counts that leave the last
+/// A codec conv1d whose launch also runs the steps after it (a snake; the residual add and
+/// the snake after it; tanh) writes what the convolution followed by those steps' own
+/// kernels writes: bit for bit for the snakes and the add (the same arithmetic), within f32
+/// rounding of the host's tanh for the output convolution. Random shapes with a history, channel counts that leave the last
 /// thread's set of four channels partial, narrow and wide inputs (2 and 16 threads per
 /// output channel).
 #[test]
@@ -797,13 +797,14 @@ fn conv_epilogues_give_their_own_kernels_bits() {
         let conv_grid = [cout.div_ceil(64 / lanes * 4) as u32, frames.div_ceil(4) as u32, 1];
         let grid = [count.div_ceil(64) as u32, 1, 1];
         let out = |name: &str| poisoned(gpu, name, count);
-        let conv = |output, extra: Option<&wgpu::Buffer>, y: &wgpu::Buffer| {
+        let conv = |output, extra: &[&wgpu::Buffer], y: &wgpu::Buffer| {
             let mut buffers = vec![&p, &x, &hist, &w, &bias, y];
             buffers.extend(extra);
             dispatch(gpu, Kernel::Conv1d(output), &buffers, conv_grid)
         };
         // The convolution, then each step in its own launch.
         let (plain, snaked, added) = (out("plain"), out("snaked"), out("added"));
+        let added_snaked = out("added snaked");
         let snake_params = gpu.uniform(
             "snake p",
             &drama_kernels::CodecParams {
@@ -823,19 +824,30 @@ fn conv_epilogues_give_their_own_kernels_bits() {
         run(
             gpu,
             &[
-                conv(ConvOutput::Plain, None, &plain),
+                conv(ConvOutput::Plain, &[], &plain),
                 dispatch(gpu, Kernel::Snake, &[&snake_params, &plain, &alpha, &snaked], grid),
                 dispatch(gpu, Kernel::Add, &[&add_params, &residual, &plain, &added], grid),
+                dispatch(
+                    gpu,
+                    Kernel::Snake,
+                    &[&snake_params, &added, &alpha, &added_snaked],
+                    grid,
+                ),
             ],
         );
         // The fused launches.
         let (fused_snake, fused_add, pcm) = (out("fused snake"), out("fused add"), out("pcm"));
+        let fused_add_snaked = out("fused add snaked");
         run(
             gpu,
             &[
-                conv(ConvOutput::Snake, Some(&alpha), &fused_snake),
-                conv(ConvOutput::Residual, Some(&residual), &fused_add),
-                conv(ConvOutput::Tanh, None, &pcm),
+                conv(ConvOutput::Snake, &[&alpha], &fused_snake),
+                conv(
+                    ConvOutput::ResidualAndSnake,
+                    &[&alpha, &residual, &fused_add_snaked],
+                    &fused_add,
+                ),
+                conv(ConvOutput::Tanh, &[], &pcm),
             ],
         );
         let plain_values = gpu.read_f32(&plain).unwrap();
@@ -845,7 +857,8 @@ fn conv_epilogues_give_their_own_kernels_bits() {
         );
         for (name, fused, separate) in [
             ("conv1d_snake", &fused_snake, &snaked),
-            ("conv1d_residual", &fused_add, &added),
+            ("conv1d_residual_snake's sum", &fused_add, &added),
+            ("conv1d_residual_snake's snake", &fused_add_snaked, &added_snaked),
         ] {
             let (got, want) = (gpu.read_f32(fused).unwrap(), gpu.read_f32(separate).unwrap());
             let first = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());

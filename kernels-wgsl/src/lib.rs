@@ -33,9 +33,9 @@ pub enum WeightFormat {
 }
 
 /// What a codec conv1d launch writes (`codec.wgsl`'s conv1d entry points): the
-/// convolution itself, or the convolution followed by the element-wise step that always
-/// comes next in the decoder, in the same launch and with the same bits as that step's own
-/// kernel.
+/// convolution itself, or the convolution followed by the element-wise steps that always
+/// come next in the decoder, in the same launch and with the same bits as those steps' own
+/// kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum ConvOutput {
     /// The convolution (bias added, rounded as the flags ask): the first step of every form
@@ -46,9 +46,10 @@ pub enum ConvOutput {
     /// snake, or a residual unit's dilated convolution and its second snake (alpha at
     /// binding 6).
     Snake,
-    /// residual + convolution: a residual unit's 1x1 convolution and its residual
-    /// connection (the residual at binding 7).
-    Residual,
+    /// residual + convolution, and snake(that) rounded to BF16 at binding 8: a residual
+    /// unit's 1x1 convolution, its residual connection, and the snake that reads the result
+    /// next (alpha at binding 6, the residual at 7).
+    ResidualAndSnake,
     /// tanh(convolution): the output convolution and the PCM.
     Tanh,
 }
@@ -321,7 +322,7 @@ impl Kernel {
             Kernel::EmbedF32,
             Kernel::Conv1d(ConvOutput::Plain),
             Kernel::Conv1d(ConvOutput::Snake),
-            Kernel::Conv1d(ConvOutput::Residual),
+            Kernel::Conv1d(ConvOutput::ResidualAndSnake),
             Kernel::Conv1d(ConvOutput::Tanh),
             Kernel::ConvTranspose,
             Kernel::Snake,
@@ -383,7 +384,7 @@ impl Kernel {
             Kernel::EmbedF32 => "embed_f32",
             Kernel::Conv1d(ConvOutput::Plain) => "conv1d",
             Kernel::Conv1d(ConvOutput::Snake) => "conv1d_snake",
-            Kernel::Conv1d(ConvOutput::Residual) => "conv1d_residual",
+            Kernel::Conv1d(ConvOutput::ResidualAndSnake) => "conv1d_residual_snake",
             Kernel::Conv1d(ConvOutput::Tanh) => "conv1d_tanh",
             Kernel::ConvTranspose => "conv_transpose",
             Kernel::Snake => "snake",
@@ -445,7 +446,7 @@ impl Kernel {
             // params, x, hist, w, bias, y
             Kernel::Conv1d(ConvOutput::Plain | ConvOutput::Tanh) | Kernel::ConvTranspose => &[0, 1, 2, 3, 4, 5],
             Kernel::Conv1d(ConvOutput::Snake) => &[0, 1, 2, 3, 4, 5, 6],
-            Kernel::Conv1d(ConvOutput::Residual) => &[0, 1, 2, 3, 4, 5, 7],
+            Kernel::Conv1d(ConvOutput::ResidualAndSnake) => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, x, alpha, y
             Kernel::Snake => &[0, 1, 3, 5],
             // params, x, y

@@ -28,10 +28,16 @@ struct Params {
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
-// What the epilogues of `conv1d_snake` (alpha, BF16) and `conv1d_residual` (the residual
-// stream) read besides the convolution.
+// What the epilogues of `conv1d_snake` (alpha, BF16) and `conv1d_residual_snake` (alpha,
+// the residual stream) read besides the convolution, and the latter's second output.
 @group(0) @binding(6) var<storage, read> alpha: array<u32>;
 @group(0) @binding(7) var<storage, read> residual: array<f32>;
+@group(0) @binding(8) var<storage, read_write> snaked: array<f32>;
+
+// Channel o's snake alpha (BF16).
+fn alpha_of(o: u32) -> f32 {
+    return bf16_half(alpha[o / 2u], o & 1u);
+}
 
 fn weight(e: u32) -> f32 {
     return bf16_half(w[e / 2u], e & 1u);
@@ -253,20 +259,24 @@ fn conv1d_snake(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     for (var n = tile.lane; n < CHANNELS * FRAMES; n += p.lanes) {
         let index = tile_output(tile, n);
         if (index != NONE) {
-            let o = index % p.out_ch;
-            y[index] = round_bf16(snake_of(tile_value(tile, n), bf16_half(alpha[o / 2u], o & 1u)));
+            y[index] = round_bf16(snake_of(tile_value(tile, n), alpha_of(index % p.out_ch)));
         }
     }
 }
 
-// A residual unit's 1x1 conv1d and the unit's residual connection: y = residual + conv.
+// A residual unit's 1x1 conv1d, the unit's residual connection and the snake that reads the
+// result next (the next unit's first, or the next stage's, or the output's): y = residual +
+// conv, the residual stream, and `snaked` = snake(y, `alpha`) rounded to BF16 (what `snake`
+// with flag 2 computes from y).
 @compute @workgroup_size(64)
-fn conv1d_residual(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+fn conv1d_residual_snake(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let tile = conv1d_tile(wg, t);
     for (var n = tile.lane; n < CHANNELS * FRAMES; n += p.lanes) {
         let index = tile_output(tile, n);
         if (index != NONE) {
-            y[index] = residual[index] + tile_value(tile, n);
+            let sum = residual[index] + tile_value(tile, n);
+            y[index] = sum;
+            snaked[index] = round_bf16(snake_of(sum, alpha_of(index % p.out_ch)));
         }
     }
 }
