@@ -444,14 +444,18 @@ impl CodecDecoder {
         for (u, &rate) in c.upsample_rates.iter().enumerate() {
             let (cin, cout) = (c.channels[u], c.channels[u + 1]);
             // The snake that reads the stage's output: the next stage's, or the output's.
-            let after_stage = match u + 1 < stages {
-                true => names::fill(names::STAGE_SNAKE, &[("u", u + 1)]),
-                false => names::OUT_SNAKE.to_string(),
+            let after_stage = if u + 1 < stages {
+                names::fill(names::STAGE_SNAKE, &[("u", u + 1)])
+            } else {
+                names::OUT_SNAKE.to_string()
             };
             // The snake before residual unit `r` of this stage, or after the stage.
-            let before_unit = |r: usize| match r < units {
-                true => names::fill(names::RES_SNAKE1, &[("u", u), ("r", r)]),
-                false => after_stage.clone(),
+            let before_unit = |r: usize| {
+                if r < units {
+                    names::fill(names::RES_SNAKE1, &[("u", u), ("r", r)])
+                } else {
+                    after_stage.clone()
+                }
             };
             let stage_up = names::fill(names::STAGE_UP, &[("u", u)]);
             let mut x = b.conv_transpose(&s, t, &stage_up, cin, cout, rate)?;

@@ -39,8 +39,8 @@ pub enum WeightFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum ConvOutput {
     /// The convolution (bias added, rounded as the flags ask): the first step of every form
-    /// below, which the tests compare them with (the decoder runs each of its convolutions
-    /// fused with the step after it).
+    /// below, which the tests compare them with (the decoder fuses each of its conv1ds with
+    /// the steps after it).
     Plain,
     /// snake(convolution) rounded to BF16: the input convolution and the first stage's
     /// snake, or a residual unit's dilated convolution and its second snake (alpha at
