@@ -236,53 +236,44 @@ impl Builder<'_> {
         Ok(y)
     }
 
-    fn conv_transpose(
+    /// The transposed convolution of `channels` (in, out) channels at `rate`, and the snake
+    /// with the named alpha that reads it next (rounded to BF16), in one launch: (its
+    /// output, the snake's).
+    fn conv_transpose_snake(
         &mut self,
         x: &wgpu::Buffer,
         frames: usize,
         module: &str,
-        cin: usize,
-        cout: usize,
-        r: usize,
-    ) -> Result<wgpu::Buffer, EngineError> {
-        let y = self.gpu.buffer(module, (frames * r * cout * 4) as u64);
+        (cin, cout): (usize, usize),
+        rate: usize,
+        alpha: &str,
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer), EngineError> {
+        let y = self.activation(module, frames * rate, cout);
+        let snaked = self.activation(alpha, frames * rate, cout);
         let (w, b) = self.weight_and_bias(module);
+        let a = self.tensor(alpha).clone();
         let params = CodecParams {
             frames: frames as u32,
             in_ch: cin as u32,
             out_ch: cout as u32,
-            kernel: r as u32,
+            kernel: rate as u32,
             dilation: 1,
             history: 1,
             flags: 3,
-            count: (frames * r * cout) as u32,
+            count: (frames * rate * cout) as u32,
             lanes: conv_lanes(cin) as u32,
             pad: [0; 3],
         };
-        let grid = transpose_grid(cin, cout, frames, r);
+        let grid = transpose_grid(cin, cout, frames, rate);
         self.with_history(x, frames, |me, hist| {
-            me.launch_over(Kernel::ConvTranspose, &params, &[x, hist, &w, &b, &y], grid)
+            me.launch_over(
+                Kernel::ConvTransposeSnake,
+                &params,
+                &[x, hist, &w, &b, &y, &a, &snaked],
+                grid,
+            )
         })?;
-        Ok(y)
-    }
-
-    fn snake(
-        &mut self,
-        x: &wgpu::Buffer,
-        frames: usize,
-        alpha: &str,
-        channels: usize,
-    ) -> Result<wgpu::Buffer, EngineError> {
-        let y = self.activation(alpha, frames, channels);
-        let params = CodecParams {
-            out_ch: channels as u32,
-            flags: 2,
-            count: (frames * channels) as u32,
-            ..Default::default()
-        };
-        let a = self.tensor(alpha).clone();
-        self.launch(Kernel::Snake, &params, &[x, &a, &y], frames * channels)?;
-        Ok(y)
+        Ok((y, snaked))
     }
 }
 
@@ -424,8 +415,8 @@ impl CodecDecoder {
             no_history: w.gpu.buffer("no history", 4),
             dispatches: Vec::new(),
         };
-        // `s`: the snake the next convolution reads. Each is written by the launch of the
-        // convolution before it, except the one after a transposed convolution.
+        // `s`: the snake the next convolution reads, each written by the launch of the
+        // convolution before it.
         let mut s = b.conv1d(
             &input,
             frames,
@@ -458,9 +449,9 @@ impl CodecDecoder {
                 }
             };
             let stage_up = names::fill(names::STAGE_UP, &[("u", u)]);
-            let mut x = b.conv_transpose(&s, t, &stage_up, cin, cout, rate)?;
+            let (mut x, snaked) = b.conv_transpose_snake(&s, t, &stage_up, (cin, cout), rate, &before_unit(0))?;
+            s = snaked;
             t *= rate;
-            s = b.snake(&x, t, &before_unit(0), cout)?;
             for (r, &d) in c.residual_dilations.iter().enumerate() {
                 let at = |tpl: &str| names::fill(tpl, &[("u", u), ("r", r)]);
                 let y = b.conv1d(

@@ -320,9 +320,9 @@ fn timed_codec_chunk_runs_every_launch() {
     // The input convolution, which also writes the first stage's snake.
     let mut expected = 1 + shift(frames, k - 1);
     for &rate in &c.upsample_rates {
-        // The transposed convolution and the snake after it; each residual unit's two
-        // convolutions, the second writing the snake after the unit too.
-        expected += 2 + shift(frames, 1);
+        // The transposed convolution, which also writes the snake after it; each residual
+        // unit's two convolutions, the second writing the snake after the unit too.
+        expected += 1 + shift(frames, 1);
         frames *= rate;
         for &d in &c.residual_dilations {
             expected += 2 + shift(frames, (k - 1) * d);

@@ -758,9 +758,9 @@ fn snake_matches_reference_to_a_few_ulps() {
 /// A codec conv1d whose launch also runs the steps after it (a snake; the residual add and
 /// the snake after it; tanh) writes what the convolution followed by those steps' own
 /// kernels writes: bit for bit for the snakes and the add (the same arithmetic), within f32
-/// rounding of the host's tanh for the output convolution. Random shapes with a history, channel counts that leave the last
-/// thread's set of four channels partial, narrow and wide inputs (2 and 16 threads per
-/// output channel).
+/// rounding of the host's tanh for the output convolution. Random shapes with a history,
+/// channel counts that leave the last thread's set of four channels partial, narrow and wide
+/// inputs (2 and 16 threads per output channel).
 #[test]
 fn conv_epilogues_give_their_own_kernels_bits() {
     let label = "conv epilogues";
@@ -880,6 +880,94 @@ fn conv_epilogues_give_their_own_kernels_bits() {
                 "{cin} -> {cout}: tanh({v}) = {want}, got {got}"
             );
         }
+    }
+}
+
+/// The transposed convolution's second output, the snake of its first, is bit for bit what
+/// the snake's own kernel computes from that first output. Odd and even rates (one or two
+/// phases per thread, the weights' word alignment), narrow and wide inputs, a history frame,
+/// channel counts that leave a workgroup's last channels unused.
+#[test]
+fn conv_transpose_snake_gives_the_snake_kernels_bits() {
+    let label = "conv transpose snake";
+    let mut rng = rng(label);
+    let gpu = gpu();
+    for (cin, cout, rate) in [(24usize, 10usize, 3usize), (130, 37, 4)] {
+        let frames = 7usize;
+        let lanes = 1usize << (cin / 8).clamp(1, 64).ilog2();
+        let count = frames * rate * cout;
+        let params = drama_kernels::CodecParams {
+            frames: frames as u32,
+            in_ch: cin as u32,
+            out_ch: cout as u32,
+            kernel: rate as u32,
+            dilation: 1,
+            history: 1,
+            flags: 3,
+            count: count as u32,
+            lanes: lanes as u32,
+            pad: [0; 3],
+        };
+        let p = gpu.uniform("p", &params);
+        let x = gpu.buffer_with("x", &f32_bytes(&bf16_values(&mut rng, frames * cin, 2.0)));
+        let hist = gpu.buffer_with("hist", &f32_bytes(&bf16_values(&mut rng, cin, 2.0)));
+        let w = gpu.buffer_with("w", &pack_bf16(&bf16_values(&mut rng, cin * cout * 2 * rate, 0.3)));
+        let bias = gpu.buffer_with("bias", &pack_bf16(&bf16_values(&mut rng, cout, 0.5)));
+        let alphas: Vec<f32> = bf16_values(&mut rng, cout, 1.0)
+            .iter()
+            .map(|a| round_to_bf16(0.1 + a.abs()))
+            .collect();
+        let alpha = gpu.buffer_with("alpha", &pack_bf16(&alphas));
+        let (y, snaked, want) = (
+            poisoned(gpu, "y", count),
+            poisoned(gpu, "snaked", count),
+            poisoned(gpu, "want", count),
+        );
+        let snake_params = gpu.uniform(
+            "snake p",
+            &drama_kernels::CodecParams {
+                out_ch: cout as u32,
+                flags: 2,
+                count: count as u32,
+                ..Default::default()
+            },
+        );
+        let grid = [
+            cout.div_ceil(64 / lanes) as u32,
+            frames.div_ceil(4) as u32,
+            rate.div_ceil(2) as u32,
+        ];
+        run(
+            gpu,
+            &[
+                dispatch(
+                    gpu,
+                    Kernel::ConvTransposeSnake,
+                    &[&p, &x, &hist, &w, &bias, &y, &alpha, &snaked],
+                    grid,
+                ),
+                dispatch(
+                    gpu,
+                    Kernel::Snake,
+                    &[&snake_params, &y, &alpha, &want],
+                    [count.div_ceil(64) as u32, 1, 1],
+                ),
+            ],
+        );
+        let (y, got, want) = (
+            gpu.read_f32(&y).unwrap(),
+            gpu.read_f32(&snaked).unwrap(),
+            gpu.read_f32(&want).unwrap(),
+        );
+        assert!(
+            y.iter().all(|v| v.is_finite()) && y.iter().any(|v| v.abs() > 1.0),
+            "{cin} -> {cout} at rate {rate}: the convolution left outputs unwritten or too small to tell"
+        );
+        let first = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(
+            first, None,
+            "{cin} -> {cout} at rate {rate}: the fused snake differs from its own launch at output {first:?}"
+        );
     }
 }
 

@@ -268,9 +268,11 @@ pub enum Kernel {
     EmbedF32,
     /// Causal dilated convolution, and what it writes.
     Conv1d(ConvOutput),
-    /// Transposed convolution (upsampling).
-    ConvTranspose,
-    /// Snake activation.
+    /// Transposed convolution (upsampling), and the snake that reads its output next,
+    /// rounded to BF16 (alpha at binding 6, the snake's output at 8).
+    ConvTransposeSnake,
+    /// Snake activation: the tests' reference for the convolutions' snake outputs (the
+    /// decoder writes every snake in the launch of the convolution before it).
     Snake,
     /// A stream history after a chunk.
     ShiftHistory,
@@ -324,7 +326,7 @@ impl Kernel {
             Kernel::Conv1d(ConvOutput::Snake),
             Kernel::Conv1d(ConvOutput::ResidualAndSnake),
             Kernel::Conv1d(ConvOutput::Tanh),
-            Kernel::ConvTranspose,
+            Kernel::ConvTransposeSnake,
             Kernel::Snake,
             Kernel::ShiftHistory,
             Kernel::Copy,
@@ -355,7 +357,7 @@ impl Kernel {
                 Module::Elementwise
             }
             Kernel::GroupSlots => Module::Moe,
-            Kernel::Conv1d(_) | Kernel::ConvTranspose | Kernel::Snake | Kernel::ShiftHistory | Kernel::Copy => {
+            Kernel::Conv1d(_) | Kernel::ConvTransposeSnake | Kernel::Snake | Kernel::ShiftHistory | Kernel::Copy => {
                 Module::Codec
             }
             Kernel::ReadBandwidth => Module::Bandwidth,
@@ -386,7 +388,7 @@ impl Kernel {
             Kernel::Conv1d(ConvOutput::Snake) => "conv1d_snake",
             Kernel::Conv1d(ConvOutput::ResidualAndSnake) => "conv1d_residual_snake",
             Kernel::Conv1d(ConvOutput::Tanh) => "conv1d_tanh",
-            Kernel::ConvTranspose => "conv_transpose",
+            Kernel::ConvTransposeSnake => "conv_transpose_snake",
             Kernel::Snake => "snake",
             Kernel::ShiftHistory => "shift_history",
             Kernel::Copy => "copy",
@@ -444,7 +446,8 @@ impl Kernel {
             // params, data, sink
             Kernel::ReadBandwidth | Kernel::UnpackF16 => &[0, 1, 2],
             // params, x, hist, w, bias, y
-            Kernel::Conv1d(ConvOutput::Plain | ConvOutput::Tanh) | Kernel::ConvTranspose => &[0, 1, 2, 3, 4, 5],
+            Kernel::Conv1d(ConvOutput::Plain | ConvOutput::Tanh) => &[0, 1, 2, 3, 4, 5],
+            Kernel::ConvTransposeSnake => &[0, 1, 2, 3, 4, 5, 6, 8],
             Kernel::Conv1d(ConvOutput::Snake) => &[0, 1, 2, 3, 4, 5, 6],
             Kernel::Conv1d(ConvOutput::ResidualAndSnake) => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, x, alpha, y

@@ -28,8 +28,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
-// What the epilogues of `conv1d_snake` (alpha, BF16) and `conv1d_residual_snake` (alpha,
-// the residual stream) read besides the convolution, and the latter's second output.
+// What the epilogues of `conv1d_snake` (alpha), `conv1d_residual_snake` (alpha, the residual
+// stream) and `conv_transpose_snake` (alpha) read besides the convolution, and the second
+// output of the latter two.
 @group(0) @binding(6) var<storage, read> alpha: array<u32>;
 @group(0) @binding(7) var<storage, read> residual: array<f32>;
 @group(0) @binding(8) var<storage, read_write> snaked: array<f32>;
@@ -297,9 +298,12 @@ fn conv1d_tanh(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 // ConvTranspose1d, kernel 2r, stride r, weight [in, out, 2r], keeping the first T*r outputs:
 // y[s, o] = b[o] + sum_i w[i, o, s % r] x[s / r, i] + w[i, o, s % r + r] x[s / r - 1, i];
 // `hist` holds the previous frame. A workgroup per (WG / lanes output channels, FRAMES
-// input frames, PHASES phases s % r); each phase's terms in input-channel order.
+// input frames, PHASES phases s % r); each phase's terms in input-channel order. It also
+// writes the snake that reads y next (the stage's first residual unit's, or the next
+// stage's or the output's when the stage has none): `snaked` = snake(y, `alpha`) rounded to
+// BF16, what `snake` with flag 2 computes from y.
 @compute @workgroup_size(64)
-fn conv_transpose(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+fn conv_transpose_snake(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = p.kernel;
     let o = wg.x * (WG / p.lanes) + t / p.lanes;
     let lane = t % p.lanes;
@@ -340,7 +344,10 @@ fn conv_transpose(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         let k = n / FRAMES;
         let f = n % FRAMES;
         if (k < phases && q0 + f < p.frames) {
-            y[((q0 + f) * r + phase + k) * p.out_ch + o] = finish(reduced(k, t - lane, f), o);
+            let index = ((q0 + f) * r + phase + k) * p.out_ch + o;
+            let value = finish(reduced(k, t - lane, f), o);
+            y[index] = value;
+            snaked[index] = round_bf16(snake_of(value, alpha_of(o)));
         }
     }
 }
