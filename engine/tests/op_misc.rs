@@ -755,6 +755,29 @@ fn snake_matches_reference_to_a_few_ulps() {
     check(label, &got, &want, &scale, 2.0 * f64::from(f32::EPSILON));
 }
 
+/// Random snake alphas for `channels` channels (BF16, 0.1 and up), on the GPU.
+fn snake_alphas(gpu: &drama_engine::gpu::Gpu, rng: &mut rand_chacha::ChaCha8Rng, channels: usize) -> wgpu::Buffer {
+    let alphas: Vec<f32> = bf16_values(rng, channels, 1.0)
+        .iter()
+        .map(|a| round_to_bf16(0.1 + a.abs()))
+        .collect();
+    gpu.buffer_with("alpha", &pack_bf16(&alphas))
+}
+
+/// The parameters of the snake kernel over `count` values of `channels` channels, rounding
+/// to BF16 as the decoder does.
+fn snake_params(gpu: &drama_engine::gpu::Gpu, channels: usize, count: usize) -> wgpu::Buffer {
+    gpu.uniform(
+        "snake p",
+        &drama_kernels::CodecParams {
+            out_ch: channels as u32,
+            flags: 2,
+            count: count as u32,
+            ..Default::default()
+        },
+    )
+}
+
 /// A codec conv1d whose launch also runs the steps after it (a snake; the residual add and
 /// the snake after it; tanh) writes what the convolution followed by those steps' own
 /// kernels writes: bit for bit for the snakes and the add (the same arithmetic), within f32
@@ -787,11 +810,7 @@ fn conv_epilogues_give_their_own_kernels_bits() {
         let hist = gpu.buffer_with("hist", &f32_bytes(&bf16_values(&mut rng, history * cin, 2.0)));
         let w = gpu.buffer_with("w", &pack_bf16(&bf16_values(&mut rng, cout * cin * kernel, 0.3)));
         let bias = gpu.buffer_with("bias", &pack_bf16(&bf16_values(&mut rng, cout, 0.5)));
-        let alphas: Vec<f32> = bf16_values(&mut rng, cout, 1.0)
-            .iter()
-            .map(|a| round_to_bf16(0.1 + a.abs()))
-            .collect();
-        let alpha = gpu.buffer_with("alpha", &pack_bf16(&alphas));
+        let alpha = snake_alphas(gpu, &mut rng, cout);
         let residual = gpu.buffer_with("residual", &f32_bytes(&uniform(&mut rng, frames * cout, 3.0)));
         let count = frames * cout;
         let conv_grid = [cout.div_ceil(64 / lanes * 4) as u32, frames.div_ceil(4) as u32, 1];
@@ -805,15 +824,7 @@ fn conv_epilogues_give_their_own_kernels_bits() {
         // The convolution, then each step in its own launch.
         let (plain, snaked, added) = (out("plain"), out("snaked"), out("added"));
         let added_snaked = out("added snaked");
-        let snake_params = gpu.uniform(
-            "snake p",
-            &drama_kernels::CodecParams {
-                out_ch: cout as u32,
-                flags: 2,
-                count: count as u32,
-                ..Default::default()
-            },
-        );
+        let snake_params = snake_params(gpu, cout, count);
         let add_params = gpu.uniform(
             "add p",
             &ElementwiseParams {
@@ -913,25 +924,13 @@ fn conv_transpose_snake_gives_the_snake_kernels_bits() {
         let hist = gpu.buffer_with("hist", &f32_bytes(&bf16_values(&mut rng, cin, 2.0)));
         let w = gpu.buffer_with("w", &pack_bf16(&bf16_values(&mut rng, cin * cout * 2 * rate, 0.3)));
         let bias = gpu.buffer_with("bias", &pack_bf16(&bf16_values(&mut rng, cout, 0.5)));
-        let alphas: Vec<f32> = bf16_values(&mut rng, cout, 1.0)
-            .iter()
-            .map(|a| round_to_bf16(0.1 + a.abs()))
-            .collect();
-        let alpha = gpu.buffer_with("alpha", &pack_bf16(&alphas));
+        let alpha = snake_alphas(gpu, &mut rng, cout);
         let (y, snaked, want) = (
             poisoned(gpu, "y", count),
             poisoned(gpu, "snaked", count),
             poisoned(gpu, "want", count),
         );
-        let snake_params = gpu.uniform(
-            "snake p",
-            &drama_kernels::CodecParams {
-                out_ch: cout as u32,
-                flags: 2,
-                count: count as u32,
-                ..Default::default()
-            },
-        );
+        let snake_params = snake_params(gpu, cout, count);
         let grid = [
             cout.div_ceil(64 / lanes) as u32,
             frames.div_ceil(4) as u32,
