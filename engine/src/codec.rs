@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use drama_kernels::{CodecParams, ConvOutput, Kernel};
+use drama_kernels::{
+    CODEC_CONV_FRAMES, CodecLaunch, CodecParams, ConvOutput, Kernel, conv_transpose_launch, conv1d_launch,
+};
 
 use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
@@ -112,7 +114,7 @@ impl Builder<'_> {
         self.launch_over(kernel, params, resources, grid)
     }
 
-    /// A launch over a given grid (the convolutions': see [`conv_grid`], [`transpose_grid`]).
+    /// A launch over a given grid (the convolutions': see [`conv1d_launch`]).
     fn launch_over(
         &mut self,
         kernel: Kernel,
@@ -195,19 +197,7 @@ impl Builder<'_> {
         } = conv;
         let y = self.activation(module, frames, cout);
         let (w, b) = self.weight_and_bias(module);
-        let params = CodecParams {
-            frames: frames as u32,
-            in_ch: cin as u32,
-            out_ch: cout as u32,
-            kernel: k as u32,
-            dilation: d as u32,
-            history: ((k - 1) * d) as u32,
-            flags: 3,
-            count: (frames * cout) as u32,
-            lanes: conv_lanes(cin) as u32,
-            pad: [0; 3],
-        };
-        let grid = conv_grid(cin, cout, frames);
+        let CodecLaunch { params, grid } = conv1d_launch(cin, cout, frames, k, d);
         // The epilogue's bindings after y: alpha (6), residual (7), the snake's output (8).
         let (kernel, extra) = match written {
             Written::Snake(alpha) => (ConvOutput::Snake, vec![self.tensor(alpha).clone()]),
@@ -252,19 +242,7 @@ impl Builder<'_> {
         let snaked = self.activation(alpha, frames * rate, cout);
         let (w, b) = self.weight_and_bias(module);
         let a = self.tensor(alpha).clone();
-        let params = CodecParams {
-            frames: frames as u32,
-            in_ch: cin as u32,
-            out_ch: cout as u32,
-            kernel: rate as u32,
-            dilation: 1,
-            history: 1,
-            flags: 3,
-            count: (frames * rate * cout) as u32,
-            lanes: conv_lanes(cin) as u32,
-            pad: [0; 3],
-        };
-        let grid = transpose_grid(cin, cout, frames, rate);
+        let CodecLaunch { params, grid } = conv_transpose_launch(cin, cout, frames, rate);
         self.with_history(x, frames, |me, hist| {
             me.launch_over(
                 Kernel::ConvTransposeSnake,
@@ -275,42 +253,6 @@ impl Builder<'_> {
         })?;
         Ok((y, snaked))
     }
-}
-
-/// Threads per output channel of a convolution over `cin` input channels: the largest power
-/// of two up to 64 that leaves each thread at least eight channels (codec.wgsl).
-fn conv_lanes(cin: usize) -> usize {
-    let wanted = (cin / 8).clamp(1, 64);
-    1 << wanted.ilog2()
-}
-
-/// Frames a convolution workgroup computes (codec.wgsl's FRAMES).
-const CONV_FRAMES: usize = 4;
-
-/// Output channels per thread of a conv1d (codec.wgsl's CHANNELS).
-const CONV_CHANNELS: usize = 4;
-
-/// Phases per thread of a transposed convolution (codec.wgsl's PHASES).
-const TRANSPOSE_PHASES: usize = 2;
-
-/// A conv1d's workgroups: (output channel groups, tiles of frames, 1).
-fn conv_grid(cin: usize, cout: usize, frames: usize) -> [u32; 3] {
-    let channels_per_group = 64 / conv_lanes(cin) * CONV_CHANNELS;
-    [
-        cout.div_ceil(channels_per_group) as u32,
-        frames.div_ceil(CONV_FRAMES) as u32,
-        1,
-    ]
-}
-
-/// A transposed convolution's workgroups: (output channel groups, tiles of input frames,
-/// groups of phases).
-fn transpose_grid(cin: usize, cout: usize, frames: usize, rate: usize) -> [u32; 3] {
-    [
-        cout.div_ceil(64 / conv_lanes(cin)) as u32,
-        frames.div_ceil(CONV_FRAMES) as u32,
-        rate.div_ceil(TRANSPOSE_PHASES) as u32,
-    ]
 }
 
 /// The convolutions that carry history, in decoding order: (frames kept, channels). A
@@ -530,7 +472,7 @@ impl CodecDecoder {
     /// samples, bit for bit), since a program's convolutions put their frame tiles in one
     /// grid dimension (at most 65535).
     fn codes_per_program(&self) -> usize {
-        (65535 * CONV_FRAMES / self.weights.config.samples_per_code()).clamp(1, 64)
+        (65535 * CODEC_CONV_FRAMES / self.weights.config.samples_per_code()).clamp(1, 64)
     }
 
     /// Like [`CodecDecoder::submit`] for one chunk, but only the first of `parts` parts of its

@@ -792,20 +792,8 @@ fn conv_epilogues_give_their_own_kernels_bits() {
     for (cin, cout) in [(24usize, 10usize), (130, 37)] {
         let (frames, kernel, dilation) = (13usize, 3usize, 2usize);
         let history = (kernel - 1) * dilation;
-        let lanes = 1usize << (cin / 8).clamp(1, 64).ilog2();
-        let params = drama_kernels::CodecParams {
-            frames: frames as u32,
-            in_ch: cin as u32,
-            out_ch: cout as u32,
-            kernel: kernel as u32,
-            dilation: dilation as u32,
-            history: history as u32,
-            flags: 3,
-            count: (frames * cout) as u32,
-            lanes: lanes as u32,
-            pad: [0; 3],
-        };
-        let p = gpu.uniform("p", &params);
+        let launch = drama_kernels::conv1d_launch(cin, cout, frames, kernel, dilation);
+        let p = gpu.uniform("p", &launch.params);
         let x = gpu.buffer_with("x", &f32_bytes(&bf16_values(&mut rng, frames * cin, 2.0)));
         let hist = gpu.buffer_with("hist", &f32_bytes(&bf16_values(&mut rng, history * cin, 2.0)));
         let w = gpu.buffer_with("w", &pack_bf16(&bf16_values(&mut rng, cout * cin * kernel, 0.3)));
@@ -813,13 +801,12 @@ fn conv_epilogues_give_their_own_kernels_bits() {
         let alpha = snake_alphas(gpu, &mut rng, cout);
         let residual = gpu.buffer_with("residual", &f32_bytes(&uniform(&mut rng, frames * cout, 3.0)));
         let count = frames * cout;
-        let conv_grid = [cout.div_ceil(64 / lanes * 4) as u32, frames.div_ceil(4) as u32, 1];
         let grid = [count.div_ceil(64) as u32, 1, 1];
         let out = |name: &str| poisoned(gpu, name, count);
         let conv = |output, extra: &[&wgpu::Buffer], y: &wgpu::Buffer| {
             let mut buffers = vec![&p, &x, &hist, &w, &bias, y];
             buffers.extend(extra);
-            dispatch(gpu, Kernel::Conv1d(output), &buffers, conv_grid)
+            dispatch(gpu, Kernel::Conv1d(output), &buffers, launch.grid)
         };
         // The convolution, then each step in its own launch.
         let (plain, snaked, added) = (out("plain"), out("snaked"), out("added"));
@@ -905,21 +892,9 @@ fn conv_transpose_snake_gives_the_snake_kernels_bits() {
     let gpu = gpu();
     for (cin, cout, rate) in [(24usize, 10usize, 3usize), (130, 37, 4)] {
         let frames = 7usize;
-        let lanes = 1usize << (cin / 8).clamp(1, 64).ilog2();
         let count = frames * rate * cout;
-        let params = drama_kernels::CodecParams {
-            frames: frames as u32,
-            in_ch: cin as u32,
-            out_ch: cout as u32,
-            kernel: rate as u32,
-            dilation: 1,
-            history: 1,
-            flags: 3,
-            count: count as u32,
-            lanes: lanes as u32,
-            pad: [0; 3],
-        };
-        let p = gpu.uniform("p", &params);
+        let launch = drama_kernels::conv_transpose_launch(cin, cout, frames, rate);
+        let p = gpu.uniform("p", &launch.params);
         let x = gpu.buffer_with("x", &f32_bytes(&bf16_values(&mut rng, frames * cin, 2.0)));
         let hist = gpu.buffer_with("hist", &f32_bytes(&bf16_values(&mut rng, cin, 2.0)));
         let w = gpu.buffer_with("w", &pack_bf16(&bf16_values(&mut rng, cin * cout * 2 * rate, 0.3)));
@@ -931,11 +906,6 @@ fn conv_transpose_snake_gives_the_snake_kernels_bits() {
             poisoned(gpu, "want", count),
         );
         let snake_params = snake_params(gpu, cout, count);
-        let grid = [
-            cout.div_ceil(64 / lanes) as u32,
-            frames.div_ceil(4) as u32,
-            rate.div_ceil(2) as u32,
-        ];
         run(
             gpu,
             &[
@@ -943,7 +913,7 @@ fn conv_transpose_snake_gives_the_snake_kernels_bits() {
                     gpu,
                     Kernel::ConvTransposeSnake,
                     &[&p, &x, &hist, &w, &bias, &y, &alpha, &snaked],
-                    grid,
+                    launch.grid,
                 ),
                 dispatch(
                     gpu,

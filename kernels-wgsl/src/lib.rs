@@ -9,8 +9,10 @@
 //! Shading Language; the tests do both for every module, so everything that ships also
 //! compiles for Apple GPUs.
 
+mod codec_launch;
 mod params;
 
+pub use codec_launch::{CODEC_CONV_FRAMES, CodecLaunch, conv_transpose_launch, conv1d_launch};
 pub use params::{
     AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, GroupParams, LinearParams, NormParams,
     ProbeParams, RouterParams,
