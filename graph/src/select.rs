@@ -38,10 +38,11 @@ pub const GROUPED_EXPERT_ROWS: usize = 16;
 /// routing's launch ([`crate::ir::Op::Router`]'s linear) for a layer of `kept` kept experts,
 /// or launches the two apart. Beside routing, the linear's workgroups carry routing's
 /// workgroup memory ([`KeptCapacity`]): about 5.6 KB each for up to 128 kept experts, 16 KB
-/// for 512 (4.5 and 15 KB when the figures below were measured). One or two rows gain a launch per layer either way. Up to eight rows gain with
-/// the smallest capacity (on an H200 an eight-row decode step took 4.369-4.372 ms against
-/// 4.460-4.478 ms apart) but lost with 15 KB (5.21 ms against 4.88 ms apart); a 256-row
-/// prefill took 106 ms against 87 ms apart with 15 KB.
+/// for 512 (4.5 and 15 KB when the figures below were measured). One or two rows gain a
+/// launch per layer either way. Up to eight rows gain with the smallest capacity (on an H200
+/// an eight-row decode step took 4.369-4.372 ms against 4.460-4.478 ms apart) but lost with
+/// 15 KB (5.21 ms against 4.88 ms apart); a 256-row prefill took 106 ms against 87 ms apart
+/// with 15 KB.
 pub fn routes_beside_linear(rows: usize, kept: usize) -> bool {
     let smallest = KeptCapacity::for_kept(kept) == Some(KeptCapacity::ALL[0]);
     rows <= 2 || (smallest && rows <= 8)

@@ -12,9 +12,9 @@ var<workgroup> tree: array<f32, 256>;   // one value per invocation, up to 256
 // exactly the additions of the levels at distance w / 2 and w / 4; with an odd number of
 // levels, every invocation does the last one itself (tree[0] and tree[1]). (H200, against
 // one level per barrier: the 256-row prefill's attention 2567 -> 2140 us of its profile,
-// decode steps within 0.5%. Every invocation finishing the last five levels itself from the 32 values
-// left, one barrier instead of five, made every decode step about 2% longer: 32 loads from
-// workgroup memory in each invocation cost more than the barriers.)
+// decode steps within 0.5%. Every invocation finishing the last five levels itself from the
+// 32 values left, one barrier instead of five, made every decode step about 2% longer: 32
+// loads from workgroup memory in each invocation cost more than the barriers.)
 fn tree_reduce(t: u32, value: f32, is_max: bool, width: u32) -> f32 {
     tree[t] = value;
     var w = width;
