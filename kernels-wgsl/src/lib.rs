@@ -60,6 +60,11 @@ pub enum ConvOutput {
 /// weights (`linear.wgsl`'s PASS_ROWS); a launch gives each pass its own workgroup row.
 pub const LINEAR_PASS_ROWS: usize = 2;
 
+/// Workgroup memory a device must offer (`max_compute_workgroup_storage_size`): at least
+/// what the largest entry point uses (routing of 512 kept experts with the linear beside it:
+/// 17728 bytes). Metal and lavapipe offer 32 KB, NVIDIA's Vulkan driver 48 KB.
+pub const WORKGROUP_MEMORY_BYTES: u32 = 18 * 1024;
+
 /// Slots of one expert a `gathered_grouped` workgroup computes together (`linear.wgsl`'s and
 /// `moe.wgsl`'s GROUP_SLOTS).
 pub const EXPERT_GROUP_SLOTS: usize = 8;
@@ -484,10 +489,11 @@ pub fn attention_chunks(capacity: usize) -> usize {
     capacity.div_ceil(ATTENTION_CHUNK)
 }
 
-/// Floats of the scratch buffer attention needs for `rows` rows: per (row, head) and chunk,
-/// a head's partial output and the chunk's max and exponential sum.
+/// Floats of the scratch buffer attention needs for `rows` rows (`attention.wgsl`): per
+/// (row, head) and chunk, a head's partial output and a vec4 of the chunk's max and
+/// exponential sum.
 pub fn attention_scratch_floats(rows: usize, heads: usize, head_dim: usize, capacity: usize) -> usize {
-    rows * heads * attention_chunks(capacity) * (head_dim + 2)
+    rows * heads * attention_chunks(capacity) * (head_dim + 4)
 }
 
 /// A module that failed to parse, validate or translate.
@@ -645,6 +651,7 @@ mod tests {
             assert_eq!(wgsl_u32(linear, "PASS_ROWS") as usize, LINEAR_PASS_ROWS);
             assert_eq!(wgsl_u32(linear, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
         }
+        assert_eq!(wgsl_u32(Module::Attention, "CHUNK") as usize, ATTENTION_CHUNK);
         assert_eq!(wgsl_u32(Module::Moe, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
         assert_eq!(wgsl_u32(Module::Moe, "MAX_EXPERTS") as usize, MAX_KEPT_EXPERTS);
         for capacity in KeptCapacity::ALL {
@@ -677,6 +684,31 @@ mod tests {
             let mut used = used;
             used.sort_unstable();
             assert_eq!(used, kernel.bindings(), "{kernel:?}: bindings used by the WGSL");
+        }
+    }
+
+    /// Every entry point's workgroup memory fits what the engine asks of a device.
+    #[test]
+    fn every_kernel_fits_the_workgroup_memory_required() {
+        for kernel in Kernel::all() {
+            let (ir, info) = validate(kernel.module()).unwrap();
+            let index = ir
+                .entry_points
+                .iter()
+                .position(|e| e.name == kernel.entry_point())
+                .unwrap_or_else(|| panic!("{kernel:?}: no entry point"));
+            let bytes: u32 = ir
+                .global_variables
+                .iter()
+                .filter(|(handle, var)| {
+                    var.space == naga::AddressSpace::WorkGroup && !info.get_entry_point(index)[*handle].is_empty()
+                })
+                .map(|(_, var)| ir.types[var.ty].inner.size(ir.to_ctx()))
+                .sum();
+            assert!(
+                bytes <= WORKGROUP_MEMORY_BYTES,
+                "{kernel:?}: {bytes} bytes of workgroup memory"
+            );
         }
     }
 }

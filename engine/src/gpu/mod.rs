@@ -204,6 +204,13 @@ impl Gpu {
                 needed: NEEDED_STORAGE_BUFFERS.into(),
             });
         }
+        if limits.max_compute_workgroup_storage_size < drama_kernels::WORKGROUP_MEMORY_BYTES {
+            return Err(GpuError::Limit {
+                limit: "max_compute_workgroup_storage_size",
+                found: limits.max_compute_workgroup_storage_size.into(),
+                needed: drama_kernels::WORKGROUP_MEMORY_BYTES.into(),
+            });
+        }
         // The NVFP4 and FP8 decoders convert packed f16 bit patterns (`unpack2x16float`).
         if !adapter
             .get_downlevel_capabilities()

@@ -25,8 +25,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> row_lane: array<u32>;
 @group(0) @binding(2) var<storage, read> row_pos: array<u32>;
 @group(0) @binding(3) var<storage, read> rope_table: array<vec2<f32>>;
-@group(0) @binding(7) var<storage, read_write> dst: array<f32>;
-@group(0) @binding(8) var<storage, read_write> scratch: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dst: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> scratch: array<vec4<f32>>;
 
 // Floats per row of the [q | k | v] input.
 fn qkv_width() -> u32 {
@@ -34,23 +34,36 @@ fn qkv_width() -> u32 {
 }
 
 // Attention is split over chunks of CHUNK positions (flash decoding): `attend` gives each
-// (row, head, chunk) a workgroup of 256 invocations that scores the chunk's positions
-// (four invocations per position, each with its share of the key's vec4s in flight at
-// once; the query rotated into workgroup memory), takes the chunk's max m and
-// l = sum exp(score - m) by fixed trees, and the chunk's o = sum exp(score - m) v, split
-// over (vec4 column, part of the positions) with eight positions in flight and the parts
-// added in a fixed order; (o, m, l) go to `scratch`. `attend_combine` then gives each
-// (row, head) a workgroup that rescales the chunks to their common max and normalises.
-// Chunks are fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only
-// on its own cache, never on the batch. (One workgroup per (row, head), scores through
-// global memory, took about 19 us per attention in an H200 decode step, bound by its chain
-// of dependent memory round trips on 16 of 132 SMs.)
+// (row, head, chunk) a workgroup of 256 invocations that scores the chunk's positions (four
+// invocations per position, each with its share of the key's vec4s in flight at once; the
+// query rotated into workgroup memory), takes the chunk's max m and l = sum exp(score - m)
+// by fixed trees, and the chunk's o = sum exp(score - m) v, split over (vec4 column, part of
+// the positions) with eight positions in flight and the parts added in a fixed order;
+// (o, m, l) go to `scratch`. `attend_combine` then gives each (row, head) a workgroup that
+// rescales the chunks to their common max and normalises (`combine_chunks`). Chunks are
+// fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
+// cache, never on the batch. (One workgroup per (row, head), scores through global memory,
+// took about 19 us per attention in an H200 decode step, bound by its chain of dependent
+// memory round trips on 16 of 132 SMs.)
 //
-// `scratch` per (row, head): chunk_count * head_dim floats of o, then (m, l) per chunk,
-// chunk_count = ceil(capacity / CHUNK).
+// `scratch` holds a block per (row, head), block index row * heads + head, of
+// chunks_of(capacity) * (columns + 1) vec4s (columns = head_dim / 4): each chunk's o
+// (columns vec4s), then each chunk's (m, l, 0, 0).
 const ATTEND_WG: u32 = 256u;
 const CHUNK: u32 = 64u;              // positions per attention workgroup (ATTEND_WG / 4)
 const COMBINE_WG: u32 = 64u;
+
+// Chunks of a cache slot of `capacity` positions.
+fn chunks_of(capacity: u32) -> u32 {
+    return (capacity + CHUNK - 1u) / CHUNK;
+}
+
+// Where block `block` (row * heads + head) starts in `scratch`.
+fn chunk_block(block: u32, columns: u32, capacity: u32) -> u32 {
+    return block * chunks_of(capacity) * (columns + 1u);
+}
+
+const LOWEST: f32 = -3.0e38;
 
 @group(0) @binding(4) var<storage, read> q4: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> k4: array<vec4<f32>>;
@@ -60,17 +73,6 @@ var<workgroup> partial: array<f32, 256>;            // each position's four quar
 var<workgroup> query: array<vec4<f32>, 256>;
 var<workgroup> value_parts: array<vec4<f32>, 256>;
 var<workgroup> weights: array<f32, 64>;           // CHUNK: exp(score - m) per position
-
-fn chunk_count() -> u32 {
-    return (p.capacity + CHUNK - 1u) / CHUNK;
-}
-
-// Where (row, head)'s chunk results start in `scratch`.
-fn scratch_base(r: u32, h: u32) -> u32 {
-    return (r * p.heads + h) * chunk_count() * (p.head_dim + 2u);
-}
-
-const LOWEST: f32 = -3.0e38;
 
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`.
 @compute @workgroup_size(256)
@@ -189,32 +191,30 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     value_parts[t] = acc;
     workgroupBarrier();
-    let base = scratch_base(r, h);
+    let block = chunk_block(r * p.heads + h, columns, p.capacity);
     if (part == 0u) {
         var sum = vec4<f32>(0.0);
         for (var q = 0u; q < parts; q++) {
             sum += value_parts[q * columns + c];
         }
-        let o = base + chunk * p.head_dim + c * 4u;
-        scratch[o] = sum.x;
-        scratch[o + 1u] = sum.y;
-        scratch[o + 2u] = sum.z;
-        scratch[o + 3u] = sum.w;
+        scratch[block + chunk * columns + c] = sum;
     }
     if (t == 0u) {
-        let stats = base + chunk_count() * p.head_dim + 2u * chunk;
-        scratch[stats] = m;
-        scratch[stats + 1u] = l;
+        scratch[block + chunks_of(p.capacity) * columns + chunk] = vec4<f32>(m, l, 0.0, 0.0);
     }
 }
 
-// out: dst [rows, heads * head_dim] = sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M),
-// M the largest m_c, over the row's chunks (each sum in chunk order). Every invocation finds
-// M and the denominator itself (a few chunks, the same addresses for the whole workgroup: no
-// trees, no barriers). Chunks are read COMBINE_BATCH at a time, every load of a batch issued
-// before its values are used, so a row of up to COMBINE_BATCH chunks waits for one memory
-// round trip for the maxima, one for the denominators and one per output value (one chunk
-// at a time, an H200 decode step's 24 launches took 214 against 188 us of its profile).
+// `attend_combine` gives each invocation a vec4 column of a (row, head)'s output: it finds
+// the chunks' largest m itself (a few chunks, the same addresses for the whole workgroup:
+// no trees, no barriers), then sums the denominator and its column in one pass. Chunks are
+// read COMBINE_BATCH at a time, every load of a batch issued before its values are used, so
+// a row of up to COMBINE_BATCH chunks waits for one memory round trip for the maxima and
+// one for the sums. (One chunk at a time, an H200 decode step's 24 launches took 214
+// against 188 us of its profile. Two scalar columns per invocation, the denominator and each
+// column summed in passes of their own, the guidance pair's took 182-185 against 162-167 us
+// in one call, the steps 1.801-1.806 / 2.116-2.118 / 4.004-4.006 against 1.786-1.791 /
+// 2.104-2.109 / 3.971-3.974 ms, the prefill 77.13 against 77.30 ms; eight chunks a batch
+// measured no faster.)
 const COMBINE_BATCH: u32 = 4u;
 
 // Chunk c's term of a sum in chunk order, `value exp(m_c - M)`; nothing past the row's last
@@ -226,67 +226,70 @@ fn chunk_term(sum: f32, c: u32, chunks: u32, value: f32, chunk_max: f32, m: f32)
     return sum;
 }
 
+// `chunk_term` for a vec4 of o (each component the same arithmetic).
+fn chunk_vec_term(sum: vec4<f32>, c: u32, chunks: u32, value: vec4<f32>, chunk_max: f32, m: f32) -> vec4<f32> {
+    if (c < chunks) {
+        return sum + value * exp(chunk_max - m);
+    }
+    return sum;
+}
+
+// Vec4 column j of the attention output of block `block` (see `chunk_block`), whose row is
+// at position `pos`: sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M), M the largest m_c,
+// over the chunks up to the row's (each sum in chunk order), unrounded. Past the row's last
+// chunk a batch reads the last again, unused (or, for the maximum, harmless).
+fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32) -> vec4<f32> {
+    let chunks = pos / CHUNK + 1u;
+    let last = chunks - 1u;
+    let stats = block + chunks_of(capacity) * columns;
+    var m = LOWEST;
+    for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
+        let m0 = scratch[stats + c].x;
+        let m1 = scratch[stats + min(c + 1u, last)].x;
+        let m2 = scratch[stats + min(c + 2u, last)].x;
+        let m3 = scratch[stats + min(c + 3u, last)].x;
+        m = max(max(max(max(m, m0), m1), m2), m3);
+    }
+    var total = 0.0;
+    var sum = vec4<f32>(0.0);
+    for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
+        let c1 = min(c + 1u, last);
+        let c2 = min(c + 2u, last);
+        let c3 = min(c + 3u, last);
+        let s0 = scratch[stats + c];
+        let s1 = scratch[stats + c1];
+        let s2 = scratch[stats + c2];
+        let s3 = scratch[stats + c3];
+        let o0 = scratch[block + c * columns + j];
+        let o1 = scratch[block + c1 * columns + j];
+        let o2 = scratch[block + c2 * columns + j];
+        let o3 = scratch[block + c3 * columns + j];
+        total = chunk_term(total, c, chunks, s0.y, s0.x, m);
+        total = chunk_term(total, c + 1u, chunks, s1.y, s1.x, m);
+        total = chunk_term(total, c + 2u, chunks, s2.y, s2.x, m);
+        total = chunk_term(total, c + 3u, chunks, s3.y, s3.x, m);
+        sum = chunk_vec_term(sum, c, chunks, o0, s0.x, m);
+        sum = chunk_vec_term(sum, c + 1u, chunks, o1, s1.x, m);
+        sum = chunk_vec_term(sum, c + 2u, chunks, o2, s2.x, m);
+        sum = chunk_vec_term(sum, c + 3u, chunks, o3, s3.x, m);
+    }
+    return sum / total;
+}
+
+// out: dst [rows, heads * head_dim], each (row, head) combined from its chunks
+// (`combine_chunks`), a vec4 column per invocation.
 @compute @workgroup_size(64)
 fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
     let h = wg.y;
-    let chunks = (row_pos[r] + CHUNK) / CHUNK;     // ceil((pos + 1) / CHUNK)
-    let last = chunks - 1u;
-    let base = scratch_base(r, h);
-    let stats = base + chunk_count() * p.head_dim;
-    // A batch is chunks c .. c + 3; past the row's last chunk the last is read again, unused
-    // (or, for the maximum, harmless).
-    var m = LOWEST;
-    for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
-        let m0 = scratch[stats + 2u * c];
-        let m1 = scratch[stats + 2u * min(c + 1u, last)];
-        let m2 = scratch[stats + 2u * min(c + 2u, last)];
-        let m3 = scratch[stats + 2u * min(c + 3u, last)];
-        m = max(max(max(max(m, m0), m1), m2), m3);
-    }
-    var total = 0.0;
-    for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
-        let s0 = stats + 2u * c;
-        let s1 = stats + 2u * min(c + 1u, last);
-        let s2 = stats + 2u * min(c + 2u, last);
-        let s3 = stats + 2u * min(c + 3u, last);
-        let m0 = scratch[s0];
-        let m1 = scratch[s1];
-        let m2 = scratch[s2];
-        let m3 = scratch[s3];
-        let l0 = scratch[s0 + 1u];
-        let l1 = scratch[s1 + 1u];
-        let l2 = scratch[s2 + 1u];
-        let l3 = scratch[s3 + 1u];
-        total = chunk_term(total, c, chunks, l0, m0, m);
-        total = chunk_term(total, c + 1u, chunks, l1, m1, m);
-        total = chunk_term(total, c + 2u, chunks, l2, m2, m);
-        total = chunk_term(total, c + 3u, chunks, l3, m3, m);
-    }
-    let out_base = (r * p.heads + h) * p.head_dim;
-    for (var i = t; i < p.head_dim; i += COMBINE_WG) {
-        var sum = 0.0;
-        for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
-            let c1 = min(c + 1u, last);
-            let c2 = min(c + 2u, last);
-            let c3 = min(c + 3u, last);
-            let o0 = scratch[base + c * p.head_dim + i];
-            let o1 = scratch[base + c1 * p.head_dim + i];
-            let o2 = scratch[base + c2 * p.head_dim + i];
-            let o3 = scratch[base + c3 * p.head_dim + i];
-            let m0 = scratch[stats + 2u * c];
-            let m1 = scratch[stats + 2u * c1];
-            let m2 = scratch[stats + 2u * c2];
-            let m3 = scratch[stats + 2u * c3];
-            sum = chunk_term(sum, c, chunks, o0, m0, m);
-            sum = chunk_term(sum, c + 1u, chunks, o1, m1, m);
-            sum = chunk_term(sum, c + 2u, chunks, o2, m2, m);
-            sum = chunk_term(sum, c + 3u, chunks, o3, m3, m);
-        }
-        var out = sum / total;
+    let columns = p.head_dim / 4u;
+    let block = chunk_block(r * p.heads + h, columns, p.capacity);
+    let out_base = (r * p.heads + h) * columns;
+    for (var j = t; j < columns; j += COMBINE_WG) {
+        var out = combine_chunks(block, columns, p.capacity, row_pos[r], j);
         if ((p.flags & 1u) != 0u) {
-            out = round_bf16(out);
+            out = round_bf16_4(out);
         }
-        dst[out_base + i] = out;
+        dst[out_base + j] = out;
     }
 }

@@ -9,6 +9,11 @@ fn round_bf16(x: f32) -> f32 {
     return bitcast<f32>((b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u);
 }
 
+// `round_bf16` of each component.
+fn round_bf16_4(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(round_bf16(v.x), round_bf16(v.y), round_bf16(v.z), round_bf16(v.w));
+}
+
 // The BF16 value in the low (half 0) or high (half 1) 16 bits of a word.
 fn bf16_half(word: u32, half: u32) -> f32 {
     return select(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u), half == 1u);

@@ -45,7 +45,7 @@ fn weight_vec(i: u32) -> vec4<f32> {
 fn normed(v: vec4<f32>, inv: f32, w: vec4<f32>) -> vec4<f32> {
     var n = v * inv * w;
     if ((p.flags & 1u) != 0u) {
-        n = vec4<f32>(round_bf16(n.x), round_bf16(n.y), round_bf16(n.z), round_bf16(n.w));
+        n = round_bf16_4(n);
     }
     return n;
 }
