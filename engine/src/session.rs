@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use crate::checkpoint::{Checkpoint, LayerMlp};
 use crate::error::EngineError;
 use crate::exec::{Bindings, Executable};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, GpuError};
 use crate::reference::ops::rope_table;
 use crate::spec::{CheckpointNames, model_spec};
 use crate::weights::GpuWeights;
@@ -508,7 +508,19 @@ impl<'e> Session<'e> {
                     Some(kept) => {
                         let local = exe.read_u32(&gpu, find(&format!("layers.{i}.router"))?)?;
                         let weights = exe.read_f32(&gpu, find(&format!("layers.{i}.router.1"))?)?;
-                        let ids = local.iter().map(|&l| kept[l as usize] as u32).collect();
+                        // A local id past the kept list would be a broken kernel or device: an
+                        // error naming it, not a panic.
+                        let ids = local
+                            .iter()
+                            .map(|&l| {
+                                kept.get(l as usize).map(|&id| id as u32).ok_or_else(|| {
+                                    GpuError::Readback(format!(
+                                        "layer {i}: routing chose local expert {l}, past the {} kept",
+                                        kept.len()
+                                    ))
+                                })
+                            })
+                            .collect::<Result<_, _>>()?;
                         Some((ids, weights))
                     }
                 });
