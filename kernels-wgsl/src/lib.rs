@@ -62,7 +62,8 @@ pub const LINEAR_PASS_ROWS: usize = 2;
 
 /// Workgroup memory a device must offer (`max_compute_workgroup_storage_size`): at least
 /// what the largest entry point uses (routing of 512 kept experts with the linear beside it:
-/// 17728 bytes). Metal and lavapipe offer 32 KB, NVIDIA's Vulkan driver 48 KB.
+/// 17728 bytes). Apple GPUs offer 32 KB, NVIDIA's Vulkan driver 48 KB, and lavapipe, on
+/// which every test runs, at least this.
 pub const WORKGROUP_MEMORY_BYTES: u32 = 18 * 1024;
 
 /// Slots of one expert a `gathered_grouped` workgroup computes together (`linear.wgsl`'s and
