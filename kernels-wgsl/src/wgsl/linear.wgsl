@@ -521,7 +521,11 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
 // SwiGLU epilogue): routed NVFP4 experts load 64 activation bytes per 8-byte unit, so
 // sharing each activation load among more rows matters more than for the dense kernel
 // (H200 decode step with two rows per thread row -> four: pair 3.10 -> 2.90 ms, 8 lanes
-// 6.71 -> 5.93 ms, one lane 2.49 -> 2.43 ms).
+// 6.71 -> 5.93 ms, one lane 2.49 -> 2.43 ms). NVFP4's thread rows are LANES (16) threads
+// here too: with 32, each thread walking half as many units, the one-lane step got shorter
+// but the others longer (1.757-1.760 / 2.190-2.195 / 4.291-4.297 against 1.787-1.789 /
+// 2.102-2.108 / 3.957-3.968 ms, prefill 91.9 against 77.3 ms), and a row's bits must not
+// depend on how many rows its step has.
 const GATHERED_ROWS: u32 = 4u * THREAD_ROWS;   // weight rows per gathered workgroup
 
 // One unit of each of four rows dotted with the activation row at `x_vec`, each activation
