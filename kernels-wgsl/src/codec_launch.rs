@@ -27,26 +27,33 @@ fn conv_lanes(cin: usize) -> usize {
     1 << wanted.ilog2()
 }
 
+/// The fields every convolution's parameter block shares: its shape, the threads per output
+/// channel, and flags 3 (bias added, output rounded to BF16).
+fn conv_params(cin: usize, cout: usize, frames: usize) -> CodecParams {
+    CodecParams {
+        frames: frames as u32,
+        in_ch: cin as u32,
+        out_ch: cout as u32,
+        flags: 3,
+        lanes: conv_lanes(cin) as u32,
+        ..Default::default()
+    }
+}
+
 /// A causal conv1d of `cin` -> `cout` channels, `kernel` taps `dilation` frames apart, over
 /// `frames` frames (its history holds the (kernel - 1) * dilation frames before them), bias
 /// added and the output rounded to BF16. Grid: (output channel groups, tiles of frames, 1).
 pub fn conv1d_launch(cin: usize, cout: usize, frames: usize, kernel: usize, dilation: usize) -> CodecLaunch {
-    let lanes = conv_lanes(cin);
     CodecLaunch {
         params: CodecParams {
-            frames: frames as u32,
-            in_ch: cin as u32,
-            out_ch: cout as u32,
             kernel: kernel as u32,
             dilation: dilation as u32,
             history: ((kernel - 1) * dilation) as u32,
-            flags: 3,
             count: (frames * cout) as u32,
-            lanes: lanes as u32,
-            pad: [0; 3],
+            ..conv_params(cin, cout, frames)
         },
         grid: [
-            cout.div_ceil(64 / lanes * CONV_CHANNELS) as u32,
+            cout.div_ceil(64 / conv_lanes(cin) * CONV_CHANNELS) as u32,
             frames.div_ceil(CODEC_CONV_FRAMES) as u32,
             1,
         ],
@@ -57,22 +64,16 @@ pub fn conv1d_launch(cin: usize, cout: usize, frames: usize, kernel: usize, dila
 /// (its history holds the frame before them), bias added and the output rounded to BF16.
 /// Grid: (output channel groups, tiles of input frames, groups of phases).
 pub fn conv_transpose_launch(cin: usize, cout: usize, frames: usize, rate: usize) -> CodecLaunch {
-    let lanes = conv_lanes(cin);
     CodecLaunch {
         params: CodecParams {
-            frames: frames as u32,
-            in_ch: cin as u32,
-            out_ch: cout as u32,
             kernel: rate as u32,
             dilation: 1,
             history: 1,
-            flags: 3,
             count: (frames * rate * cout) as u32,
-            lanes: lanes as u32,
-            pad: [0; 3],
+            ..conv_params(cin, cout, frames)
         },
         grid: [
-            cout.div_ceil(64 / lanes) as u32,
+            cout.div_ceil(64 / conv_lanes(cin)) as u32,
             frames.div_ceil(CODEC_CONV_FRAMES) as u32,
             rate.div_ceil(TRANSPOSE_PHASES) as u32,
         ],

@@ -423,8 +423,9 @@ fn pipelined_sums(
     }
 }
 
-// Rows A and B over a pass of `count` (1 or 2) activation rows (row r's vec4s from
-// x0 + r * x_row), a batch of two units of each row at a time. Written out apart from
+// Rows A and B over a pass of `count` activation rows (row r's vec4s from x0 + r * x_row;
+// two, since passes of one take `pipelined_sums`), a batch of two units of each row at a
+// time. Written out apart from
 // `pipelined_sums`, whose loads run a batch ahead: the form sharing one body with it (a
 // struct of a batch's loads) was measured only together with a change that cost the BF16
 // steps 1-2% (see the top of the file), so the measured form stays.
