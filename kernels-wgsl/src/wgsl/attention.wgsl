@@ -46,7 +46,12 @@ fn qkv_width() -> u32 {
 // took about 19 us per attention in an H200 decode step, bound by its chain of dependent
 // memory round trips on 16 of 132 SMs. Loading an invocation's first eight values before
 // the scores, or its first eight keys too before staging the query, made the 24 launches
-// of a pair step's profile 330-335 and 274-277 against 253-256 us.)
+// of a pair step's profile 330-335 and 274-277 against 253-256 us. Both launches in one, a
+// workgroup per (row, head) taking its chunks four at a time, 64 invocations per chunk each
+// doing the work of four of `attend`'s, then combining them itself (the same bits): one
+// launch less per layer, but each step 0.3 ms longer, 1.78 / 2.11 / 3.97 -> 2.11-2.15 /
+// 2.41-2.43 / 4.17-4.19 ms, and more at longer contexts: an invocation's four times longer
+// chain costs more than the launch it saves.)
 //
 // `scratch` holds a block per (row, head), block index row * heads + head, of
 // chunks_of(capacity) * (columns + 1) vec4s (columns = head_dim / 4): each chunk's o
@@ -74,24 +79,11 @@ const LOWEST: f32 = -3.0e38;
 var<workgroup> partial: array<f32, 256>;            // each position's four quarter dot products
 var<workgroup> query: array<vec4<f32>, 256>;
 var<workgroup> value_parts: array<vec4<f32>, 256>;
-var<workgroup> weights: array<f32, 64>;           // CHUNK: exp(score - m) per position
+var<workgroup> weights: array<f32, 64>;            // CHUNK: exp(score - m) per position
 
-// In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`.
-@compute @workgroup_size(256)
-fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let r = wg.x;
-    let h = wg.y;
-    let chunk = wg.z;
-    let length = row_pos[r] + 1u;
-    let first = chunk * CHUNK;
-    if (first >= length) {
-        return;
-    }
-    let count = min(CHUNK, length - first);
-    let g = h / (p.heads / p.kv_heads);
-    let columns = p.head_dim / 4u;                 // vec4s per head
-    let kv_row = p.kv_heads * columns;             // vec4s per cache position
-    let cache_base = row_lane[r] * p.capacity * kv_row + g * columns;
+// Stages row r's query of head h in `query`, rotated (columns vec4s).
+fn stage_query(r: u32, h: u32, t: u32) {
+    let columns = p.head_dim / 4u;
     let q_base = (r * qkv_width() + h * p.head_dim) / 4u;
     // Column c of the first half pairs with column c + half / 4 of the second.
     let half_columns = columns / 2u;
@@ -110,41 +102,102 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         // First half: a cos - b sin (a own, b partner); second half: b cos + a sin.
         query[c] = select(own * cosine + partner * sine, own * cosine - partner * sine, first_half);
     }
+}
+
+// Quarter `quarter` of the staged query's dot product with the key at `k_base`: its vec4
+// columns quarter, quarter + 4, ..., eight key loads in flight (past the end: repeated,
+// unused).
+fn quarter_dot(k_base: u32, quarter: u32, columns: u32) -> f32 {
+    let last = columns - 4u + quarter;
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var c = quarter; c < columns; c += 32u) {
+        let c1 = min(c + 4u, last);
+        let c2 = min(c + 8u, last);
+        let c3 = min(c + 12u, last);
+        let c4 = min(c + 16u, last);
+        let c5 = min(c + 20u, last);
+        let c6 = min(c + 24u, last);
+        let c7 = min(c + 28u, last);
+        let k0 = k4[k_base + c];
+        let k1 = k4[k_base + c1];
+        let k2 = k4[k_base + c2];
+        let k3 = k4[k_base + c3];
+        let k5 = k4[k_base + c4];
+        let k6 = k4[k_base + c5];
+        let k7 = k4[k_base + c6];
+        let k8 = k4[k_base + c7];
+        let live_a = vec4<bool>(true, c + 4u < columns, c + 8u < columns, c + 12u < columns);
+        let live_b = vec4<bool>(c + 16u < columns, c + 20u < columns, c + 24u < columns, c + 28u < columns);
+        a += select(vec4<f32>(0.0), vec4<f32>(
+            dot(query[c], k0), dot(query[c1], k1), dot(query[c2], k2), dot(query[c3], k3)), live_a);
+        b += select(vec4<f32>(0.0), vec4<f32>(
+            dot(query[c4], k5), dot(query[c5], k6), dot(query[c6], k7), dot(query[c7], k8)), live_b);
+    }
+    return ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+}
+
+// Part `part` of parts of a chunk's o for one vec4 column: sum over its positions s = part,
+// part + parts, ... below `count` of weights[s] times the value at `v_base + s * kv_row`,
+// eight positions in flight.
+fn value_part(v_base: u32, kv_row: u32, part: u32, parts: u32, count: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    var s = part;
+    for (; s + 7u * parts < count; s += 8u * parts) {
+        let at = v_base + s * kv_row;
+        let v0 = v4[at];
+        let v1 = v4[at + parts * kv_row];
+        let v2 = v4[at + 2u * parts * kv_row];
+        let v3 = v4[at + 3u * parts * kv_row];
+        let v5 = v4[at + 4u * parts * kv_row];
+        let v6 = v4[at + 5u * parts * kv_row];
+        let v7 = v4[at + 6u * parts * kv_row];
+        let v8 = v4[at + 7u * parts * kv_row];
+        let e0 = weights[s];
+        let e1 = weights[s + parts];
+        let e2 = weights[s + 2u * parts];
+        let e3 = weights[s + 3u * parts];
+        let e4 = weights[s + 4u * parts];
+        let e5 = weights[s + 5u * parts];
+        let e6 = weights[s + 6u * parts];
+        let e7 = weights[s + 7u * parts];
+        acc += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + ((e4 * v5 + e5 * v6) + (e6 * v7 + e7 * v8));
+    }
+    for (; s < count; s += parts) {
+        acc += weights[s] * v4[v_base + s * kv_row];
+    }
+    return acc;
+}
+
+// Where row r's cache of head h's KV group starts (vec4s).
+fn cache_base_of(r: u32, h: u32) -> u32 {
+    let columns = p.head_dim / 4u;
+    let g = h / (p.heads / p.kv_heads);
+    return row_lane[r] * p.capacity * p.kv_heads * columns + g * columns;
+}
+
+// In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`.
+@compute @workgroup_size(256)
+fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let r = wg.x;
+    let h = wg.y;
+    let chunk = wg.z;
+    let length = row_pos[r] + 1u;
+    let first = chunk * CHUNK;
+    if (first >= length) {
+        return;
+    }
+    let count = min(CHUNK, length - first);
+    let columns = p.head_dim / 4u;                 // vec4s per head
+    let kv_row = p.kv_heads * columns;             // vec4s per cache position
+    let cache_base = cache_base_of(r, h);
+    stage_query(r, h, t);
     workgroupBarrier();
-    // Scores: invocation t takes quarter t % 4 (vec4 columns quarter, quarter + 4, ...) of
-    // position first + t / 4, eight key loads in flight (past the end: repeated, unused).
+    // Scores: invocation t takes quarter t % 4 of position first + t / 4.
     let slot = t / 4u;
-    let quarter = t % 4u;
     var own_part = 0.0;
     if (slot < count) {
-        let k_base = cache_base + (first + slot) * kv_row;
-        let last = columns - 4u + quarter;
-        var a = vec4<f32>(0.0);
-        var b = vec4<f32>(0.0);
-        for (var c = quarter; c < columns; c += 32u) {
-            let c1 = min(c + 4u, last);
-            let c2 = min(c + 8u, last);
-            let c3 = min(c + 12u, last);
-            let c4 = min(c + 16u, last);
-            let c5 = min(c + 20u, last);
-            let c6 = min(c + 24u, last);
-            let c7 = min(c + 28u, last);
-            let k0 = k4[k_base + c];
-            let k1 = k4[k_base + c1];
-            let k2 = k4[k_base + c2];
-            let k3 = k4[k_base + c3];
-            let k5 = k4[k_base + c4];
-            let k6 = k4[k_base + c5];
-            let k7 = k4[k_base + c6];
-            let k8 = k4[k_base + c7];
-            let live_a = vec4<bool>(true, c + 4u < columns, c + 8u < columns, c + 12u < columns);
-            let live_b = vec4<bool>(c + 16u < columns, c + 20u < columns, c + 24u < columns, c + 28u < columns);
-            a += select(vec4<f32>(0.0), vec4<f32>(
-                dot(query[c], k0), dot(query[c1], k1), dot(query[c2], k2), dot(query[c3], k3)), live_a);
-            b += select(vec4<f32>(0.0), vec4<f32>(
-                dot(query[c4], k5), dot(query[c5], k6), dot(query[c6], k7), dot(query[c7], k8)), live_b);
-        }
-        own_part = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+        own_part = quarter_dot(cache_base + (first + slot) * kv_row, t % 4u, columns);
     }
     partial[t] = own_part;
     workgroupBarrier();
@@ -166,30 +219,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let part = t / columns;
     var acc = vec4<f32>(0.0);
     if (part < parts) {
-        var s = part;
-        for (; s + 7u * parts < count; s += 8u * parts) {
-            let v_base = cache_base + (first + s) * kv_row + c;
-            let v0 = v4[v_base];
-            let v1 = v4[v_base + parts * kv_row];
-            let v2 = v4[v_base + 2u * parts * kv_row];
-            let v3 = v4[v_base + 3u * parts * kv_row];
-            let v5 = v4[v_base + 4u * parts * kv_row];
-            let v6 = v4[v_base + 5u * parts * kv_row];
-            let v7 = v4[v_base + 6u * parts * kv_row];
-            let v8 = v4[v_base + 7u * parts * kv_row];
-            let e0 = weights[s];
-            let e1 = weights[s + parts];
-            let e2 = weights[s + 2u * parts];
-            let e3 = weights[s + 3u * parts];
-            let e4 = weights[s + 4u * parts];
-            let e5 = weights[s + 5u * parts];
-            let e6 = weights[s + 6u * parts];
-            let e7 = weights[s + 7u * parts];
-            acc += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + ((e4 * v5 + e5 * v6) + (e6 * v7 + e7 * v8));
-        }
-        for (; s < count; s += parts) {
-            acc += weights[s] * v4[cache_base + (first + s) * kv_row + c];
-        }
+        acc = value_part(cache_base + first * kv_row + c, kv_row, part, parts, count);
     }
     value_parts[t] = acc;
     workgroupBarrier();
@@ -278,20 +308,24 @@ fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32) -> 
     return sum / total;
 }
 
-// out: dst [rows, heads * head_dim], each (row, head) combined from its chunks
-// (`combine_chunks`), a vec4 column per invocation.
-@compute @workgroup_size(64)
-fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let r = wg.x;
-    let h = wg.y;
+// Writes row r's output of head h (dst [rows, heads * head_dim]) combined from its chunks
+// (`combine_chunks`), a vec4 column per invocation: columns first, first + stride, ...
+fn write_combined(r: u32, h: u32, first: u32, stride: u32) {
     let columns = p.head_dim / 4u;
     let block = chunk_block(r * p.heads + h, columns, p.capacity);
     let out_base = (r * p.heads + h) * columns;
-    for (var j = t; j < columns; j += COMBINE_WG) {
+    for (var j = first; j < columns; j += stride) {
         var out = combine_chunks(block, columns, p.capacity, row_pos[r], j);
         if ((p.flags & 1u) != 0u) {
             out = round_bf16_4(out);
         }
         dst[out_base + j] = out;
     }
+}
+
+// out: dst [rows, heads * head_dim], each (row, head) combined from its chunks, a workgroup
+// each.
+@compute @workgroup_size(64)
+fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    write_combined(wg.x, wg.y, t, COMBINE_WG);
 }
