@@ -10,7 +10,7 @@ use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS, LinearParams,
+    AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS, LinearParams, LinearWidth,
     MAX_KEPT_EXPERTS, NormParams, RouterParams, WeightFormat,
 };
 
@@ -289,6 +289,7 @@ impl<'a> Lowering<'a> {
                 k,
                 swiglu,
                 grouped,
+                width: workgroup,
             } => {
                 let (x, ids) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
                 let slots = if *grouped {
@@ -305,6 +306,7 @@ impl<'a> Lowering<'a> {
                     k: *k,
                     width: *width,
                     in_features: *in_features,
+                    workgroup: *workgroup,
                 };
                 self.lower_experts(*layer, projections, *swiglu, shape, ExpertIo { x, slots, out })?;
             }
@@ -509,7 +511,8 @@ impl<'a> Lowering<'a> {
                 .experts
                 .get(&key)
                 .ok_or_else(|| EngineError::Unsupported(format!("layer {layer}: no experts {:?}", key.1)))?;
-            let rows_per_group = linear.format.gathered_rows_per_workgroup() / if swiglu { 2 } else { 1 };
+            let rows_per_group =
+                linear.format.gathered_rows_per_workgroup(shape.workgroup) / if swiglu { 2 } else { 1 };
             for segment in &linear.segments {
                 let params = LinearParams {
                     rows: shape.slots as u32,
@@ -534,7 +537,12 @@ impl<'a> Lowering<'a> {
                     Slots::Each(ids) => {
                         resources.extend([&weights.placeholder, ids, io.out, expert_scales]);
                         let grid = [groups, shape.slots as u32, 1];
-                        self.launch(Kernel::Gathered(linear.format), &params, &resources, grid)?;
+                        self.launch(
+                            Kernel::Gathered(linear.format, shape.workgroup),
+                            &params,
+                            &resources,
+                            grid,
+                        )?;
                     }
                     Slots::Grouped {
                         blocks: (blocks, count),
@@ -542,7 +550,12 @@ impl<'a> Lowering<'a> {
                     } => {
                         resources.extend([&weights.placeholder, blocks, io.out, expert_scales, order]);
                         let grid = [groups, count as u32, 1];
-                        self.launch(Kernel::GatheredGrouped(linear.format), &params, &resources, grid)?;
+                        self.launch(
+                            Kernel::GatheredGrouped(linear.format, shape.workgroup),
+                            &params,
+                            &resources,
+                            grid,
+                        )?;
                     }
                 }
             }
@@ -603,6 +616,8 @@ struct ExpertShape {
     width: usize,
     /// Input features.
     in_features: usize,
+    /// The launches' workgroup width.
+    workgroup: LinearWidth,
 }
 
 /// Where a dense linear reads and writes.
@@ -681,7 +696,7 @@ pub fn linear_launches(
         .segments
         .iter()
         .map(|segment| {
-            let launch = segment_launch(linear, segment, placeholder, io)?;
+            let launch = segment_launch(kernel, linear, segment, placeholder, io)?;
             Ok(gpu.dispatch(kernel, &launch.params, &launch.resources, launch.grid)?)
         })
         .collect()
@@ -702,8 +717,8 @@ pub fn linear_pair_launch(
             "a linear pair needs two bias-free BF16 weights of one segment and one input width".into(),
         ));
     }
-    let mut launch = segment_launch(first, &first.segments[0], placeholder, first_io)?;
-    let tail = segment_launch(second, &second.segments[0], placeholder, second_io)?;
+    let mut launch = segment_launch(Kernel::LinearPair, first, &first.segments[0], placeholder, first_io)?;
+    let tail = segment_launch(Kernel::LinearPair, second, &second.segments[0], placeholder, second_io)?;
     launch.params.split_groups = launch.grid[0];
     launch.params.second_out_features = tail.params.out_features;
     launch.params.second_y_stride = tail.params.y_stride;
@@ -749,7 +764,13 @@ pub fn route_launch(
             "the linear beside routing needs one bias-free BF16 segment and plain outputs".into(),
         ));
     }
-    let mut launch = segment_launch(linear, &linear.segments[0], placeholder, io)?;
+    let mut launch = segment_launch(
+        Kernel::RouteLinear(capacity),
+        linear,
+        &linear.segments[0],
+        placeholder,
+        io,
+    )?;
     // Routing's workgroups lead each grid row: token wg.y * split_groups + wg.x.
     launch.params.split_groups = params.rows.div_ceil(launch.grid[1]);
     launch.grid[0] += launch.params.split_groups;
@@ -786,13 +807,18 @@ struct SegmentLaunch<'a> {
     grid: [u32; 3],
 }
 
-/// The parameters, bindings and grid of the launch that computes one weight segment.
+/// The parameters, bindings and grid of the launch of `kernel` (a linear-module kernel)
+/// that computes one weight segment.
 fn segment_launch<'a>(
+    kernel: Kernel,
     linear: &'a GpuLinear,
     segment: &'a Segment,
     placeholder: &'a wgpu::Buffer,
     io: &LinearIo<'a>,
 ) -> Result<SegmentLaunch<'a>, EngineError> {
+    let width = kernel
+        .linear_width()
+        .ok_or_else(|| EngineError::Unsupported(format!("{kernel:?} does not launch a linear")))?;
     let bias = linear.bias.as_ref().unwrap_or(placeholder);
     // A SwiGLU segment holds two weight rows (gate, up) per output feature.
     let rows_per_feature = if io.swiglu { 2 } else { 1 };
@@ -850,7 +876,7 @@ fn segment_launch<'a>(
     // kernel strides over any passes beyond it).
     let passes = io.rows.div_ceil(LINEAR_PASS_ROWS) as u32;
     let grid = [
-        (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup() / rows_per_feature as u32),
+        (segment.range.len() as u32).div_ceil(linear.format.rows_per_workgroup(width) / rows_per_feature as u32),
         passes.min(u32::from(u16::MAX)),
         1,
     ];

@@ -8,7 +8,7 @@ use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch, route_la
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::weights::GpuLinear;
 use drama_kernels::{
-    EXPERT_GROUP_SLOTS, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, RouterParams, WeightFormat,
+    EXPERT_GROUP_SLOTS, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, LinearWidth, RouterParams, WeightFormat,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
@@ -184,7 +184,7 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
             kernel,
             &buffers,
             [
-                ((end - start) as u32).div_ceil(w.format.rows_per_workgroup()),
+                ((end - start) as u32).div_ceil(w.format.rows_per_workgroup(kernel.linear_width().unwrap())),
                 row_blocks,
                 1,
             ],
@@ -319,7 +319,7 @@ fn gathered_case(
     // The launches over `ids` (slots) reading `x` (the slots' or the tokens' rows): a
     // workgroup row per slot, or with `grouped` per block of slots that share an expert,
     // grouped on the GPU first (their outputs poisoned too).
-    let launch = |ids: &[u32], x: &[f32], grouped: bool| -> Vec<f32> {
+    let launch = |ids: &[u32], x: &[f32], grouped: bool, width: LinearWidth| -> Vec<f32> {
         let slots = ids.len();
         let xb = gpu.buffer_with("x", &f32_bytes(x));
         let idb = gpu.buffer_with("ids", &u32_bytes(ids));
@@ -370,13 +370,13 @@ fn gathered_case(
             }
             let (kernel, grid_rows) = if grouped {
                 buffers.extend([&bias, &blocks_b, &y, &tb, &order_b]);
-                (Kernel::GatheredGrouped(format), blocks)
+                (Kernel::GatheredGrouped(format, width), blocks)
             } else {
                 buffers.extend([&bias, &idb, &y, &tb]);
-                (Kernel::Gathered(format), slots)
+                (Kernel::Gathered(format, width), slots)
             };
             let grid = [
-                (out as u32).div_ceil(format.gathered_rows_per_workgroup()),
+                (out as u32).div_ceil(format.gathered_rows_per_workgroup(width)),
                 grid_rows as u32,
                 1,
             ];
@@ -386,14 +386,24 @@ fn gathered_case(
         run(gpu, &dispatches);
         gpu.read_f32(&y).unwrap()
     };
-    let got = launch(&ids, &x, false);
-    // Grouped by expert (EXPERT_GROUP_SLOTS slots per block at most), every slot gets the same bits.
-    assert_eq!(bits(&launch(&ids, &x, true)), bits(&got), "{label}: grouped");
+    let standard = LinearWidth::Standard;
+    let got = launch(&ids, &x, false, standard);
+    // Grouped by expert (EXPERT_GROUP_SLOTS slots per block at most), and in workgroups of
+    // every width, every slot gets the same bits.
+    for width in LinearWidth::ALL {
+        for grouped in [false, true] {
+            assert_eq!(
+                bits(&launch(&ids, &x, grouped, width)),
+                bits(&got),
+                "{label}: grouped {grouped}, {width:?} workgroups"
+            );
+        }
+    }
     // An id no segment holds leaves its slot unwritten on both paths, and no other.
     let mut stray = ids.clone();
     let last = ids.len() - 1;
     stray[last] = experts as u32;
-    let (each, grouped) = (launch(&stray, &x, false), launch(&stray, &x, true));
+    let (each, grouped) = (launch(&stray, &x, false, standard), launch(&stray, &x, true, standard));
     assert!(
         each[last * out..].iter().all(|v| v.is_nan()),
         "{label}: a stray id's slot was written"
@@ -408,7 +418,7 @@ fn gathered_case(
         } else {
             &x[first * in_..last * in_]
         };
-        let alone = launch(&ids[first..last], token_x, false);
+        let alone = launch(&ids[first..last], token_x, false, standard);
         assert_eq!(
             bits(&alone),
             bits(&got[first * out..last * out]),
@@ -478,6 +488,7 @@ fn linear_swiglu_epilogue_matches_reference() {
         let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
         let y = poisoned(gpu, "y", rows * features);
         let split = features / 2;
+        let bf16_width = Kernel::Linear(WeightFormat::Bf16).linear_width().unwrap();
         let mut dispatches = Vec::new();
         let mut keep = Vec::new();
         for (start, end) in [(0, split), (split, features)] {
@@ -499,7 +510,7 @@ fn linear_swiglu_epilogue_matches_reference() {
             let p = gpu.uniform("params", &params);
             let wb = gpu.buffer_with("w", &codes);
             let grid = [
-                ((end - start) as u32).div_ceil(WeightFormat::Bf16.rows_per_workgroup() / 2),
+                ((end - start) as u32).div_ceil(WeightFormat::Bf16.rows_per_workgroup(bf16_width) / 2),
                 1,
                 1,
             ];
@@ -567,7 +578,7 @@ fn gathered_swiglu_epilogue_matches_reference() {
     let bias = gpu.buffer_with("bias", &[0; 4]);
     let y = poisoned(gpu, "y", slots * width);
     let grid = [
-        (width as u32).div_ceil(WeightFormat::Nvfp4.gathered_rows_per_workgroup() / 2),
+        (width as u32).div_ceil(WeightFormat::Nvfp4.gathered_rows_per_workgroup(LinearWidth::Narrow) / 2),
         slots as u32,
         1,
     ];
@@ -606,7 +617,7 @@ fn gathered_swiglu_epilogue_matches_reference() {
         let tb = gpu.buffer_with("expert_scales", &f32_bytes(&tensor_scales));
         dispatches.push(dispatch(
             gpu,
-            Kernel::Gathered(WeightFormat::Nvfp4),
+            Kernel::Gathered(WeightFormat::Nvfp4, LinearWidth::Narrow),
             &[&p, &xb, &wb, &sb, &bias, &idb, &y, &tb],
             grid,
         ));
@@ -691,8 +702,13 @@ fn linear_cache_write_matches_reference() {
                     buffers.push(&sb);
                 }
                 buffers.extend([&bb, &y, &placeholder, &lane_b, &pos_b, &table_b, &kc, &vc, &wb, &y]);
-                let grid = [(w.rows as u32).div_ceil(format.rows_per_workgroup()), 1, 1];
-                dispatches.push(dispatch(gpu, Kernel::LinearKv(format), &buffers, grid));
+                let kernel = Kernel::LinearKv(format);
+                let grid = [
+                    (w.rows as u32).div_ceil(format.rows_per_workgroup(kernel.linear_width().unwrap())),
+                    1,
+                    1,
+                ];
+                dispatches.push(dispatch(gpu, kernel, &buffers, grid));
                 column += w.rows;
             }
             run(gpu, &dispatches);

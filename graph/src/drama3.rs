@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::graph::{Graph, GraphBuilder, GraphError};
 use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
 use crate::select::{
-    GROUPED_EXPERT_ROWS, pairs, routes_beside_linear, shares_launch, stacks_expert_swiglu, stacks_swiglu,
+    GROUPED_EXPERT_ROWS, expert_width, pairs, routes_beside_linear, shares_launch, stacks_expert_swiglu, stacks_swiglu,
 };
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
@@ -549,6 +549,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
                     k: s.top_k,
                     swiglu,
                     grouped: !groups.is_empty(),
+                    width: expert_width(g.rows),
                 },
                 &[input, ids]
                     .into_iter()

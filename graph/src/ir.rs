@@ -1,7 +1,7 @@
 //! The op IR: values with shapes and dtypes, and a closed set of typed ops. Each op infers
 //! its output type from its inputs in one place ([`Op::infer`]), which also validates them.
 
-use drama_kernels::WeightFormat;
+use drama_kernels::{LinearWidth, WeightFormat};
 use serde::Serialize;
 
 /// Index of a value in [`Graph::values`].
@@ -259,6 +259,9 @@ pub enum Op {
         /// Launched over blocks of slots that share an expert (the same bits as per slot;
         /// see [`crate::select::GROUPED_EXPERT_ROWS`]).
         grouped: bool,
+        /// The launches' workgroup width (the same bits at every width; see
+        /// [`crate::select::expert_width`]).
+        width: LinearWidth,
     },
     /// silu(gate) * up. Input: [gate | up] rows; output half as wide.
     Swiglu {

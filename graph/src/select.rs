@@ -2,7 +2,7 @@
 //! the members are stacked; the engine adds one launch per weight segment when a weight is
 //! split, and launches a linear pair's halves apart when either half's weight is split).
 
-use drama_kernels::{KeptCapacity, Kernel, WeightFormat};
+use drama_kernels::{KeptCapacity, Kernel, LinearWidth, WeightFormat};
 
 use crate::ir::{LinearMember, Op, PairHalf};
 
@@ -33,6 +33,21 @@ pub fn stacks(members: &[LinearMember]) -> bool {
 /// share an expert (after a [`Op::GroupSlots`] per layer): a prefill's slots share experts
 /// many times over, a decode step's rarely, and the grouping costs a launch.
 pub const GROUPED_EXPERT_ROWS: usize = 16;
+
+/// The workgroup width of a step's routed-expert launches ([`crate::ir::Op::Experts`]):
+/// narrow for one or two rows and for grouped steps, standard between. On an H200, against
+/// 64 invocations in one call, every linear kernel at 32 made the one-lane and pair decode
+/// steps 1.751-1.752 / 2.068-2.084 against 1.789-1.793 / 2.098-2.100 ms (their gathered
+/// launches 655-657 / 869-872 against 668-669 / 875-879 us of the profiled steps), the
+/// prefill's grouped launches 44.3-44.4 against 45.1 ms, but the eight-lane step's gathered
+/// launches 2045-2058 against 2027-2037 us.
+pub fn expert_width(rows: usize) -> LinearWidth {
+    if rows <= 2 || rows >= GROUPED_EXPERT_ROWS {
+        LinearWidth::Narrow
+    } else {
+        LinearWidth::Standard
+    }
+}
 
 /// Whether a step of `rows` rows computes a MoE layer's shared-expert down projection in
 /// routing's launch ([`crate::ir::Op::Router`]'s linear) for a layer of `kept` kept experts,
@@ -92,13 +107,14 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
             projections,
             swiglu,
             grouped,
+            width,
             ..
         } => {
             let kernel = |format| {
                 if *grouped {
-                    Kernel::GatheredGrouped(format)
+                    Kernel::GatheredGrouped(format, *width)
                 } else {
-                    Kernel::Gathered(format)
+                    Kernel::Gathered(format, *width)
                 }
             };
             let launched = if *swiglu { &projections[..1] } else { &projections[..] };

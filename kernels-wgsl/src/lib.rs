@@ -34,6 +34,35 @@ pub enum WeightFormat {
     Fp8Block,
 }
 
+/// Invocations per workgroup of a `linear.wgsl` kernel (its WG): how many weight rows a
+/// workgroup takes, and so how many workgroups a launch has. A row's bits do not depend on
+/// it: every thread row of the format's LANES threads computes its weight rows alone, by the
+/// same partition and tree. Which launch takes which width: [`Kernel::linear_width`] (and,
+/// for the routed experts, `drama_graph::select::expert_width`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum LinearWidth {
+    /// 32 invocations.
+    Narrow,
+    /// 64 invocations.
+    Standard,
+    /// 128 invocations.
+    Wide,
+}
+
+impl LinearWidth {
+    /// Every width, narrowest first.
+    pub const ALL: [LinearWidth; 3] = [LinearWidth::Narrow, LinearWidth::Standard, LinearWidth::Wide];
+
+    /// Invocations per workgroup.
+    pub fn invocations(self) -> u32 {
+        match self {
+            LinearWidth::Narrow => 32,
+            LinearWidth::Standard => 64,
+            LinearWidth::Wide => 128,
+        }
+    }
+}
+
 /// What a codec conv1d launch writes (`codec.wgsl`'s conv1d entry points): the
 /// convolution itself, or the convolution followed by the element-wise steps that always
 /// come next in the decoder, in the same launch and with the same bits as those steps' own
@@ -127,8 +156,8 @@ impl KeptCapacity {
 /// A compilable WGSL module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Module {
-    /// `linear.wgsl` with one weight format.
-    Linear(WeightFormat),
+    /// `linear.wgsl` with one weight format and workgroup width.
+    Linear(WeightFormat, LinearWidth),
     /// `norm.wgsl`.
     Norm,
     /// `attention.wgsl`: RoPE, KV writes, attention.
@@ -149,31 +178,43 @@ pub enum Module {
 }
 
 impl WeightFormat {
-    /// Weight rows one workgroup of the linear kernels computes for this format (two per
-    /// thread row of the format file's LANES threads, 64 threads in all): a launch covering
-    /// N rows needs `N.div_ceil(rows_per_workgroup())` workgroups along x (half as many
-    /// features with the SwiGLU epilogue, which pairs a gate and an up row).
-    pub fn rows_per_workgroup(self) -> u32 {
+    /// Threads per thread row of the linear kernels for this format (the format file's
+    /// LANES): the threads that share each weight row's units.
+    pub fn thread_row_lanes(self) -> u32 {
         match self {
-            WeightFormat::Bf16 | WeightFormat::Fp8Block => 4,
-            WeightFormat::Nvfp4 => 8,
+            WeightFormat::Bf16 | WeightFormat::Fp8Block => 32,
+            WeightFormat::Nvfp4 => 16,
         }
     }
 
-    /// Weight rows one workgroup of the gathered (routed-expert) kernel computes: four per
-    /// thread row, twice [`WeightFormat::rows_per_workgroup`] (half as many features with
-    /// the SwiGLU epilogue).
-    pub fn gathered_rows_per_workgroup(self) -> u32 {
-        2 * self.rows_per_workgroup()
+    /// Weight rows one workgroup of `width` of the dense linear kernels computes for this
+    /// format (two per thread row): a launch covering N rows needs
+    /// `N.div_ceil(rows_per_workgroup(width))` workgroups along x (half as many features
+    /// with the SwiGLU epilogue, which pairs a gate and an up row).
+    pub fn rows_per_workgroup(self, width: LinearWidth) -> u32 {
+        2 * width.invocations() / self.thread_row_lanes()
+    }
+
+    /// Weight rows one workgroup of `width` of the gathered (routed-expert) kernels
+    /// computes: four per thread row, twice [`WeightFormat::rows_per_workgroup`] (half as
+    /// many features with the SwiGLU epilogue).
+    pub fn gathered_rows_per_workgroup(self, width: LinearWidth) -> u32 {
+        2 * self.rows_per_workgroup(width)
     }
 }
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 13] = [
-        Module::Linear(WeightFormat::Bf16),
-        Module::Linear(WeightFormat::Nvfp4),
-        Module::Linear(WeightFormat::Fp8Block),
+    pub const ALL: [Module; 19] = [
+        Module::Linear(WeightFormat::Bf16, LinearWidth::Narrow),
+        Module::Linear(WeightFormat::Bf16, LinearWidth::Standard),
+        Module::Linear(WeightFormat::Bf16, LinearWidth::Wide),
+        Module::Linear(WeightFormat::Nvfp4, LinearWidth::Narrow),
+        Module::Linear(WeightFormat::Nvfp4, LinearWidth::Standard),
+        Module::Linear(WeightFormat::Nvfp4, LinearWidth::Wide),
+        Module::Linear(WeightFormat::Fp8Block, LinearWidth::Narrow),
+        Module::Linear(WeightFormat::Fp8Block, LinearWidth::Standard),
+        Module::Linear(WeightFormat::Fp8Block, LinearWidth::Wide),
         Module::Norm,
         Module::Attention,
         Module::Router(KeptCapacity::ALL[0]),
@@ -190,12 +231,12 @@ impl Module {
     pub fn source(self) -> String {
         // The helpers a family needs besides COMMON, and its file.
         let (helpers, family) = match self {
-            Module::Linear(format) => return linear_source(format),
+            Module::Linear(format, width) => return linear_source(format, width),
             // The router refers to the BF16 linear's `Params` and `linear_rows`.
             Module::Router(capacity) => {
                 return format!(
                     "{}\n{REDUCE}\nconst MAX_KEPT: u32 = {}u;\n{}",
-                    linear_source(WeightFormat::Bf16),
+                    linear_source(WeightFormat::Bf16, LinearWidth::Standard),
                     capacity.experts(),
                     include_str!("wgsl/router.wgsl")
                 );
@@ -214,7 +255,7 @@ impl Module {
     /// A short name for labels and dumps.
     pub fn name(self) -> String {
         match self {
-            Module::Linear(format) => format!("linear_{format:?}").to_lowercase(),
+            Module::Linear(format, width) => format!("linear_{format:?}_{}", width.invocations()).to_lowercase(),
             Module::Router(capacity) => format!("router_{}", capacity.experts()),
             other => format!("{other:?}").to_lowercase(),
         }
@@ -222,14 +263,19 @@ impl Module {
 }
 
 /// `linear.wgsl` with the format file of `format`, which refers to the bindings and `Params`
-/// declared by linear.wgsl (WGSL allows any order at module scope).
-fn linear_source(format: WeightFormat) -> String {
+/// declared by linear.wgsl (WGSL allows any order at module scope), and workgroups of
+/// `width`.
+fn linear_source(format: WeightFormat, width: LinearWidth) -> String {
     let format_source = match format {
         WeightFormat::Bf16 => include_str!("wgsl/fmt_bf16.wgsl"),
         WeightFormat::Nvfp4 => include_str!("wgsl/fmt_nvfp4.wgsl"),
         WeightFormat::Fp8Block => include_str!("wgsl/fmt_fp8.wgsl"),
     };
-    format!("{COMMON}\n{}\n{format_source}", include_str!("wgsl/linear.wgsl"))
+    format!(
+        "{COMMON}\nconst WG: u32 = {}u;\n{}\n{format_source}",
+        width.invocations(),
+        include_str!("wgsl/linear.wgsl")
+    )
 }
 
 /// One entry point: what the engine dispatches.
@@ -244,11 +290,11 @@ pub enum Kernel {
     /// Two BF16 linears over the same input in one launch, each with its own weight and
     /// output (a MoE layer's router logits and its shared expert's SwiGLU).
     LinearPair,
-    /// Routed-expert linear: expert per slot read on the GPU.
-    Gathered(WeightFormat),
+    /// Routed-expert linear: expert per slot read on the GPU, workgroups of a width.
+    Gathered(WeightFormat, LinearWidth),
     /// Routed-expert linear over blocks of slots that share an expert (from
     /// [`Kernel::GroupSlots`]), each expert's rows read once per block.
-    GatheredGrouped(WeightFormat),
+    GatheredGrouped(WeightFormat, LinearWidth),
     /// Groups a step's routed-expert slots by expert.
     GroupSlots,
     /// RMSNorm.
@@ -315,11 +361,13 @@ impl Kernel {
             .flat_map(|&f| [Kernel::Linear(f), Kernel::LinearKv(f)])
             .collect();
         all.push(Kernel::LinearPair);
-        all.extend(
-            formats
-                .iter()
-                .flat_map(|&f| [Kernel::Gathered(f), Kernel::GatheredGrouped(f)]),
-        );
+        for width in LinearWidth::ALL {
+            all.extend(
+                formats
+                    .iter()
+                    .flat_map(|&f| [Kernel::Gathered(f, width), Kernel::GatheredGrouped(f, width)]),
+            );
+        }
         all.extend([
             Kernel::RmsNorm,
             Kernel::CombineRmsNorm,
@@ -354,10 +402,10 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f) | Kernel::LinearKv(f) | Kernel::Gathered(f) | Kernel::GatheredGrouped(f) => {
-                Module::Linear(f)
+            Kernel::Linear(f) | Kernel::LinearKv(f) | Kernel::Gathered(f, _) | Kernel::GatheredGrouped(f, _) => {
+                Module::Linear(f, self.linear_width().expect("a linear kernel"))
             }
-            Kernel::LinearPair => Module::Linear(WeightFormat::Bf16),
+            Kernel::LinearPair => Module::Linear(WeightFormat::Bf16, LinearWidth::Standard),
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
@@ -379,8 +427,8 @@ impl Kernel {
             Kernel::Linear(..) => "linear",
             Kernel::LinearKv(..) => "linear_kv",
             Kernel::LinearPair => "linear_pair",
-            Kernel::Gathered(_) => "gathered",
-            Kernel::GatheredGrouped(_) => "gathered_grouped",
+            Kernel::Gathered(..) => "gathered",
+            Kernel::GatheredGrouped(..) => "gathered_grouped",
             Kernel::GroupSlots => "group_slots",
             Kernel::RmsNorm => "rms_norm",
             Kernel::CombineRmsNorm => "combine_rms_norm",
@@ -420,11 +468,11 @@ impl Kernel {
             }
             Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales
-            Kernel::Gathered(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7],
-            Kernel::Gathered(_) => &[0, 1, 2, 3, 4, 5, 6, 7],
+            Kernel::Gathered(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7],
+            Kernel::Gathered(..) => &[0, 1, 2, 3, 4, 5, 6, 7],
             // params, x, w, (scales,) bias, slot_blocks, y, expert_scales, slot_order
-            Kernel::GatheredGrouped(WeightFormat::Bf16) => &[0, 1, 2, 4, 5, 6, 7, 8],
-            Kernel::GatheredGrouped(_) => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+            Kernel::GatheredGrouped(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 8],
+            Kernel::GatheredGrouped(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, expert_ids, blocks, order
             Kernel::GroupSlots => &[0, 1, 2, 3],
             // params, x, weight, y
@@ -467,8 +515,28 @@ impl Kernel {
         }
     }
 
+    /// The workgroup width of a `linear.wgsl` kernel (None for the others). The dense
+    /// linears take [`LinearWidth::Wide`]: on an H200, against 64 invocations in one call,
+    /// their launches in the profiled decode steps took 521-522 / 649-658 / 821-833 us
+    /// against 532-535 / 676-681 / 858-864 us for 1 / 2 / 8 lanes, the prefill's the same.
+    /// A linear pair (two linears in one launch; in the eight-lane step 595 against 560 us
+    /// wide) and routing's launch with the linear beside it (whose routing workgroups share
+    /// the width) take [`LinearWidth::Standard`]; the routed experts, the width their step's
+    /// rows call for.
+    pub fn linear_width(self) -> Option<LinearWidth> {
+        match self {
+            Kernel::Linear(_) | Kernel::LinearKv(_) => Some(LinearWidth::Wide),
+            Kernel::LinearPair | Kernel::RouteLinear(_) => Some(LinearWidth::Standard),
+            Kernel::Gathered(_, width) | Kernel::GatheredGrouped(_, width) => Some(width),
+            _ => None,
+        }
+    }
+
     /// Invocations per workgroup.
     pub fn workgroup_size(self) -> u32 {
+        if let Some(width) = self.linear_width() {
+            return width.invocations();
+        }
         match self {
             Kernel::ReadBandwidth
             | Kernel::Attend
@@ -626,7 +694,12 @@ mod tests {
                 module.name()
             );
         }
-        let counted = msl_with(Module::Linear(WeightFormat::Nvfp4), ZERO_FILL_WORKGROUP_MEMORY, true).unwrap();
+        let counted = msl_with(
+            Module::Linear(WeightFormat::Nvfp4, LinearWidth::Standard),
+            ZERO_FILL_WORKGROUP_MEMORY,
+            true,
+        )
+        .unwrap();
         assert!(counted.contains("loop_bound"), "the loop counters are not recognised");
     }
 
@@ -648,9 +721,13 @@ mod tests {
     #[test]
     fn host_constants_match_the_wgsl() {
         for format in [WeightFormat::Bf16, WeightFormat::Nvfp4, WeightFormat::Fp8Block] {
-            let linear = Module::Linear(format);
-            assert_eq!(wgsl_u32(linear, "PASS_ROWS") as usize, LINEAR_PASS_ROWS);
-            assert_eq!(wgsl_u32(linear, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
+            for width in LinearWidth::ALL {
+                let linear = Module::Linear(format, width);
+                assert_eq!(wgsl_u32(linear, "PASS_ROWS") as usize, LINEAR_PASS_ROWS);
+                assert_eq!(wgsl_u32(linear, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
+                assert_eq!(wgsl_u32(linear, "LANES"), format.thread_row_lanes());
+                assert_eq!(wgsl_u32(linear, "WG"), width.invocations());
+            }
         }
         assert_eq!(wgsl_u32(Module::Attention, "CHUNK") as usize, ATTENTION_CHUNK);
         assert_eq!(wgsl_u32(Module::Moe, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);

@@ -2,7 +2,7 @@
 // input width that is a multiple of 8.
 alias Unit = vec4<u32>;
 const UNIT: u32 = 8u;
-// Threads per thread row: two thread rows (four weight rows) per workgroup.
+// Threads per thread row (WG / LANES thread rows, two weight rows each, per workgroup).
 const LANES: u32 = 32u;
 
 // Word `u`'s two weights (low half first).

@@ -8,7 +8,7 @@
 // tile scale (a power of two: exact).
 alias Unit = vec4<u32>;
 const UNIT: u32 = 16u;
-// Threads per thread row: two thread rows (four weight rows) per workgroup.
+// Threads per thread row (WG / LANES thread rows, two weight rows each, per workgroup).
 const LANES: u32 = 32u;
 
 // Bytes j and j + 2 of `word` as E4M3 values times 2^-8.

@@ -12,7 +12,7 @@
 // 721 / 938 / 2294 us against 761 / 1001 / 2491 us for 1 / 2 / 8 lanes, the same bits.
 alias Unit = vec2<u32>;
 const UNIT: u32 = 16u;
-// Threads per thread row: four thread rows (eight weight rows) per workgroup. (32 threads
+// Threads per thread row (WG / LANES thread rows, two weight rows each, per workgroup). (32 threads
 // per row, with the tail of each row's blocks loaded in one batch, measured faster alone
 // but slower in the H200 decode step: 3.97 ms against 3.87 ms for one lane, 12.6 against
 // 11.1 ms for 8.)

@@ -71,7 +71,7 @@
 // Every output is computed by the same thread partition and reduction tree whatever the
 // number of rows, so a row's result never depends on the other rows in the batch.
 
-const WG: u32 = 64u;
+// WG, the invocations per workgroup, is the host's (`LinearWidth`), declared before this file.
 const THREAD_ROWS: u32 = WG / LANES;          // thread rows per workgroup (LANES threads each)
 const ROWS_PER_GROUP: u32 = 2u * THREAD_ROWS; // weight rows per workgroup: two per thread row
 const VECS: u32 = UNIT / 4u;                  // vec4s of decoded weights per unit
@@ -328,7 +328,7 @@ fn plan_rows(group: u32, thread_row: u32, cache: bool, part: Part) -> RowPair {
     return RowPair(feature, feature, feature, feature + width, valid, valid);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn linear(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -343,7 +343,7 @@ fn linear(
 // a flag of the parameter block, the large NVFP4 linear of the bench took 930 us on the H200,
 // 664-801 us this way, 583 us before the cache write existed). Every dense entry point still
 // names the cache bindings and the pair's second weight and output.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn linear_kv(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -354,7 +354,7 @@ fn linear_kv(
 
 // Two linears in one launch (see the list of entry points): each workgroup computes one of
 // them with the partition and reduction tree `linear` uses, so the bits are `linear`'s.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn linear_pair(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
@@ -736,7 +736,7 @@ fn finish_slot(t: u32, slot: u32, acc: vec4<f32>, quad: RowQuad, local_expert: u
 // return leaves the barriers below in uniform control flow. (One invocation reading it for
 // all through workgroup memory and a workgroupUniformLoad, a barrier more, measured the same
 // on the H200.)
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let quad = plan_quad(wg.x, t / LANES);
     let slot = wg.y;
@@ -760,7 +760,7 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 // A workgroup per (GATHERED_ROWS weight rows, block of slots routed to one expert): the
 // expert's rows are read once for the block's slots instead of once per slot (steps of
 // many rows, whose slots share experts). Each slot gets the bits `gathered` gives it.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let quad = plan_quad(wg.x, t / LANES);
     let block = slot_blocks[wg.y];

@@ -38,7 +38,7 @@
 // against 279-286 us).
 //
 // Routing alone (`route`) runs 256 invocations per token, beside the linear (`route_linear`)
-// the linear's WG (64). With two invocations per kept expert (routing alone, up to 128
+// the linear's WG (64: `LinearWidth::Standard`). With two invocations per kept expert (routing alone, up to 128
 // kept), each counts the experts above its expert in half of the quads, and the two counts
 // are added; the chosen weights are gathered into workgroup memory once, so the
 // renormalising sum reads them without a chain of dependent loads (with the trees' two
@@ -165,7 +165,7 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 // Routing and the linear: the first `p.split_groups` workgroups of each grid row route,
 // token wg.y * p.split_groups + wg.x (a uniform condition: the barriers of `route_token` and
 // of `linear_rows` stay in uniform control flow); the others compute the linear.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn route_linear(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
