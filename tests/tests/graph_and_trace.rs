@@ -47,7 +47,7 @@ fn graph_dumps_text_json_and_dot() {
     assert_eq!(code, Some(0), "{err}");
     assert!(
         text.contains("layers.1.router")
-            && text.contains("Gathered(Nvfp4)")
+            && text.contains("Gathered(Nvfp4, Narrow)")
             && text.contains("kernel launches per step"),
         "{text}"
     );
