@@ -33,7 +33,11 @@
 // gathered kernels). Pipelining NVFP4's two-row passes again (the row count passed to
 // `pipelined_sums` at run time: 9.9 us), together with one loop body shared by both forms,
 // made the BF16 steps slower: 1.839-1.854 / 4.099-4.102 against 1.817 / 4.024 ms for one
-// and eight lanes; which of the two did was not measured. The gathered kernels, four weight
+// and eight lanes. The shared body alone (a struct of a batch's loads, `load_batch` and
+// `apply_batch` under both loops; the same bits) left the decode steps as they were but
+// made the BF16 two-row passes 0.3-0.7 us longer and the prefill's dense linears 12.53-12.56
+// -> 12.79-12.81 ms of its profile (76.7-76.8 -> 77.0 ms), so the two loops stay written
+// out. The gathered kernels, four weight
 // rows per thread row, load one unit of each row per iteration (see `expert_sums`): larger
 // batches, and the next batch's loads before this batch's math, measured slower there. The
 // sums still run in unit order. Small per-thread arrays (decoded weights, the per-row sums)
@@ -425,10 +429,8 @@ fn pipelined_sums(
 
 // Rows A and B over a pass of `count` activation rows (row r's vec4s from x0 + r * x_row;
 // two, since passes of one take `pipelined_sums`), a batch of two units of each row at a
-// time. Written out apart from
-// `pipelined_sums`, whose loads run a batch ahead: the form sharing one body with it (a
-// struct of a batch's loads) was measured only together with a change that cost the BF16
-// steps 1-2% (see the top of the file), so the measured form stays.
+// time. Written out apart from `pipelined_sums`, whose loads run a batch ahead: sharing one
+// body with it made these passes longer (see the top of the file).
 fn batched_sums(
     acc_a: ptr<function, array<f32, PASS_ROWS>>,
     acc_b: ptr<function, array<f32, PASS_ROWS>>,
