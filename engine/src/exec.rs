@@ -289,7 +289,7 @@ impl<'a> Lowering<'a> {
                 k,
                 swiglu,
                 grouped,
-                width: workgroup,
+                workgroup,
             } => {
                 let (x, ids) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
                 let slots = if *grouped {

@@ -549,7 +549,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
                     k: s.top_k,
                     swiglu,
                     grouped: !groups.is_empty(),
-                    width: expert_width(g.rows),
+                    workgroup: expert_width(g.rows),
                 },
                 &[input, ids]
                     .into_iter()

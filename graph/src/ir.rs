@@ -261,7 +261,7 @@ pub enum Op {
         grouped: bool,
         /// The launches' workgroup width (the same bits at every width; see
         /// [`crate::select::expert_width`]).
-        width: LinearWidth,
+        workgroup: LinearWidth,
     },
     /// silu(gate) * up. Input: [gate | up] rows; output half as wide.
     Swiglu {

@@ -107,14 +107,14 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
             projections,
             swiglu,
             grouped,
-            width,
+            workgroup,
             ..
         } => {
             let kernel = |format| {
                 if *grouped {
-                    Kernel::GatheredGrouped(format, *width)
+                    Kernel::GatheredGrouped(format, *workgroup)
                 } else {
-                    Kernel::Gathered(format, *width)
+                    Kernel::Gathered(format, *workgroup)
                 }
             };
             let launched = if *swiglu { &projections[..1] } else { &projections[..] };

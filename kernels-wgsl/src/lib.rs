@@ -63,6 +63,19 @@ impl LinearWidth {
     }
 }
 
+/// The workgroup width of the dense linears ([`Kernel::Linear`], [`Kernel::LinearKv`]). On an
+/// H200, against 64 invocations in one call, their launches in the profiled decode steps took
+/// 521-522 / 649-658 / 821-833 us against 532-535 / 676-681 / 858-864 us for 1 / 2 / 8 lanes,
+/// the prefill's the same.
+pub const DENSE_LINEAR_WIDTH: LinearWidth = LinearWidth::Wide;
+
+/// The workgroup width of the launches a linear shares: [`Kernel::LinearPair`] (wide, its
+/// eight-lane launches took 595 against 560 us) and the routing modules' linear
+/// ([`Kernel::RouteLinear`]). Routing sums its softmax denominator over the first WG
+/// invocations in both its entry points (`router.wgsl`), so another width there would change
+/// routing's bits.
+pub const SHARED_LAUNCH_LINEAR_WIDTH: LinearWidth = LinearWidth::Standard;
+
 /// What a codec conv1d launch writes (`codec.wgsl`'s conv1d entry points): the
 /// convolution itself, or the convolution followed by the element-wise steps that always
 /// come next in the decoder, in the same launch and with the same bits as those steps' own
@@ -236,7 +249,7 @@ impl Module {
             Module::Router(capacity) => {
                 return format!(
                     "{}\n{REDUCE}\nconst MAX_KEPT: u32 = {}u;\n{}",
-                    linear_source(WeightFormat::Bf16, LinearWidth::Standard),
+                    linear_source(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
                     capacity.experts(),
                     include_str!("wgsl/router.wgsl")
                 );
@@ -402,10 +415,9 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f) | Kernel::LinearKv(f) | Kernel::Gathered(f, _) | Kernel::GatheredGrouped(f, _) => {
-                Module::Linear(f, self.linear_width().expect("a linear kernel"))
-            }
-            Kernel::LinearPair => Module::Linear(WeightFormat::Bf16, LinearWidth::Standard),
+            Kernel::Linear(f) | Kernel::LinearKv(f) => Module::Linear(f, DENSE_LINEAR_WIDTH),
+            Kernel::Gathered(f, width) | Kernel::GatheredGrouped(f, width) => Module::Linear(f, width),
+            Kernel::LinearPair => Module::Linear(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
@@ -515,18 +527,12 @@ impl Kernel {
         }
     }
 
-    /// The workgroup width of a `linear.wgsl` kernel (None for the others). The dense
-    /// linears take [`LinearWidth::Wide`]: on an H200, against 64 invocations in one call,
-    /// their launches in the profiled decode steps took 521-522 / 649-658 / 821-833 us
-    /// against 532-535 / 676-681 / 858-864 us for 1 / 2 / 8 lanes, the prefill's the same.
-    /// A linear pair (two linears in one launch; in the eight-lane step 595 against 560 us
-    /// wide) and routing's launch with the linear beside it (whose routing workgroups share
-    /// the width) take [`LinearWidth::Standard`]; the routed experts, the width their step's
-    /// rows call for.
+    /// The workgroup width of a `linear.wgsl` kernel (None for the others):
+    /// [`DENSE_LINEAR_WIDTH`], [`SHARED_LAUNCH_LINEAR_WIDTH`], or the routed experts' own.
     pub fn linear_width(self) -> Option<LinearWidth> {
         match self {
-            Kernel::Linear(_) | Kernel::LinearKv(_) => Some(LinearWidth::Wide),
-            Kernel::LinearPair | Kernel::RouteLinear(_) => Some(LinearWidth::Standard),
+            Kernel::Linear(_) | Kernel::LinearKv(_) => Some(DENSE_LINEAR_WIDTH),
+            Kernel::LinearPair | Kernel::RouteLinear(_) => Some(SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::Gathered(_, width) | Kernel::GatheredGrouped(_, width) => Some(width),
             _ => None,
         }

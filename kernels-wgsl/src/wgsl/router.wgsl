@@ -37,16 +37,17 @@
 // the eligibility loads where a router has no groups, two quads at a time, made them 341-352
 // against 279-286 us).
 //
-// Routing alone (`route`) runs 256 invocations per token, beside the linear (`route_linear`)
-// the linear's WG (64: `LinearWidth::Standard`). With two invocations per kept expert (routing alone, up to 128
-// kept), each counts the experts above its expert in half of the quads, and the two counts
-// are added; the chosen weights are gathered into workgroup memory once, so the
-// renormalising sum reads them without a chain of dependent loads (with the trees' two
-// levels per barrier, H200 steps up to 0.5% shorter; eligibility as bits set by workgroup
-// atomics and counts split by dividing by the kept count made routing 2.3 us a launch
-// slower, and routing on 128 invocations 0.7 us). For the softmax denominator the first WG
-// invocations each sum their experts' terms in index order (i = t, t + WG, ...), then a
-// fixed tree combines their sums: the same bits from either entry point.
+// Routing alone (`route`) runs 256 invocations per token, beside the linear
+// (`route_linear`) the linear's WG (64: the host's `SHARED_LAUNCH_LINEAR_WIDTH`). With two
+// invocations per kept expert (routing alone, up to 128 kept), each counts the experts
+// above its expert in half of the quads, and the two counts are added; the chosen weights
+// are gathered into workgroup memory once, so the renormalising sum reads them without a
+// chain of dependent loads (with the trees' two levels per barrier, H200 steps up to 0.5%
+// shorter; eligibility as bits set by workgroup atomics and counts split by dividing by the
+// kept count made routing 2.3 us a launch slower, and routing on 128 invocations 0.7 us).
+// For the softmax denominator the first WG invocations each sum their experts' terms in
+// index order (i = t, t + WG, ...), then a fixed tree combines their sums: the same bits
+// from either entry point.
 
 // MAX_KEPT, the kept experts the workgroup arrays hold, is declared by the host when it
 // assembles the module (`KeptCapacity`): a multiple of 32.
