@@ -147,4 +147,36 @@ mod tests {
             assert_eq!(routes_beside_linear(rows, kept), beside, "{rows} rows, {kept} kept");
         }
     }
+
+    /// The routed experts run narrow workgroups at one or two rows and in grouped steps,
+    /// standard ones between, and the kernels an expert op launches carry that width.
+    #[test]
+    fn expert_width_follows_rows() {
+        let narrow = [1, 2, GROUPED_EXPERT_ROWS, 256];
+        let standard = [3, 8, GROUPED_EXPERT_ROWS - 1];
+        for rows in narrow {
+            assert_eq!(expert_width(rows), LinearWidth::Narrow, "{rows} rows");
+        }
+        for rows in standard {
+            assert_eq!(expert_width(rows), LinearWidth::Standard, "{rows} rows");
+        }
+        let experts = |grouped, workgroup| Op::Experts {
+            layer: 0,
+            projections: vec![(crate::ir::Projection::Down, WeightFormat::Nvfp4)],
+            out: 64,
+            in_features: 32,
+            k: 2,
+            swiglu: false,
+            grouped,
+            workgroup,
+        };
+        assert_eq!(
+            kernels_of(&experts(false, LinearWidth::Narrow)),
+            [Kernel::Gathered(WeightFormat::Nvfp4, LinearWidth::Narrow)]
+        );
+        assert_eq!(
+            kernels_of(&experts(true, LinearWidth::Standard)),
+            [Kernel::GatheredGrouped(WeightFormat::Nvfp4, LinearWidth::Standard)]
+        );
+    }
 }
