@@ -109,7 +109,7 @@ pub struct KernelResult {
 /// One decode-step measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepResult {
-    /// `single`, `pair` or `lanes-8`.
+    /// `single`, `pair`, `lanes-4` or `lanes-8`.
     pub label: String,
     /// Lanes in the step.
     pub lanes: usize,
@@ -781,7 +781,7 @@ pub fn run(
         }
     }
     let mut decode = Vec::new();
-    for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-8", 8)] {
+    for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-4", 4), ("lanes-8", 8)] {
         progress(&format!("decode step {label}"));
         decode.push(decode_step(engine, label, lanes, options, &roof, &launch)?);
     }
