@@ -51,12 +51,12 @@ impl Engine {
     }
 }
 
-/// Builds every pipeline a decode step's kernels and a prefill's (its routed experts
-/// grouped) use, on the host's threads side by side; a failure reported is the first in
-/// the steps' launch order.
+/// Builds every pipeline a step of any size uses (those of steps of
+/// [`drama_graph::select::PIPELINE_ROWS`] rows), on the host's threads side by side; a
+/// failure reported is the first in the steps' launch order.
 fn build_step_pipelines(gpu: &Gpu, spec: &ModelSpec) -> Result<(), EngineError> {
     let mut kernels = Vec::new();
-    for rows in [1, drama_graph::select::GROUPED_EXPERT_ROWS] {
+    for rows in drama_graph::select::PIPELINE_ROWS {
         let shape = StepShape {
             rows,
             lanes: 1,

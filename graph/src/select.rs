@@ -34,6 +34,11 @@ pub fn stacks(members: &[LinearMember]) -> bool {
 /// many times over, a decode step's rarely, and the grouping costs a launch.
 pub const GROUPED_EXPERT_ROWS: usize = 16;
 
+/// Step sizes whose kernels are every step's: one per choice a step's rows make
+/// ([`expert_width`], [`routes_beside_linear`], [`GROUPED_EXPERT_ROWS`]). The engine builds
+/// their pipelines when it loads, so that no step compiles one while it runs.
+pub const PIPELINE_ROWS: [usize; 3] = [1, 8, GROUPED_EXPERT_ROWS];
+
 /// The workgroup width of a step's routed-expert launches ([`crate::ir::Op::Experts`]):
 /// narrow for one or two rows and for grouped steps, standard between. On an H200, against
 /// 64 invocations in one call, every linear kernel at 32 made the one-lane and pair decode

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use drama_graph::drama3::{self, GlobalWeight, LayerWeight, ModelSpec, MoeSpec, StepShape, WeightNames};
 use drama_graph::plan::plan;
-use drama_graph::select::kernels_of;
+use drama_graph::select::{PIPELINE_ROWS, kernels_of};
 use drama_graph::{Graph, Node, Op, ValueId};
 use drama_kernels::{KeptCapacity, Kernel, WeightFormat};
 
@@ -151,5 +151,26 @@ fn a_linear_beside_the_launch_before_it_needs_no_barrier_of_its_own() {
             checked += 1;
         }
         assert_eq!(checked, 23, "{rows} rows");
+    }
+}
+
+/// The steps whose pipelines the engine builds when it loads use every kernel that a step of
+/// any size uses, so no step compiles a pipeline while it runs.
+#[test]
+fn pipeline_rows_cover_every_step_size() {
+    for concurrent in [false, true] {
+        let kernels = |rows| {
+            let (waiting, beside) = launches(&bench_step(rows, concurrent));
+            waiting.into_iter().chain(beside).collect::<Vec<Kernel>>()
+        };
+        let built: Vec<Kernel> = PIPELINE_ROWS.iter().flat_map(|&rows| kernels(rows)).collect();
+        for rows in (1..=40).chain([64, 256]) {
+            for kernel in kernels(rows) {
+                assert!(
+                    built.contains(&kernel),
+                    "{rows} rows (concurrent launches {concurrent}): {kernel:?} is not built at load"
+                );
+            }
+        }
     }
 }
