@@ -751,21 +751,12 @@ mod tests {
     #[test]
     fn every_kernel_entry_point_exists_with_its_bindings() {
         for kernel in Kernel::all() {
-            let (ir, info) = validate(kernel.module()).unwrap();
-            let (index, entry) = ir
-                .entry_points
+            let (ir, workgroup_size, uses) = entry_point_uses(kernel);
+            assert_eq!(workgroup_size, [kernel.workgroup_size(), 1, 1]);
+            let mut used: Vec<u32> = uses
                 .iter()
-                .enumerate()
-                .find(|(_, e)| e.name == kernel.entry_point())
-                .unwrap_or_else(|| panic!("{kernel:?}: no entry point"));
-            assert_eq!(entry.workgroup_size, [kernel.workgroup_size(), 1, 1]);
-            let used: Vec<u32> = ir
-                .global_variables
-                .iter()
-                .filter(|(handle, _)| !info.get_entry_point(index)[*handle].is_empty())
-                .filter_map(|(_, var)| var.binding.as_ref().map(|b| b.binding))
+                .filter_map(|&handle| ir.global_variables[handle].binding.as_ref().map(|b| b.binding))
                 .collect();
-            let mut used = used;
             used.sort_unstable();
             assert_eq!(used, kernel.bindings(), "{kernel:?}: bindings used by the WGSL");
         }
@@ -775,24 +766,36 @@ mod tests {
     #[test]
     fn every_kernel_fits_the_workgroup_memory_required() {
         for kernel in Kernel::all() {
-            let (ir, info) = validate(kernel.module()).unwrap();
-            let index = ir
-                .entry_points
+            let (ir, _, uses) = entry_point_uses(kernel);
+            let bytes: u32 = uses
                 .iter()
-                .position(|e| e.name == kernel.entry_point())
-                .unwrap_or_else(|| panic!("{kernel:?}: no entry point"));
-            let bytes: u32 = ir
-                .global_variables
-                .iter()
-                .filter(|(handle, var)| {
-                    var.space == naga::AddressSpace::WorkGroup && !info.get_entry_point(index)[*handle].is_empty()
-                })
-                .map(|(_, var)| ir.types[var.ty].inner.size(ir.to_ctx()))
+                .map(|&handle| &ir.global_variables[handle])
+                .filter(|var| var.space == naga::AddressSpace::WorkGroup)
+                .map(|var| ir.types[var.ty].inner.size(ir.to_ctx()))
                 .sum();
             assert!(
                 bytes <= WORKGROUP_MEMORY_BYTES,
                 "{kernel:?}: {bytes} bytes of workgroup memory"
             );
         }
+    }
+
+    /// A kernel's validated module, its entry point's workgroup size, and the global
+    /// variables the entry point uses.
+    fn entry_point_uses(kernel: Kernel) -> (naga::Module, [u32; 3], Vec<naga::Handle<naga::GlobalVariable>>) {
+        let (ir, info) = validate(kernel.module()).unwrap();
+        let index = ir
+            .entry_points
+            .iter()
+            .position(|e| e.name == kernel.entry_point())
+            .unwrap_or_else(|| panic!("{kernel:?}: no entry point"));
+        let uses = ir
+            .global_variables
+            .iter()
+            .filter(|(handle, _)| !info.get_entry_point(index)[*handle].is_empty())
+            .map(|(handle, _)| handle)
+            .collect();
+        let workgroup_size = ir.entry_points[index].workgroup_size;
+        (ir, workgroup_size, uses)
     }
 }
