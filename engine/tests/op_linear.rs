@@ -318,8 +318,9 @@ fn gathered_case(
     let expert_scales: Vec<f32> = all.iter().map(|w| w.tensor_scale).collect();
     // The launches over `ids` (slots) reading `x` (the slots' or the tokens' rows): a
     // workgroup row per slot, or with `grouped` per block of slots that share an expert,
-    // grouped on the GPU first (their outputs poisoned too).
-    let launch = |ids: &[u32], x: &[f32], grouped: bool, width: LinearWidth| -> Vec<f32> {
+    // grouped on the GPU first (their outputs poisoned too). `flags` 2 rounds the outputs to
+    // BF16 as the model does; 0 leaves the f32 sums, whose every bit the paths must agree on.
+    let launch = |ids: &[u32], x: &[f32], grouped: bool, width: LinearWidth, flags: u32| -> Vec<f32> {
         let slots = ids.len();
         let xb = gpu.buffer_with("x", &f32_bytes(x));
         let idb = gpu.buffer_with("ids", &u32_bytes(ids));
@@ -355,7 +356,7 @@ fn gathered_case(
                 x_row_div: if shared_input { k as u32 } else { 1 },
                 expert_begin: begin as u32,
                 expert_end: end as u32,
-                flags: 2,
+                flags,
                 tensor_scale: 1.0,
                 bias_offset: 0,
                 ..Default::default()
@@ -387,13 +388,19 @@ fn gathered_case(
         gpu.read_f32(&y).unwrap()
     };
     let standard = LinearWidth::Standard;
-    let got = launch(&ids, &x, false, standard);
+    let got = launch(&ids, &x, false, standard, 2);
+    let sums = launch(&ids, &x, false, standard, 0);
     // Grouped by expert (EXPERT_GROUP_SLOTS slots per block at most), and in workgroups of
-    // every width, every slot gets the same bits.
+    // every width, every slot gets the same bits, rounded or not.
     for width in LinearWidth::ALL {
         for grouped in [false, true] {
             assert_eq!(
-                bits(&launch(&ids, &x, grouped, width)),
+                bits(&launch(&ids, &x, grouped, width, 0)),
+                bits(&sums),
+                "{label}: grouped {grouped}, {width:?} workgroups, f32 sums"
+            );
+            assert_eq!(
+                bits(&launch(&ids, &x, grouped, width, 2)),
                 bits(&got),
                 "{label}: grouped {grouped}, {width:?} workgroups"
             );
@@ -403,7 +410,10 @@ fn gathered_case(
     let mut stray = ids.clone();
     let last = ids.len() - 1;
     stray[last] = experts as u32;
-    let (each, grouped) = (launch(&stray, &x, false, standard), launch(&stray, &x, true, standard));
+    let (each, grouped) = (
+        launch(&stray, &x, false, standard, 0),
+        launch(&stray, &x, true, standard, 0),
+    );
     assert!(
         each[last * out..].iter().all(|v| v.is_nan()),
         "{label}: a stray id's slot was written"
@@ -418,10 +428,10 @@ fn gathered_case(
         } else {
             &x[first * in_..last * in_]
         };
-        let alone = launch(&ids[first..last], token_x, false, standard);
+        let alone = launch(&ids[first..last], token_x, false, standard, 0);
         assert_eq!(
             bits(&alone),
-            bits(&got[first * out..last * out]),
+            bits(&sums[first * out..last * out]),
             "{label}: token {token} alone"
         );
     }
