@@ -321,6 +321,16 @@ impl<'a> Lowering<'a> {
                 let resources = [self.buffer(inputs[0])?, out, self.buffer(node.outputs[1])?];
                 self.launch(Kernel::GroupSlots, &params, &resources, [1, 1, 1])?;
             }
+            Op::PackBf16 => {
+                let shape = &self.graph.value(node.outputs[0]).shape;
+                let words = shape[0] * shape[1] / 2;
+                let params = ElementwiseParams {
+                    count: words as u32,
+                    ..Default::default()
+                };
+                let grid = self.elements_grid(words);
+                self.launch(Kernel::PackBf16, &params, &[self.buffer(inputs[0])?, out], grid)?;
+            }
             Op::Swiglu { round_output } => {
                 let shape = &self.graph.value(node.outputs[0]).shape;
                 let count = shape[0] * shape[1];
@@ -535,7 +545,7 @@ impl<'a> Lowering<'a> {
                 let groups = (shape.width as u32).div_ceil(rows_per_group);
                 match io.slots {
                     Slots::Each(ids) => {
-                        resources.extend([&weights.placeholder, ids, io.out, expert_scales]);
+                        resources.extend([&weights.placeholder, ids, io.out, expert_scales, io.x]);
                         let grid = [groups, shape.slots as u32, 1];
                         self.launch(
                             Kernel::Gathered(linear.format, shape.workgroup),
@@ -548,7 +558,7 @@ impl<'a> Lowering<'a> {
                         blocks: (blocks, count),
                         order,
                     } => {
-                        resources.extend([&weights.placeholder, blocks, io.out, expert_scales, order]);
+                        resources.extend([&weights.placeholder, blocks, io.out, expert_scales, order, io.x]);
                         let grid = [groups, count as u32, 1];
                         self.launch(
                             Kernel::GatheredGrouped(linear.format, shape.workgroup),

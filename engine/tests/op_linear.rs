@@ -8,7 +8,8 @@ use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch, route_la
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::weights::GpuLinear;
 use drama_kernels::{
-    EXPERT_GROUP_SLOTS, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, LinearWidth, RouterParams, WeightFormat,
+    EXPERT_GROUP_SLOTS, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, LinearWidth,
+    RouterParams, WeightFormat,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
@@ -338,10 +339,28 @@ fn gathered_case(
             },
         );
         let mut dispatches = Vec::new();
+        // Grouped launches read their input as BF16 pairs, packed on the GPU.
+        let words = x.len() / 2;
+        let packed = poisoned(gpu, "x pairs", words);
+        let pack_params = gpu.uniform(
+            "pack params",
+            &ElementwiseParams {
+                count: words as u32,
+                ..Default::default()
+            },
+        );
         if grouped {
+            let pack = [&pack_params, &xb, &packed];
+            dispatches.push(dispatch(
+                gpu,
+                Kernel::PackBf16,
+                &pack,
+                [words.div_ceil(64) as u32, 1, 1],
+            ));
             let buffers = [&group_params, &idb, &blocks_b, &order_b];
             dispatches.push(dispatch(gpu, Kernel::GroupSlots, &buffers, [1, 1, 1]));
         }
+        let input = if grouped { &packed } else { &xb };
         let mut keep = Vec::new();
         for (begin, end) in [(0, split), (split, experts)] {
             let segment = &all[begin..end];
@@ -365,15 +384,15 @@ fn gathered_case(
             let wb = gpu.buffer_with("w", &packed);
             let sb = gpu.buffer_with("scales", &scales);
             let tb = gpu.buffer_with("expert_scales", &f32_bytes(&expert_scales[begin..end]));
-            let mut buffers: Vec<&wgpu::Buffer> = vec![&p, &xb, &wb];
+            let mut buffers: Vec<&wgpu::Buffer> = vec![&p, input, &wb];
             if format != WeightFormat::Bf16 {
                 buffers.push(&sb);
             }
             let (kernel, grid_rows) = if grouped {
-                buffers.extend([&bias, &blocks_b, &y, &tb, &order_b]);
+                buffers.extend([&bias, &blocks_b, &y, &tb, &order_b, input]);
                 (Kernel::GatheredGrouped(format, width), blocks)
             } else {
-                buffers.extend([&bias, &idb, &y, &tb]);
+                buffers.extend([&bias, &idb, &y, &tb, input]);
                 (Kernel::Gathered(format, width), slots)
             };
             let grid = [
@@ -628,7 +647,7 @@ fn gathered_swiglu_epilogue_matches_reference() {
         dispatches.push(dispatch(
             gpu,
             Kernel::Gathered(WeightFormat::Nvfp4, LinearWidth::Narrow),
-            &[&p, &xb, &wb, &sb, &bias, &idb, &y, &tb],
+            &[&p, &xb, &wb, &sb, &bias, &idb, &y, &tb, &xb],
             grid,
         ));
         keep.push((p, wb, sb, tb));

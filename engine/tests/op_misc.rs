@@ -504,6 +504,25 @@ fn elementwise_kernels_match_reference() {
     for i in 0..count {
         assert_eq!(got[i].to_bits(), (a[i] + b[i]).to_bits(), "add element {i}");
     }
+    // pack_bf16: the BF16 values b two to a word, exactly as the host packs them (count is
+    // words here); the poisoned tail past the last word stays untouched.
+    let words = count / 2;
+    let p = gpu.uniform(
+        "p",
+        &ElementwiseParams {
+            count: words as u32,
+            ..params(0)
+        },
+    );
+    let out = poisoned(gpu, "out", words + 1);
+    run(gpu, &[dispatch(gpu, Kernel::PackBf16, &[&p, &bb, &out], grid)]);
+    let got = gpu.read_f32(&out).unwrap();
+    let got: Vec<u8> = got[..words].iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+    assert_eq!(got, pack_bf16(&b), "pack_bf16");
+    assert!(
+        gpu.read_f32(&out).unwrap()[words].is_nan(),
+        "pack_bf16 wrote past its words"
+    );
     // gelu (erf form), rounded: the WGSL erf is an approximation to ~1.5e-7.
     let p = gpu.uniform("p", &params(1));
     let out = poisoned(gpu, "out", count);

@@ -533,9 +533,16 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     } else {
         Vec::new()
     };
+    // Grouped launches read their input as BF16 pairs, packed by a launch of its own.
+    let grouped = !groups.is_empty();
     let expert =
         |g: &mut Build<'_>, label: &str, projections: &[Projection], input: ValueId, out: usize, swiglu: bool| {
             let in_features = *g.b.shape(input).last().unwrap_or(&0);
+            let input = if grouped {
+                g.b.node1(&at(&format!("{label}.input")), Op::PackBf16, &[input])?
+            } else {
+                input
+            };
             g.b.node1(
                 &at(label),
                 Op::Experts {
@@ -548,7 +555,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
                     in_features,
                     k: s.top_k,
                     swiglu,
-                    grouped: !groups.is_empty(),
+                    grouped,
                     workgroup: expert_width(g.rows),
                 },
                 &[input, ids]

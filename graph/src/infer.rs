@@ -200,8 +200,9 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                     "the slot order must hold every slot".into()
                 })?;
             }
-            expect(is_bf16(x.dtype) && width_of(x) == *in_features, || {
-                "x must be BF16 of width in_features".into()
+            let x_dtype = if *grouped { DType::Bf16Pairs } else { DType::Bf16 };
+            expect(x.dtype == x_dtype && width_of(x) == *in_features, || {
+                format!("x must be {x_dtype:?} of width in_features")
             })?;
             expect(ids.dtype == DType::U32 && width_of(ids) == *k, || {
                 "ids must be U32 [tokens, k]".into()
@@ -239,6 +240,18 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let slots = rows_of(ids) * width_of(ids);
             let blocks = slots.div_ceil(drama_kernels::EXPERT_GROUP_SLOTS) + experts;
             Ok(vec![(vec![blocks, 4], DType::U32), (vec![slots, 1], DType::U32)])
+        }
+        Op::PackBf16 => {
+            arity(inputs, 1)?;
+            let x = inputs[0];
+            expect(x.dtype == DType::Bf16 && x.shape.len() == 2, || {
+                "x must be BF16 rows".into()
+            })?;
+            // Whole vec4s of pairs per row: the grouped experts load eight values at a time.
+            expect(width_of(x).is_multiple_of(8), || {
+                format!("BF16 pairs need a width that is a multiple of 8, not {}", width_of(x))
+            })?;
+            Ok(vec![(x.shape.clone(), DType::Bf16Pairs)])
         }
         Op::Swiglu { round_output } => {
             arity(inputs, 1)?;

@@ -9,7 +9,8 @@ use serde::Serialize;
 pub struct ValueId(pub usize);
 
 /// Element type of a value. Activations are stored as f32 on the GPU; `Bf16` marks values
-/// that are exactly representable in BF16 (what every linear input must be).
+/// that are exactly representable in BF16 (what every linear input must be), and
+/// `Bf16Pairs` BF16 values stored two to a 32-bit word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -17,6 +18,10 @@ pub enum DType {
     F32,
     /// f32 storage holding BF16 values.
     Bf16,
+    /// BF16 values two to a 32-bit word, the lower index in the low half (made by
+    /// [`Op::PackBf16`]).
+    #[serde(rename = "bf16_pairs")]
+    Bf16Pairs,
     /// Unsigned integers (ids, positions).
     U32,
 }
@@ -47,9 +52,13 @@ pub struct Value {
 }
 
 impl Value {
-    /// Bytes the value occupies on the GPU (4 per element).
+    /// Bytes the value occupies on the GPU: 4 per element, 2 for BF16 pairs.
     pub fn bytes(&self) -> u64 {
-        4 * self.shape.iter().product::<usize>() as u64
+        let elements = self.shape.iter().product::<usize>() as u64;
+        match self.dtype {
+            DType::Bf16Pairs => 2 * elements,
+            DType::F32 | DType::Bf16 | DType::U32 => 4 * elements,
+        }
     }
 }
 
@@ -240,8 +249,8 @@ pub enum Op {
         experts: usize,
     },
     /// Routed-expert projections of one input, expert per slot read on the GPU, outputs
-    /// side by side (gate and up together). Inputs: x, ids, and with `grouped` the blocks
-    /// and order of a [`Op::GroupSlots`].
+    /// side by side (gate and up together). Inputs: x (BF16; with `grouped` as BF16 pairs),
+    /// ids, and with `grouped` the blocks and order of a [`Op::GroupSlots`].
     Experts {
         /// Decoder layer.
         layer: usize,
@@ -263,6 +272,10 @@ pub enum Op {
         /// [`crate::select::expert_width`]).
         workgroup: LinearWidth,
     },
+    /// BF16 values packed two to a word (the grouped routed experts read their input so:
+    /// half the bytes and loads). Input: x (BF16, of an even width). Output: the same
+    /// values as [`DType::Bf16Pairs`].
+    PackBf16,
     /// silu(gate) * up. Input: [gate | up] rows; output half as wide.
     Swiglu {
         /// Round to BF16 (feeds a down projection).
@@ -306,6 +319,7 @@ impl Op {
             Op::Router { .. } => "router",
             Op::Experts { .. } => "experts",
             Op::GroupSlots { .. } => "group_slots",
+            Op::PackBf16 => "pack_bf16",
             Op::Swiglu { .. } => "swiglu",
             Op::MoeCombineNorm { .. } => "moe_combine_norm",
         }

@@ -128,6 +128,7 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         }
         Op::GroupSlots { .. } => vec![Kernel::GroupSlots],
         Op::Swiglu { .. } => vec![Kernel::Swiglu],
+        Op::PackBf16 => vec![Kernel::PackBf16],
         Op::MoeCombineNorm { .. } => vec![Kernel::CombineRmsNorm],
     }
 }

@@ -99,20 +99,25 @@ fn decode_steps_of_up_to_eight_rows_wait_on_ten_launches_per_moe_layer() {
             // A MoE layer's combine is the next norm's work.
             assert_eq!(count(&kernels, Kernel::CombineRmsNorm), 23, "{rows} rows");
             assert_eq!(count(&kernels, Kernel::GroupSlots), 0, "{rows} rows");
+            assert_eq!(count(&kernels, Kernel::PackBf16), 0, "{rows} rows");
         }
     }
 }
 
 #[test]
 fn steps_of_many_rows_group_their_slots_first() {
+    // Each MoE layer groups its slots and packs the routed gate/up's and down's inputs as
+    // BF16 pairs: three launches more.
     let (waiting, beside) = launches(&bench_step(256, true));
     assert_eq!(count(&waiting, Kernel::GroupSlots), 23);
-    assert_eq!(waiting.len(), 243 + 23);
+    assert_eq!(count(&waiting, Kernel::PackBf16), 2 * 23);
+    assert_eq!(waiting.len(), 243 + 3 * 23);
     assert_eq!(beside.len(), 23);
     // One after another: routing and the shared expert's down projection each alone.
     let (serial, beside) = launches(&bench_step(256, false));
     assert_eq!(count(&serial, Kernel::GroupSlots), 23);
-    assert_eq!(serial.len(), 243 + 2 * 23);
+    assert_eq!(count(&serial, Kernel::PackBf16), 2 * 23);
+    assert_eq!(serial.len(), 243 + 4 * 23);
     assert!(beside.is_empty());
 }
 

@@ -327,6 +327,8 @@ pub enum Kernel {
     RouteLinear(KeptCapacity),
     /// silu(gate) * up from [gate | up] rows.
     Swiglu,
+    /// BF16 values (f32 storage) packed two to a word: the grouped routed experts' input.
+    PackBf16,
     /// Element-wise addition (the voice tower's residual connections).
     Add,
     /// Rows of a BF16 embedding table.
@@ -387,6 +389,7 @@ impl Kernel {
             Kernel::Attend,
             Kernel::AttendCombine,
             Kernel::Swiglu,
+            Kernel::PackBf16,
             Kernel::Add,
             Kernel::GroupSlots,
             Kernel::EmbedBf16,
@@ -421,9 +424,13 @@ impl Kernel {
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
-            Kernel::Swiglu | Kernel::Add | Kernel::EmbedBf16 | Kernel::EmbedF32 | Kernel::Gelu | Kernel::MeanRows => {
-                Module::Elementwise
-            }
+            Kernel::Swiglu
+            | Kernel::PackBf16
+            | Kernel::Add
+            | Kernel::EmbedBf16
+            | Kernel::EmbedF32
+            | Kernel::Gelu
+            | Kernel::MeanRows => Module::Elementwise,
             Kernel::GroupSlots => Module::Moe,
             Kernel::Conv1d(_) | Kernel::ConvTransposeSnake | Kernel::Snake | Kernel::ShiftHistory | Kernel::Copy => {
                 Module::Codec
@@ -449,6 +456,7 @@ impl Kernel {
             Kernel::Route(_) => "route",
             Kernel::RouteLinear(_) => "route_linear",
             Kernel::Swiglu => "swiglu",
+            Kernel::PackBf16 => "pack_bf16",
             Kernel::Add => "add",
             Kernel::EmbedBf16 => "embed_bf16",
             Kernel::EmbedF32 => "embed_f32",
@@ -479,12 +487,13 @@ impl Kernel {
                 &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16]
             }
             Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16],
-            // params, x, w, (scales,) bias, expert_ids, y, expert_scales
-            Kernel::Gathered(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7],
-            Kernel::Gathered(..) => &[0, 1, 2, 3, 4, 5, 6, 7],
-            // params, x, w, (scales,) bias, slot_blocks, y, expert_scales, slot_order
-            Kernel::GatheredGrouped(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 8],
-            Kernel::GatheredGrouped(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+            // params, x, w, (scales,) bias, expert_ids, y, expert_scales, x_packed (x again)
+            Kernel::Gathered(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 9],
+            Kernel::Gathered(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 9],
+            // params, x (x_packed again), w, (scales,) bias, slot_blocks, y, expert_scales,
+            // slot_order, x_packed
+            Kernel::GatheredGrouped(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 8, 9],
+            Kernel::GatheredGrouped(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
             // params, expert_ids, blocks, order
             Kernel::GroupSlots => &[0, 1, 2, 3],
             // params, x, weight, y
@@ -503,6 +512,8 @@ impl Kernel {
             Kernel::RouteLinear(_) => &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
             // params, a ([gate | up]), out
             Kernel::Swiglu => &[0, 1, 8],
+            // params, a, out_words
+            Kernel::PackBf16 => &[0, 1, 8],
             // params, a, b, out
             Kernel::Add => &[0, 1, 2, 8],
             // params, words, row_table, row_index, out

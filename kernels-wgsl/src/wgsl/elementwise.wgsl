@@ -44,6 +44,20 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     out[i] = maybe_round(g / (1.0 + exp(-g)) * a[gate + p.width]);
 }
 
+// BF16 values (f32 storage) two to a word, the lower index in the low half: the grouped
+// routed experts' activations (`gathered_grouped` in linear.wgsl), half the bytes and loads.
+// The values are BF16 already, so dropping the low halves is exact. `p.count` is words.
+@group(0) @binding(8) var<storage, read_write> out_words: array<u32>;
+
+@compute @workgroup_size(64)
+fn pack_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i >= p.count) {
+        return;
+    }
+    out_words[i] = (bitcast<u32>(a[2u * i]) >> 16u) | (bitcast<u32>(a[2u * i + 1u]) & 0xffff0000u);
+}
+
 // out = a + b (the voice tower's residual connections).
 @compute @workgroup_size(64)
 fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -5,11 +5,6 @@ const UNIT: u32 = 8u;
 // Threads per thread row (WG / LANES thread rows, two weight rows each, per workgroup).
 const LANES: u32 = 32u;
 
-// Word `u`'s two weights (low half first).
-fn bf16_pair(u: u32) -> vec2<f32> {
-    return vec2<f32>(bitcast<f32>(u << 16u), bitcast<f32>(u & 0xffff0000u));
-}
-
 fn decode_unit(u: Unit) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(
         vec4<f32>(bf16_pair(u.x), bf16_pair(u.y)),

@@ -70,7 +70,8 @@
 //   `gathered_grouped`: `gathered` for steps of many rows: a workgroup per (GATHERED_ROWS
 //               weight rows, block of up to GROUP_SLOTS slots sharing an expert, made by
 //               `group_slots` in moe.wgsl), each expert's rows loaded once per block, each
-//               slot's sums exactly those `gathered` computes for it.
+//               slot's sums exactly those `gathered` computes for it. Its activations
+//               come as BF16 pairs (`x_packed`).
 //
 // Every output is computed by the same thread partition and reduction tree whatever the
 // number of rows, so a row's result never depends on the other rows in the batch.
@@ -112,6 +113,10 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 @group(0) @binding(8) var<storage, read> residual: array<f32>;
+// The routed experts' activations as BF16 pairs, the lower column in a word's low half
+// (made by `pack_bf16` in elementwise.wgsl), which `gathered_grouped` reads; `gathered` refers
+// to it too (`unit_activations`), so both bind their input here as well as at binding 1.
+@group(0) @binding(9) var<storage, read> x_packed: array<vec4<u32>>;
 // The cache write of `linear_kv`.
 @group(0) @binding(10) var<storage, read> row_lane: array<u32>;
 @group(0) @binding(11) var<storage, read> row_pos: array<u32>;
@@ -531,30 +536,53 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
 // depend on how many rows its step has.
 const GATHERED_ROWS: u32 = 4u * THREAD_ROWS;   // weight rows per gathered workgroup
 
-// One unit of each of four rows dotted with the activation row at `x_vec`, each activation
-// vec4 loaded once for all four.
+// One unit's activations of a slot: VECS vec4s of `x` from vec4 `at`, or with `packed` (a
+// constant at every call) the same values from `x_packed`'s vec4 `at` (eight BF16 values
+// each: half the bytes and loads of `x`).
+fn unit_activations(at: u32, packed: bool) -> array<vec4<f32>, VECS> {
+    var v = array<vec4<f32>, VECS>();
+    let i2 = min(2u, VECS - 1u);
+    let i3 = min(3u, VECS - 1u);
+    if (packed) {
+        let first = x_packed[at];
+        v[0] = vec4<f32>(bf16_pair(first.x), bf16_pair(first.y));
+        v[1] = vec4<f32>(bf16_pair(first.z), bf16_pair(first.w));
+        if (VECS > 2u) {
+            let second = x_packed[at + 1u];
+            v[i2] = vec4<f32>(bf16_pair(second.x), bf16_pair(second.y));
+            v[i3] = vec4<f32>(bf16_pair(second.z), bf16_pair(second.w));
+        }
+        return v;
+    }
+    v[0] = x[at];
+    v[1] = x[at + 1u];
+    if (VECS > 2u) {
+        v[i2] = x[at + 2u];
+        v[i3] = x[at + 3u];
+    }
+    return v;
+}
+
+// One unit of each of four rows dotted with one unit of activations, each activation vec4
+// shared by all four.
 fn unit_dot4(
     a: array<vec4<f32>, VECS>,
     b: array<vec4<f32>, VECS>,
     c: array<vec4<f32>, VECS>,
     d: array<vec4<f32>, VECS>,
-    x_vec: u32,
+    xs: array<vec4<f32>, VECS>,
 ) -> vec4<f32> {
-    let x0 = x[x_vec];
-    let x1 = x[x_vec + 1u];
     var s = vec4<f32>(
-        dot(a[0], x0) + dot(a[1], x1),
-        dot(b[0], x0) + dot(b[1], x1),
-        dot(c[0], x0) + dot(c[1], x1),
-        dot(d[0], x0) + dot(d[1], x1),
+        dot(a[0], xs[0]) + dot(a[1], xs[1]),
+        dot(b[0], xs[0]) + dot(b[1], xs[1]),
+        dot(c[0], xs[0]) + dot(c[1], xs[1]),
+        dot(d[0], xs[0]) + dot(d[1], xs[1]),
     );
     if (VECS > 2u) {
         let i2 = min(2u, VECS - 1u);
         let i3 = min(3u, VECS - 1u);
-        let x2 = x[x_vec + 2u];
-        let x3 = x[x_vec + 3u];
-        s += vec4<f32>(dot(a[i2], x2), dot(b[i2], x2), dot(c[i2], x2), dot(d[i2], x2));
-        s += vec4<f32>(dot(a[i3], x3), dot(b[i3], x3), dot(c[i3], x3), dot(d[i3], x3));
+        s += vec4<f32>(dot(a[i2], xs[i2]), dot(b[i2], xs[i2]), dot(c[i2], xs[i2]), dot(d[i2], xs[i2]));
+        s += vec4<f32>(dot(a[i3], xs[i3]), dot(b[i3], xs[i3]), dot(c[i3], xs[i3]), dot(d[i3], xs[i3]));
     }
     return s;
 }
@@ -624,10 +652,11 @@ const GROUP_SLOTS: u32 = 8u;
 alias SlotVecs = array<u32, GROUP_SLOTS>;
 
 // One unit of each of the four rows (scaled by `scale`) added to the sums of the first
-// `count` slots of a block, slot i's activations at `x_at[i] + offset`: each slot gets the
-// term it gets when computed alone. (Written out: every array index is a constant. As
-// loops over the slots, here and in `gathered_grouped`, the H200 pair step took 2.90 against
-// 2.60 ms and the prefill 102.5 against 89.7 ms: the arrays went to local memory.)
+// `count` slots of a block, slot i's activations at `x_at[i] + offset` (of `x_packed` with
+// `packed`): each slot gets the term it gets when computed alone. (Written out: every array
+// index is a constant. As loops over the slots, here and in `gathered_grouped`, the H200
+// pair step took 2.90 against 2.60 ms and the prefill 102.5 against 89.7 ms: the arrays
+// went to local memory.)
 fn add_unit(
     acc: ptr<function, array<vec4<f32>, GROUP_SLOTS>>,
     a: Unit,
@@ -638,46 +667,48 @@ fn add_unit(
     x_at: SlotVecs,
     offset: u32,
     count: u32,
+    packed: bool,
 ) {
     let da = decode_unit(a);
     let db = decode_unit(b);
     let dc = decode_unit(c);
     let dd = decode_unit(d);
-    (*acc)[0] += unit_dot4(da, db, dc, dd, x_at[0] + offset) * scale;
+    (*acc)[0] += unit_dot4(da, db, dc, dd, unit_activations(x_at[0] + offset, packed)) * scale;
     if (count > 1u) {
-        (*acc)[1] += unit_dot4(da, db, dc, dd, x_at[1] + offset) * scale;
+        (*acc)[1] += unit_dot4(da, db, dc, dd, unit_activations(x_at[1] + offset, packed)) * scale;
     }
     if (count > 2u) {
-        (*acc)[2] += unit_dot4(da, db, dc, dd, x_at[2] + offset) * scale;
+        (*acc)[2] += unit_dot4(da, db, dc, dd, unit_activations(x_at[2] + offset, packed)) * scale;
     }
     if (count > 3u) {
-        (*acc)[3] += unit_dot4(da, db, dc, dd, x_at[3] + offset) * scale;
+        (*acc)[3] += unit_dot4(da, db, dc, dd, unit_activations(x_at[3] + offset, packed)) * scale;
     }
     if (count > 4u) {
-        (*acc)[4] += unit_dot4(da, db, dc, dd, x_at[4] + offset) * scale;
+        (*acc)[4] += unit_dot4(da, db, dc, dd, unit_activations(x_at[4] + offset, packed)) * scale;
     }
     if (count > 5u) {
-        (*acc)[5] += unit_dot4(da, db, dc, dd, x_at[5] + offset) * scale;
+        (*acc)[5] += unit_dot4(da, db, dc, dd, unit_activations(x_at[5] + offset, packed)) * scale;
     }
     if (count > 6u) {
-        (*acc)[6] += unit_dot4(da, db, dc, dd, x_at[6] + offset) * scale;
+        (*acc)[6] += unit_dot4(da, db, dc, dd, unit_activations(x_at[6] + offset, packed)) * scale;
     }
     if (count > 7u) {
-        (*acc)[7] += unit_dot4(da, db, dc, dd, x_at[7] + offset) * scale;
+        (*acc)[7] += unit_dot4(da, db, dc, dd, unit_activations(x_at[7] + offset, packed)) * scale;
     }
 }
 
 // The four rows' sums of the first `count` (1 to GROUP_SLOTS) slots routed to one expert
-// (weight rows `n`, activation vec4s from `x_at`): the rows' units are loaded once for all
-// the slots, and each slot's sum gets exactly the terms, in the same order, that it gets
-// when computed alone.
-fn expert_sums(n: vec4<u32>, valid: bool, lane: u32, x_at: SlotVecs, count: u32) -> array<vec4<f32>, GROUP_SLOTS> {
+// (weight rows `n`, activations from vec4 `x_at` of `x`, or with `packed` of `x_packed`):
+// the rows' units are loaded once for all the slots, and each slot's sum gets exactly the
+// terms, in the same order, that it gets when computed alone.
+fn expert_sums(n: vec4<u32>, valid: bool, lane: u32, x_at: SlotVecs, count: u32, packed: bool) -> array<vec4<f32>, GROUP_SLOTS> {
     var acc = array<vec4<f32>, GROUP_SLOTS>();
     if (!valid) {
         return acc;
     }
     let units = p.in_features / UNIT;
     let base = n * units;
+    let unit_vecs = select(VECS, VECS / 2u, packed);
     // One unit of each row per iteration: on the H200 the fewer loads in flight per thread,
     // the shorter the launches. Against two units per iteration, in one call, the gathered
     // launches of the pair's profiled step took 879-888 us against 915-923 us, the prefill
@@ -685,7 +716,7 @@ fn expert_sums(n: vec4<u32>, valid: bool, lane: u32, x_at: SlotVecs, count: u32)
     // eight 1119-1132 us.
     for (var k = lane; k < units; k += LANES) {
         let s = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
-        add_unit(&acc, w[base.x + k], w[base.y + k], w[base.z + k], w[base.w + k], s, x_at, k * VECS, count);
+        add_unit(&acc, w[base.x + k], w[base.y + k], w[base.z + k], w[base.w + k], s, x_at, k * unit_vecs, count, packed);
     }
     return acc;
 }
@@ -754,11 +785,11 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let n = vec4<u32>(local_expert * p.out_features) + quad.rows;
     var x_at = SlotVecs();
     x_at[0] = (slot / p.x_row_div) * (p.in_features / 4u);
-    let acc = expert_sums(n, quad.valid.x, t % LANES, x_at, 1u);
+    let acc = expert_sums(n, quad.valid.x, t % LANES, x_at, 1u, false);
     finish_slot(t, slot, acc[0], quad, local_expert);
 }
 
-// `gathered_grouped`'s view of binding 5 and 8: the blocks of up to GROUP_SLOTS slots that
+// `gathered_grouped`'s view of bindings 5 and 8: the blocks of up to GROUP_SLOTS slots that
 // share an expert, and the slots in expert order (made by `group_slots` in moe.wgsl).
 @group(0) @binding(5) var<storage, read> slot_blocks: array<vec4<u32>>;   // (expert, first, count, 0)
 @group(0) @binding(8) var<storage, read> slot_order: array<u32>;
@@ -829,7 +860,11 @@ fn finish_block(t: u32, group: u32, first: u32, acc: array<vec4<f32>, GROUP_SLOT
 
 // A workgroup per (GATHERED_ROWS weight rows, block of slots routed to one expert): the
 // expert's rows are read once for the block's slots instead of once per slot (steps of
-// many rows, whose slots share experts). Each slot gets the bits `gathered` gives it.
+// many rows, whose slots share experts). Each slot gets the bits `gathered` gives it. The
+// activations are read as BF16 pairs, which halves the loads that dominate these launches
+// (each 8-byte weight unit is applied to 64 bytes of f32 activations per slot): in a timing
+// emulation (the f32 buffer read as pairs) the H200's 256-row prefill took 68.51-68.57
+// against 74.81-74.85 ms, its grouped launches 36.31-36.34 against 42.58-42.59 ms.
 @compute @workgroup_size(WG)
 fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let quad = plan_quad(wg.x, t / LANES);
@@ -843,7 +878,7 @@ fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     let n = vec4<u32>(local_expert * p.out_features) + quad.rows;
     let last = block.y + count - 1u;
     var x_at = SlotVecs();
-    let row_vecs = p.in_features / 4u;
+    let row_vecs = p.in_features / 8u;   // of x_packed
     x_at[0] = slot_order[block.y] / p.x_row_div * row_vecs;
     x_at[1] = slot_order[min(block.y + 1u, last)] / p.x_row_div * row_vecs;
     x_at[2] = slot_order[min(block.y + 2u, last)] / p.x_row_div * row_vecs;
@@ -852,6 +887,6 @@ fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     x_at[5] = slot_order[min(block.y + 5u, last)] / p.x_row_div * row_vecs;
     x_at[6] = slot_order[min(block.y + 6u, last)] / p.x_row_div * row_vecs;
     x_at[7] = slot_order[min(block.y + 7u, last)] / p.x_row_div * row_vecs;
-    let acc = expert_sums(n, quad.valid.x, t % LANES, x_at, count);
+    let acc = expert_sums(n, quad.valid.x, t % LANES, x_at, count, true);
     finish_block(t, wg.x, block.y, acc, local_expert, count);
 }
