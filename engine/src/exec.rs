@@ -10,8 +10,8 @@ use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS, LinearParams, LinearWidth,
-    MAX_KEPT_EXPERTS, NormParams, RouterParams, WeightFormat,
+    AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS, LinearInput, LinearParams,
+    LinearWidth, MAX_KEPT_EXPERTS, NormParams, RouterParams, WeightFormat,
 };
 
 use crate::error::EngineError;
@@ -177,6 +177,7 @@ impl<'a> Lowering<'a> {
                 // Lowered like any linear: its output has a buffer no earlier node used and
                 // its input was made visible by routing's barrier, so wgpu records none.
                 beside: _,
+                input,
             } => {
                 let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
                 let cache = match cache_write {
@@ -202,6 +203,7 @@ impl<'a> Lowering<'a> {
                     residual,
                     swiglu: *swiglu,
                     cache,
+                    input: *input,
                 };
                 self.lower_linear(members, *in_features, io)?;
             }
@@ -209,10 +211,12 @@ impl<'a> Lowering<'a> {
                 first,
                 second,
                 in_features,
+                input,
             } => {
                 let (x, rows) = (self.buffer(inputs[0])?, self.rows(inputs[0]));
                 let io = |half: &PairHalf, y| LinearIo {
                     swiglu: half.swiglu,
+                    input: *input,
                     ..LinearIo::plain(x, y, rows, half.width(), half.round_output)
                 };
                 let ios = [io(first, out), io(second, self.buffer(node.outputs[1])?)];
@@ -653,6 +657,8 @@ pub struct LinearIo<'a> {
     /// The linear is (part of) an attention layer's [q|k|v] projection that writes each
     /// row's keys and values into the caches.
     pub cache: Option<CacheIo<'a>>,
+    /// How x holds its values: f32, or BF16 pairs.
+    pub input: LinearInput,
 }
 
 impl<'a> LinearIo<'a> {
@@ -669,6 +675,7 @@ impl<'a> LinearIo<'a> {
             residual: None,
             swiglu: false,
             cache: None,
+            input: LinearInput::F32,
         }
     }
 }
@@ -701,7 +708,7 @@ pub fn linear_launches(
     placeholder: &wgpu::Buffer,
     io: &LinearIo<'_>,
 ) -> Result<Vec<Dispatch>, EngineError> {
-    let kernel = Kernel::dense_linear(linear.format, io.cache.is_some());
+    let kernel = Kernel::dense_linear(linear.format, io.cache.is_some(), io.input);
     linear
         .segments
         .iter()
@@ -727,8 +734,9 @@ pub fn linear_pair_launch(
             "a linear pair needs two bias-free BF16 weights of one segment and one input width".into(),
         ));
     }
-    let mut launch = segment_launch(Kernel::LinearPair, first, &first.segments[0], placeholder, first_io)?;
-    let tail = segment_launch(Kernel::LinearPair, second, &second.segments[0], placeholder, second_io)?;
+    let kernel = Kernel::LinearPair(first_io.input);
+    let mut launch = segment_launch(kernel, first, &first.segments[0], placeholder, first_io)?;
+    let tail = segment_launch(kernel, second, &second.segments[0], placeholder, second_io)?;
     launch.params.split_groups = launch.grid[0];
     launch.params.second_out_features = tail.params.out_features;
     launch.params.second_y_stride = tail.params.y_stride;
@@ -738,7 +746,7 @@ pub fn linear_pair_launch(
     launch.resources[count - 2] = &second.segments[0].codes;
     launch.resources[count - 1] = second_io.y;
     launch.grid[0] += tail.grid[0];
-    Ok(gpu.dispatch(Kernel::LinearPair, &launch.params, &launch.resources, launch.grid)?)
+    Ok(gpu.dispatch(kernel, &launch.params, &launch.resources, launch.grid)?)
 }
 
 /// Routing of `params.rows` tokens as one launch (`routing`: the logits, kept ids, score
@@ -874,6 +882,7 @@ fn segment_launch<'a>(
         bias,
         io.y,
         io.residual.unwrap_or(placeholder),
+        io.x,
         row_lane,
         row_pos,
         rope_table,

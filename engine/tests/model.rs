@@ -389,7 +389,10 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
     // Rerunning the step (profiled: a list of its launches) rewrites the same cache entries.
     let pair_launches = |s: &mut Session<'_>| {
         let launches = s.profiled_step(&rows).unwrap();
-        launches.iter().filter(|(k, _)| matches!(k, Kernel::LinearPair)).count()
+        launches
+            .iter()
+            .filter(|(k, _)| matches!(k, Kernel::LinearPair(_)))
+            .count()
     };
     let moe_layers = f.open().layers.iter().filter(|l| matches!(l, LayerMlp::Moe(_))).count();
     assert_eq!(

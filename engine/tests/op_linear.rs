@@ -8,8 +8,8 @@ use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch, route_la
 use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::weights::GpuLinear;
 use drama_kernels::{
-    EXPERT_GROUP_SLOTS, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearParams, LinearWidth,
-    RouterParams, WeightFormat,
+    EXPERT_GROUP_SLOTS, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearInput, LinearParams,
+    LinearWidth, RouterParams, WeightFormat,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
@@ -111,16 +111,47 @@ fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, rows: usize, cols:
     }
 }
 
+/// Adds to `dispatches` a `pack_bf16` launch packing the `values` BF16 values of `x` into
+/// pairs; returns its parameter block and the pairs' buffer (poisoned first).
+fn packed_on_gpu(
+    gpu: &drama_engine::gpu::Gpu,
+    x: &wgpu::Buffer,
+    values: usize,
+    dispatches: &mut Vec<drama_engine::gpu::Dispatch>,
+) -> (wgpu::Buffer, wgpu::Buffer) {
+    let words = values / 2;
+    let pairs = poisoned(gpu, "x pairs", words);
+    let params = gpu.uniform(
+        "pack params",
+        &ElementwiseParams {
+            count: words as u32,
+            ..Default::default()
+        },
+    );
+    let grid = [words.div_ceil(64) as u32, 1, 1];
+    dispatches.push(dispatch(gpu, Kernel::PackBf16, &[&params, x, &pairs], grid));
+    (params, pairs)
+}
+
 struct Run {
     y: Vec<f32>,
     want: Vec<f64>,
     scale: Vec<f64>,
 }
 
-/// Runs the dense linear kernel on `rows` rows, with the weight split in two row segments
-/// (as the engine splits weights past the binding limit), optionally adding a residual
-/// stream to the outputs, and computes the reference.
-fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: bool, residual: Option<&[f32]>) -> Run {
+/// Runs the dense linear kernel on `rows` rows of x read as `input` (BF16 pairs packed on
+/// the GPU first), with the weight split in two row segments (as the engine splits weights
+/// past the binding limit), optionally adding a residual stream to the outputs, and computes
+/// the reference.
+fn run_linear(
+    w: &Weights,
+    x: &[f32],
+    rows: usize,
+    bias: Option<&[f32]>,
+    round: bool,
+    residual: Option<&[f32]>,
+    input: LinearInput,
+) -> Run {
     let gpu = gpu();
     let split = match w.format {
         WeightFormat::Fp8Block if w.rows > 128 => 128,
@@ -132,8 +163,13 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
     let bb = gpu.buffer_with("bias", &bias_bytes);
     let rb = gpu.buffer_with("residual", &f32_bytes(residual.unwrap_or(&[0.0])));
     let y = poisoned(gpu, "y", rows * w.rows);
-    let kernel = Kernel::Linear(w.format);
+    let kernel = Kernel::Linear(w.format, input);
     let mut dispatches = Vec::new();
+    let packed = packed_on_gpu(gpu, &xb, x.len(), &mut dispatches);
+    let xb = match input {
+        LinearInput::F32 => &xb,
+        LinearInput::Bf16Pairs => &packed.1,
+    };
     for (start, end) in [(0, split), (split, w.rows)] {
         if start == end {
             continue;
@@ -172,11 +208,11 @@ fn run_linear(w: &Weights, x: &[f32], rows: usize, bias: Option<&[f32]>, round: 
         // The cache write's and the linear pair's bindings are unused here (w and y stand in
         // for the pair's, y for the other read_write ones).
         let none = &bb;
-        let mut buffers: Vec<&wgpu::Buffer> = vec![&p, &xb, &wb];
+        let mut buffers: Vec<&wgpu::Buffer> = vec![&p, xb, &wb];
         if w.format != WeightFormat::Bf16 {
             buffers.push(&sb);
         }
-        buffers.extend([&bb, &y, &rb, none, none, none, &y, &y, &wb, &y]);
+        buffers.extend([&bb, &y, &rb, xb, none, none, none, &y, &y, &wb, &y]);
         // At most two workgroup rows share the passes over the activation rows, so that
         // longer batches make a workgroup take several passes.
         let row_blocks = rows.div_ceil(LINEAR_PASS_ROWS).min(2) as u32;
@@ -244,12 +280,40 @@ fn linear_case(
     let x = bf16_values(&mut rng, rows * in_, 2.0);
     let bias = with_bias.then(|| bf16_values(&mut rng, out, 0.5));
     let residual = with_residual.then(|| uniform(&mut rng, rows * out, 3.0));
-    let result = run_linear(&w, &x, rows, bias.as_deref(), round, residual.as_deref());
+    let result = run_linear(
+        &w,
+        &x,
+        rows,
+        bias.as_deref(),
+        round,
+        residual.as_deref(),
+        LinearInput::F32,
+    );
     check(&label, &result.y, &result.want, &result.scale, TOL);
     assert_rows_alone_match(&label, &result.y, rows, out, |r| {
         let residual_row = residual.as_ref().map(|res| &res[r * out..(r + 1) * out]);
-        run_linear(&w, &x[r * in_..(r + 1) * in_], 1, bias.as_deref(), round, residual_row).y
+        run_linear(
+            &w,
+            &x[r * in_..(r + 1) * in_],
+            1,
+            bias.as_deref(),
+            round,
+            residual_row,
+            LinearInput::F32,
+        )
+        .y
     });
+    // Read as BF16 pairs (steps of many rows), every output has the same bits.
+    let pairs = run_linear(
+        &w,
+        &x,
+        rows,
+        bias.as_deref(),
+        round,
+        residual.as_deref(),
+        LinearInput::Bf16Pairs,
+    );
+    assert_eq!(bits(&pairs.y), bits(&result.y), "{label}: input as BF16 pairs");
 }
 
 /// Batch invariance: the first and last rows computed alone (`alone(r)`) give the same bits
@@ -340,27 +404,14 @@ fn gathered_case(
         );
         let mut dispatches = Vec::new();
         // Grouped launches read their input as BF16 pairs, packed on the GPU.
-        let words = x.len() / 2;
-        let packed = poisoned(gpu, "x pairs", words);
-        let pack_params = gpu.uniform(
-            "pack params",
-            &ElementwiseParams {
-                count: words as u32,
-                ..Default::default()
-            },
-        );
+        let mut packing = Vec::new();
+        let packed = packed_on_gpu(gpu, &xb, x.len(), &mut packing);
         if grouped {
-            let pack = [&pack_params, &xb, &packed];
-            dispatches.push(dispatch(
-                gpu,
-                Kernel::PackBf16,
-                &pack,
-                [words.div_ceil(64) as u32, 1, 1],
-            ));
+            dispatches.extend(packing);
             let buffers = [&group_params, &idb, &blocks_b, &order_b];
             dispatches.push(dispatch(gpu, Kernel::GroupSlots, &buffers, [1, 1, 1]));
         }
-        let input = if grouped { &packed } else { &xb };
+        let input = if grouped { &packed.1 } else { &xb };
         let mut keep = Vec::new();
         for (begin, end) in [(0, split), (split, experts)] {
             let segment = &all[begin..end];
@@ -517,7 +568,9 @@ fn linear_swiglu_epilogue_matches_reference() {
         let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
         let y = poisoned(gpu, "y", rows * features);
         let split = features / 2;
-        let bf16_width = Kernel::Linear(WeightFormat::Bf16).linear_width().unwrap();
+        let bf16_width = Kernel::Linear(WeightFormat::Bf16, LinearInput::F32)
+            .linear_width()
+            .unwrap();
         let mut dispatches = Vec::new();
         let mut keep = Vec::new();
         for (start, end) in [(0, split), (split, features)] {
@@ -545,7 +598,7 @@ fn linear_swiglu_epilogue_matches_reference() {
             ];
             dispatches.push(dispatch(
                 gpu,
-                Kernel::Linear(WeightFormat::Bf16),
+                Kernel::Linear(WeightFormat::Bf16, LinearInput::F32),
                 &[
                     &p,
                     &xb,
@@ -553,6 +606,7 @@ fn linear_swiglu_epilogue_matches_reference() {
                     &placeholder,
                     &y,
                     &placeholder,
+                    &xb,
                     &placeholder,
                     &placeholder,
                     &placeholder,
@@ -730,8 +784,8 @@ fn linear_cache_write_matches_reference() {
                 if format != WeightFormat::Bf16 {
                     buffers.push(&sb);
                 }
-                buffers.extend([&bb, &y, &placeholder, &lane_b, &pos_b, &table_b, &kc, &vc, &wb, &y]);
-                let kernel = Kernel::LinearKv(format);
+                buffers.extend([&bb, &y, &placeholder, &xb, &lane_b, &pos_b, &table_b, &kc, &vc, &wb, &y]);
+                let kernel = Kernel::LinearKv(format, LinearInput::F32);
                 let grid = [
                     (w.rows as u32).div_ceil(format.rows_per_workgroup(kernel.linear_width().unwrap())),
                     1,

@@ -2,15 +2,16 @@
 //! (any number of token rows over any number of lanes: a prefill, a decode step, or both
 //! guidance lanes at once).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use drama_kernels::WeightFormat;
+use drama_kernels::{LinearInput, WeightFormat};
 use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
 use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
 use crate::select::{
-    GROUPED_EXPERT_ROWS, expert_width, pairs, routes_beside_linear, shares_launch, stacks_expert_swiglu, stacks_swiglu,
+    GROUPED_EXPERT_ROWS, expert_width, linear_input, pairs, routes_beside_linear, shares_launch, stacks_expert_swiglu,
+    stacks_swiglu,
 };
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
@@ -170,6 +171,8 @@ struct Build<'a> {
     rows: usize,
     /// See [`StepShape::concurrent_launches`].
     concurrent: bool,
+    /// Values packed into BF16 pairs so far, and their packed copies.
+    packed: HashMap<ValueId, ValueId>,
 }
 
 impl Build<'_> {
@@ -187,6 +190,21 @@ impl Build<'_> {
     ) -> Result<ValueId, GraphError> {
         let members = self.members(members);
         self.linear_node(label, x, members, round, residual, false)
+    }
+
+    /// `x` as the step's linears read it ([`linear_input`]): for steps of many rows packed
+    /// into BF16 pairs, once, by a launch labelled after the first linear that reads it.
+    fn linear_input(&mut self, label: &str, x: ValueId) -> Result<(ValueId, LinearInput), GraphError> {
+        let input = linear_input(self.rows);
+        if input == LinearInput::F32 {
+            return Ok((x, input));
+        }
+        if let Some(&packed) = self.packed.get(&x) {
+            return Ok((packed, input));
+        }
+        let packed = self.b.node1(&format!("{label}.input"), Op::PackBf16, &[x])?;
+        self.packed.insert(x, packed);
+        Ok((packed, input))
     }
 
     fn members(&self, members: &[(String, usize, bool)]) -> Vec<LinearMember> {
@@ -211,6 +229,7 @@ impl Build<'_> {
         swiglu: bool,
     ) -> Result<ValueId, GraphError> {
         let in_features = self.b_width(x);
+        let (x, input) = self.linear_input(label, x)?;
         self.b.node1(
             label,
             Op::Linear {
@@ -221,6 +240,7 @@ impl Build<'_> {
                 swiglu,
                 cache_write: None,
                 beside: false,
+                input,
             },
             &[x].into_iter().chain(residual).collect::<Vec<_>>(),
         )
@@ -309,6 +329,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         trace: shape.trace,
         rows: shape.rows,
         concurrent: shape.concurrent_launches,
+        packed: HashMap::new(),
     };
     let row_table = g.b.input("row_table", vec![rows], DType::U32, ValueKind::Input);
     let row_index = g.b.input("row_index", vec![rows], DType::U32, ValueKind::Input);
@@ -340,6 +361,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
             (l(LayerWeight::K), kv_width, true),
             (l(LayerWeight::V), kv_width, true),
         ]);
+        let (qkv_input, input) = g.linear_input(&at("qkv_proj"), normed)?;
         let qkv = g.b.node1(
             &at("qkv_proj"),
             Op::Linear {
@@ -354,8 +376,9 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
                     head_dim: s.head_dim,
                 }),
                 beside: false,
+                input,
             },
-            &[normed, row_lane, row_pos, k_cache, v_cache],
+            &[qkv_input, row_lane, row_pos, k_cache, v_cache],
         )?;
         let attended = g.b.node1(
             &at("attention"),
@@ -464,12 +487,14 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     // The router logits and the shared expert's activation read the same row: one launch
     // computes both where it can.
     let (logits, shared_act) = if s.shared_width > 0 && pairs(&router, &shared) {
+        let (pair_input, input) = g.linear_input(&at("router_logits"), normed)?;
         let pair = Op::LinearPair {
             first: router,
             second: shared,
             in_features: g.b_width(normed),
+            input,
         };
-        let outputs = g.b.node(&at("router_logits"), pair, &[normed])?;
+        let outputs = g.b.node(&at("router_logits"), pair, &[pair_input])?;
         (outputs[0], Some(outputs[1]))
     } else {
         let logits = g.linear_node(&at("router_logits"), normed, router.members, false, None, false)?;
@@ -533,16 +558,12 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     } else {
         Vec::new()
     };
-    // Grouped launches read their input as BF16 pairs, packed by a launch of its own.
+    // Grouped launches read their input as BF16 pairs (see `linear_input`).
     let grouped = !groups.is_empty();
     let expert =
         |g: &mut Build<'_>, label: &str, projections: &[Projection], input: ValueId, out: usize, swiglu: bool| {
             let in_features = *g.b.shape(input).last().unwrap_or(&0);
-            let input = if grouped {
-                g.b.node1(&at(&format!("{label}.input")), Op::PackBf16, &[input])?
-            } else {
-                input
-            };
+            let (input, _) = g.linear_input(&at(label), input)?;
             g.b.node1(
                 &at(label),
                 Op::Experts {
@@ -585,6 +606,8 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
                 swiglu: false,
                 cache_write: None,
                 beside: g.concurrent,
+                // Beside, it reads what routing lists: the activation as the pair wrote it.
+                input: LinearInput::F32,
             },
             &[act],
         )?),

@@ -1,7 +1,7 @@
 //! Output types of every op, and the checks of its inputs: the one place each op's shape
 //! and dtype rules live.
 
-use drama_kernels::{KeptCapacity, MAX_KEPT_EXPERTS};
+use drama_kernels::{KeptCapacity, LinearInput, MAX_KEPT_EXPERTS};
 
 use crate::graph::{is_bf16, shape_of};
 use crate::ir::{DType, Op, Value, ValueKind};
@@ -67,13 +67,17 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             residual,
             swiglu,
             cache_write,
+            input,
             ..
         } => {
             let cached = if cache_write.is_some() { 4 } else { 0 };
             arity(inputs, if *residual { 2 } else { 1 } + cached)?;
             let x = inputs[0];
-            expect(is_bf16(x.dtype), || {
-                "the input must hold BF16 values (round it where it is made)".into()
+            expect(x.dtype == linear_input_dtype(*input), || {
+                format!(
+                    "the input must hold BF16 values as {:?} (round it where it is made)",
+                    linear_input_dtype(*input)
+                )
             })?;
             expect(width_of(x) == *in_features, || {
                 format!("input width {} != in_features {in_features}", width_of(x))
@@ -111,11 +115,13 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             first,
             second,
             in_features,
+            input,
         } => {
             arity(inputs, 1)?;
             let x = inputs[0];
-            expect(is_bf16(x.dtype) && width_of(x) == *in_features, || {
-                format!("x must be BF16 of width {in_features}")
+            let dtype = linear_input_dtype(*input);
+            expect(x.dtype == dtype && width_of(x) == *in_features, || {
+                format!("x must be {dtype:?} of width {in_features}")
             })?;
             expect(crate::select::pairs(first, second), || {
                 "a linear pair needs bias-free BF16 members, a SwiGLU half a [gate, up] pair of one width".into()
@@ -296,5 +302,13 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 (residual.shape.clone(), dtype),
             ])
         }
+    }
+}
+
+/// The dtype a linear reading `input` takes.
+fn linear_input_dtype(input: LinearInput) -> DType {
+    match input {
+        LinearInput::F32 => DType::Bf16,
+        LinearInput::Bf16Pairs => DType::Bf16Pairs,
     }
 }

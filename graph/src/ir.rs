@@ -1,7 +1,7 @@
 //! The op IR: values with shapes and dtypes, and a closed set of typed ops. Each op infers
 //! its output type from its inputs in one place ([`Op::infer`]), which also validates them.
 
-use drama_kernels::{LinearWidth, WeightFormat};
+use drama_kernels::{LinearInput, LinearWidth, WeightFormat};
 use serde::Serialize;
 
 /// Index of a value in [`Graph::values`].
@@ -198,6 +198,8 @@ pub enum Op {
         /// output gets a buffer no earlier node used (see [`crate::plan`]), so wgpu records
         /// no barrier before it and the GPU need not finish the launch before first.
         beside: bool,
+        /// How the launch reads x: f32, or BF16 pairs ([`DType::Bf16Pairs`]).
+        input: LinearInput,
     },
     /// Two linears over the same input computed by one launch, each with its own weight and
     /// output: a MoE layer's router logits (with the shared expert's gate logit) and its
@@ -211,6 +213,8 @@ pub enum Op {
         second: PairHalf,
         /// Input features.
         in_features: usize,
+        /// How the launch reads x: f32, or BF16 pairs ([`DType::Bf16Pairs`]).
+        input: LinearInput,
     },
     /// Causal grouped-query attention with RoPE of the queries. Inputs: [q|k|v] (q not yet
     /// rotated) as made by the linear that wrote this step's keys and values into the

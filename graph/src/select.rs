@@ -2,7 +2,7 @@
 //! the members are stacked; the engine adds one launch per weight segment when a weight is
 //! split, and launches a linear pair's halves apart when either half's weight is split).
 
-use drama_kernels::{KeptCapacity, Kernel, LinearWidth, WeightFormat};
+use drama_kernels::{KeptCapacity, Kernel, LinearInput, LinearWidth, WeightFormat};
 
 use crate::ir::{LinearMember, Op, PairHalf};
 
@@ -34,8 +34,21 @@ pub fn stacks(members: &[LinearMember]) -> bool {
 /// many times over, a decode step's rarely, and the grouping costs a launch.
 pub const GROUPED_EXPERT_ROWS: usize = 16;
 
+/// How a step's linears read their inputs: steps of [`GROUPED_EXPERT_ROWS`] rows or more as
+/// BF16 pairs, packed by a launch of their own ([`Op::PackBf16`]) where they are made, half
+/// the bytes and loads of f32 (the grouped routed experts always; the dense linears too,
+/// except a shared-expert down projection that runs beside the launch before it). Decode
+/// steps keep f32: a pack is a launch more, which a step of few rows does not earn back.
+pub fn linear_input(rows: usize) -> LinearInput {
+    if rows >= GROUPED_EXPERT_ROWS {
+        LinearInput::Bf16Pairs
+    } else {
+        LinearInput::F32
+    }
+}
+
 /// Step sizes whose kernels are every step's: one per choice a step's rows make
-/// ([`expert_width`], [`routes_beside_linear`], [`GROUPED_EXPERT_ROWS`]). The engine builds
+/// ([`expert_width`], [`routes_beside_linear`], [`GROUPED_EXPERT_ROWS`], [`linear_input`]). The engine builds
 /// their pipelines when it loads, so that no step compiles one while it runs.
 pub const PIPELINE_ROWS: [usize; 3] = [1, 8, GROUPED_EXPERT_ROWS];
 
@@ -90,16 +103,19 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         Op::Embed { .. } => vec![Kernel::EmbedF32, Kernel::EmbedBf16, Kernel::EmbedBf16],
         Op::RmsNorm { .. } => vec![Kernel::RmsNorm],
         Op::Linear {
-            members, cache_write, ..
+            members,
+            cache_write,
+            input,
+            ..
         } => {
-            let kernel = |format| Kernel::dense_linear(format, cache_write.is_some());
+            let kernel = |format| Kernel::dense_linear(format, cache_write.is_some(), *input);
             if stacks(members) {
                 vec![kernel(WeightFormat::Bf16)]
             } else {
                 members.iter().map(|m| kernel(m.format)).collect()
             }
         }
-        Op::LinearPair { .. } => vec![Kernel::LinearPair],
+        Op::LinearPair { input, .. } => vec![Kernel::LinearPair(*input)],
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router { route, linear } => {
             let capacity = KeptCapacity::for_kept(route.kept)

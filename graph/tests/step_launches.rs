@@ -10,7 +10,7 @@ use drama_graph::drama3::{self, GlobalWeight, LayerWeight, ModelSpec, MoeSpec, S
 use drama_graph::plan::plan;
 use drama_graph::select::{PIPELINE_ROWS, kernels_of};
 use drama_graph::{Graph, Node, Op, ValueId};
-use drama_kernels::{KeptCapacity, Kernel, WeightFormat};
+use drama_kernels::{KeptCapacity, Kernel, LinearInput, WeightFormat};
 
 struct Names;
 
@@ -84,7 +84,11 @@ fn decode_steps_of_up_to_eight_rows_wait_on_ten_launches_per_moe_layer() {
         // The shared expert's down projection beside the routed gate/up of each MoE layer.
         let (waiting, beside) = launches(&bench_step(rows, true));
         assert_eq!(waiting.len(), 243, "{rows} rows: {waiting:?}");
-        assert_eq!(beside, vec![Kernel::Linear(WeightFormat::Bf16); 23], "{rows} rows");
+        assert_eq!(
+            beside,
+            vec![Kernel::Linear(WeightFormat::Bf16, LinearInput::F32); 23],
+            "{rows} rows"
+        );
         assert_eq!(count(&waiting, Kernel::Route(KeptCapacity::ALL[0])), 23, "{rows} rows");
         // ... or in routing's launch, where launches run one after another.
         let (serial, beside) = launches(&bench_step(rows, false));
@@ -106,18 +110,28 @@ fn decode_steps_of_up_to_eight_rows_wait_on_ten_launches_per_moe_layer() {
 
 #[test]
 fn steps_of_many_rows_group_their_slots_first() {
-    // Each MoE layer groups its slots and packs the routed gate/up's and down's inputs as
-    // BF16 pairs: three launches more.
+    // Each MoE layer groups its slots, and every layer packs four linear inputs as BF16
+    // pairs (q/k/v's, o_proj's, the post-attention norm's for the linear pair or MLP and the
+    // routed gate/up, the routed or MLP down's), the head one more.
+    let packs = 24 * 4 + 1;
     let (waiting, beside) = launches(&bench_step(256, true));
     assert_eq!(count(&waiting, Kernel::GroupSlots), 23);
-    assert_eq!(count(&waiting, Kernel::PackBf16), 2 * 23);
-    assert_eq!(waiting.len(), 243 + 3 * 23);
-    assert_eq!(beside.len(), 23);
+    assert_eq!(count(&waiting, Kernel::PackBf16), packs);
+    assert_eq!(waiting.len(), 243 + 23 + packs);
+    // The shared expert's down projection beside the routed gate/up reads f32 (routing lists
+    // the activation as the linear pair wrote it); every other linear reads pairs.
+    assert_eq!(beside, vec![Kernel::Linear(WeightFormat::Bf16, LinearInput::F32); 23]);
+    assert!(waiting.iter().all(|k| !matches!(
+        k,
+        Kernel::Linear(_, LinearInput::F32)
+            | Kernel::LinearKv(_, LinearInput::F32)
+            | Kernel::LinearPair(LinearInput::F32)
+    )));
     // One after another: routing and the shared expert's down projection each alone.
     let (serial, beside) = launches(&bench_step(256, false));
     assert_eq!(count(&serial, Kernel::GroupSlots), 23);
-    assert_eq!(count(&serial, Kernel::PackBf16), 2 * 23);
-    assert_eq!(serial.len(), 243 + 4 * 23);
+    assert_eq!(count(&serial, Kernel::PackBf16), packs);
+    assert_eq!(serial.len(), 243 + 2 * 23 + packs);
     assert!(beside.is_empty());
 }
 

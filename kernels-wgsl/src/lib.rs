@@ -49,6 +49,22 @@ pub enum LinearWidth {
     Wide,
 }
 
+/// How a dense linear reads its input's BF16 values: as f32 (decode steps), or two to a
+/// 32-bit word (steps of many rows, whose inputs a `pack_bf16` launch packs first: half
+/// the bytes and loads). The same bits either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum LinearInput {
+    /// f32 storage (binding 1).
+    F32,
+    /// BF16 pairs (binding 9).
+    Bf16Pairs,
+}
+
+impl LinearInput {
+    /// Both forms.
+    pub const ALL: [LinearInput; 2] = [LinearInput::F32, LinearInput::Bf16Pairs];
+}
+
 impl LinearWidth {
     /// Every width, narrowest first.
     pub const ALL: [LinearWidth; 3] = [LinearWidth::Narrow, LinearWidth::Standard, LinearWidth::Wide];
@@ -296,13 +312,13 @@ fn linear_source(format: WeightFormat, width: LinearWidth) -> String {
 pub enum Kernel {
     /// Dense linear, each decoded weight applied to up to [`LINEAR_PASS_ROWS`] activation rows
     /// per pass.
-    Linear(WeightFormat),
+    Linear(WeightFormat, LinearInput),
     /// The dense linear of an attention layer's [q|k|v] projection, which also writes each
     /// row's keys (rotated) and values into the KV caches.
-    LinearKv(WeightFormat),
+    LinearKv(WeightFormat, LinearInput),
     /// Two BF16 linears over the same input in one launch, each with its own weight and
     /// output (a MoE layer's router logits and its shared expert's SwiGLU).
-    LinearPair,
+    LinearPair(LinearInput),
     /// Routed-expert linear: expert per slot read on the GPU, workgroups of a width.
     Gathered(WeightFormat, LinearWidth),
     /// Routed-expert linear over blocks of slots that share an expert (from
@@ -358,13 +374,13 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The dense linear for `format`: [`Kernel::LinearKv`] when it also writes the
-    /// KV caches (an attention projection), [`Kernel::Linear`] otherwise.
-    pub fn dense_linear(format: WeightFormat, writes_cache: bool) -> Kernel {
+    /// The dense linear for `format` reading `input`: [`Kernel::LinearKv`] when it also
+    /// writes the KV caches (an attention projection), [`Kernel::Linear`] otherwise.
+    pub fn dense_linear(format: WeightFormat, writes_cache: bool, input: LinearInput) -> Kernel {
         if writes_cache {
-            Kernel::LinearKv(format)
+            Kernel::LinearKv(format, input)
         } else {
-            Kernel::Linear(format)
+            Kernel::Linear(format, input)
         }
     }
 
@@ -373,9 +389,10 @@ impl Kernel {
         let formats = [WeightFormat::Bf16, WeightFormat::Nvfp4, WeightFormat::Fp8Block];
         let mut all: Vec<Kernel> = formats
             .iter()
-            .flat_map(|&f| [Kernel::Linear(f), Kernel::LinearKv(f)])
+            .flat_map(|&f| LinearInput::ALL.map(|i| [Kernel::Linear(f, i), Kernel::LinearKv(f, i)]))
+            .flatten()
             .collect();
-        all.push(Kernel::LinearPair);
+        all.extend(LinearInput::ALL.map(Kernel::LinearPair));
         for width in LinearWidth::ALL {
             all.extend(
                 formats
@@ -418,9 +435,9 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f) | Kernel::LinearKv(f) => Module::Linear(f, DENSE_LINEAR_WIDTH),
+            Kernel::Linear(f, _) | Kernel::LinearKv(f, _) => Module::Linear(f, DENSE_LINEAR_WIDTH),
             Kernel::Gathered(f, width) | Kernel::GatheredGrouped(f, width) => Module::Linear(f, width),
-            Kernel::LinearPair => Module::Linear(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
+            Kernel::LinearPair(_) => Module::Linear(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
@@ -443,9 +460,12 @@ impl Kernel {
     /// The WGSL function name.
     pub fn entry_point(self) -> &'static str {
         match self {
-            Kernel::Linear(..) => "linear",
-            Kernel::LinearKv(..) => "linear_kv",
-            Kernel::LinearPair => "linear_pair",
+            Kernel::Linear(_, LinearInput::F32) => "linear",
+            Kernel::Linear(_, LinearInput::Bf16Pairs) => "linear_packed",
+            Kernel::LinearKv(_, LinearInput::F32) => "linear_kv",
+            Kernel::LinearKv(_, LinearInput::Bf16Pairs) => "linear_kv_packed",
+            Kernel::LinearPair(LinearInput::F32) => "linear_pair",
+            Kernel::LinearPair(LinearInput::Bf16Pairs) => "linear_pair_packed",
             Kernel::Gathered(..) => "gathered",
             Kernel::GatheredGrouped(..) => "gathered_grouped",
             Kernel::GroupSlots => "group_slots",
@@ -479,14 +499,14 @@ impl Kernel {
     /// the parameter block (uniform): binding 0, or routing's 17 for routing alone.
     pub fn bindings(self) -> &'static [u32] {
         match self {
-            // params, x, w, (scales,) bias, y, residual, row_lane, row_pos, rope_table,
-            // k_cache, v_cache, w_second, y_second: BF16 weights have no scales (every dense
-            // entry point names the pair's second weight and output, which only
-            // `linear_pair` touches)
-            Kernel::Linear(WeightFormat::Bf16) | Kernel::LinearKv(WeightFormat::Bf16) | Kernel::LinearPair => {
-                &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16]
+            // params, x, w, (scales,) bias, y, residual, x_packed, row_lane, row_pos,
+            // rope_table, k_cache, v_cache, w_second, y_second: BF16 weights have no scales
+            // (every dense entry point names the pair's second weight and output, which only
+            // `linear_pair` touches, and both forms of its input, bound to the same buffer)
+            Kernel::Linear(WeightFormat::Bf16, _) | Kernel::LinearKv(WeightFormat::Bf16, _) | Kernel::LinearPair(_) => {
+                &[0, 1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16]
             }
-            Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16],
+            Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales, x_packed (x again)
             Kernel::Gathered(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 9],
             Kernel::Gathered(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 9],
@@ -509,7 +529,7 @@ impl Kernel {
             // listed
             Kernel::Route(_) => &[17, 18, 19, 20, 21, 22, 23],
             // the BF16 dense linear's, then the router's
-            Kernel::RouteLinear(_) => &[0, 1, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
+            Kernel::RouteLinear(_) => &[0, 1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
             // params, a ([gate | up]), out
             Kernel::Swiglu => &[0, 1, 8],
             // params, a, out_words
@@ -542,8 +562,8 @@ impl Kernel {
     /// [`DENSE_LINEAR_WIDTH`], [`SHARED_LAUNCH_LINEAR_WIDTH`], or the routed experts' own.
     pub fn linear_width(self) -> Option<LinearWidth> {
         match self {
-            Kernel::Linear(_) | Kernel::LinearKv(_) => Some(DENSE_LINEAR_WIDTH),
-            Kernel::LinearPair | Kernel::RouteLinear(_) => Some(SHARED_LAUNCH_LINEAR_WIDTH),
+            Kernel::Linear(..) | Kernel::LinearKv(..) => Some(DENSE_LINEAR_WIDTH),
+            Kernel::LinearPair(_) | Kernel::RouteLinear(_) => Some(SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::Gathered(_, width) | Kernel::GatheredGrouped(_, width) => Some(width),
             _ => None,
         }

@@ -61,6 +61,9 @@
 //               second, each exactly as `linear` would (a MoE layer's router logits and its
 //               shared expert's SwiGLU: one launch fewer per layer). BF16 only: the second
 //               weight has no scales of its own.
+//   `linear_packed`, `linear_kv_packed`, `linear_pair_packed`: those three reading their
+//               input as BF16 pairs (`x_packed`, binding 9) instead of f32 (`x`), for steps
+//               of many rows; the same bits.
 //   `gathered`: routed experts; a workgroup per (GATHERED_ROWS weight rows, slot), four
 //               per thread row (two [gate, up] pairs with SwiGLU), the slot's expert read
 //               from `expert_ids` on the GPU. Experts outside
@@ -113,9 +116,10 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 @group(0) @binding(7) var<storage, read> expert_scales: array<f32>;
 @group(0) @binding(8) var<storage, read> residual: array<f32>;
-// The routed experts' activations as BF16 pairs, the lower column in a word's low half
-// (made by `pack_bf16` in elementwise.wgsl), which `gathered_grouped` reads; `gathered` refers
-// to it too (`unit_activations`), so both bind their input here as well as at binding 1.
+// The input as BF16 pairs, the lower column in a word's low half (made by `pack_bf16` in
+// elementwise.wgsl), which `gathered_grouped` and the `_packed` dense entry points read. Every
+// dense and gathered entry point refers to it (`unit_activations`), so each launch binds its
+// input here as well as at binding 1.
 @group(0) @binding(9) var<storage, read> x_packed: array<vec4<u32>>;
 // The cache write of `linear_kv`.
 @group(0) @binding(10) var<storage, read> row_lane: array<u32>;
@@ -132,22 +136,48 @@ const PASS_ROWS: u32 = 2u;
 var<workgroup> partial: array<f32, 2u * WG * PASS_ROWS>;         // two planes
 var<workgroup> group_sums: array<f32, 2u * GROUPS * THREAD_ROWS * PASS_ROWS>;
 
-// Two units' decoded weights (rows A and B) dotted with the activation row at `x_vec`;
-// each activation vec4 is loaded once for both.
-fn unit_dot2(a: array<vec4<f32>, VECS>, b: array<vec4<f32>, VECS>, x_vec: u32) -> vec2<f32> {
-    let x0 = x[x_vec];
-    let x1 = x[x_vec + 1u];
-    var s = vec2<f32>(dot(a[0], x0) + dot(a[1], x1), dot(b[0], x0) + dot(b[1], x1));
+// One unit's activations of a row: VECS vec4s of `x` from vec4 `at`, or with `packed` (a
+// constant at every call) the same values from `x_packed`'s vec4 `at` (eight BF16 values
+// each: half the bytes and loads of `x`).
+fn unit_activations(at: u32, packed: bool) -> array<vec4<f32>, VECS> {
+    var v = array<vec4<f32>, VECS>();
+    let i2 = min(2u, VECS - 1u);
+    let i3 = min(3u, VECS - 1u);
+    if (packed) {
+        let first = x_packed[at];
+        v[0] = vec4<f32>(bf16_pair(first.x), bf16_pair(first.y));
+        v[1] = vec4<f32>(bf16_pair(first.z), bf16_pair(first.w));
+        if (VECS > 2u) {
+            let second = x_packed[at + 1u];
+            v[i2] = vec4<f32>(bf16_pair(second.x), bf16_pair(second.y));
+            v[i3] = vec4<f32>(bf16_pair(second.z), bf16_pair(second.w));
+        }
+        return v;
+    }
+    v[0] = x[at];
+    v[1] = x[at + 1u];
     if (VECS > 2u) {
-        let x2 = x[x_vec + 2u];
-        let x3 = x[x_vec + 3u];
-        s += vec2<f32>(dot(a[min(2u, VECS - 1u)], x2), dot(b[min(2u, VECS - 1u)], x2));
-        s += vec2<f32>(dot(a[min(3u, VECS - 1u)], x3), dot(b[min(3u, VECS - 1u)], x3));
+        v[i2] = x[at + 2u];
+        v[i3] = x[at + 3u];
+    }
+    return v;
+}
+
+// A unit of rows A and B dotted with one unit of activations, each activation vec4 shared
+// by both.
+fn unit_dot2(a: array<vec4<f32>, VECS>, b: array<vec4<f32>, VECS>, xs: array<vec4<f32>, VECS>) -> vec2<f32> {
+    var s = vec2<f32>(dot(a[0], xs[0]) + dot(a[1], xs[1]), dot(b[0], xs[0]) + dot(b[1], xs[1]));
+    if (VECS > 2u) {
+        let i2 = min(2u, VECS - 1u);
+        let i3 = min(3u, VECS - 1u);
+        s += vec2<f32>(dot(a[i2], xs[i2]), dot(b[i2], xs[i2]));
+        s += vec2<f32>(dot(a[i3], xs[i3]), dot(b[i3], xs[i3]));
     }
     return s;
 }
 
-// Adds one unit of rows A and B (column `k`) to the sums of `count` (1 or 2) activation rows.
+// Adds one unit of rows A and B to the sums of `count` (1 or 2) activation rows, whose
+// activations start at vec4 `x_vec` of `x` (or with `packed` of `x_packed`), `x_row` apart.
 fn apply_pair(
     acc_a: ptr<function, array<f32, PASS_ROWS>>,
     acc_b: ptr<function, array<f32, PASS_ROWS>>,
@@ -157,12 +187,13 @@ fn apply_pair(
     x_vec: u32,
     x_row: u32,
     count: u32,
+    packed: bool,
 ) {
-    var d = unit_dot2(a, b, x_vec) * scale;
+    var d = unit_dot2(a, b, unit_activations(x_vec, packed)) * scale;
     (*acc_a)[0] += d.x;
     (*acc_b)[0] += d.y;
     if (count > 1u) {
-        d = unit_dot2(a, b, x_vec + x_row) * scale;
+        d = unit_dot2(a, b, unit_activations(x_vec + x_row, packed)) * scale;
         (*acc_a)[1] += d.x;
         (*acc_b)[1] += d.y;
     }
@@ -343,7 +374,17 @@ fn linear(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) t: u32,
 ) {
-    linear_rows(wg, groups.y, t, false, false);
+    linear_rows(wg, groups.y, t, false, false, false);
+}
+
+// `linear` reading its input as BF16 pairs (`x_packed`; steps of many rows).
+@compute @workgroup_size(WG)
+fn linear_packed(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    linear_rows(wg, groups.y, t, false, false, true);
 }
 
 // An attention layer's [q | k | v] projection, writing the KV caches as it goes (see
@@ -358,7 +399,17 @@ fn linear_kv(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) t: u32,
 ) {
-    linear_rows(wg, groups.y, t, true, false);
+    linear_rows(wg, groups.y, t, true, false, false);
+}
+
+// `linear_kv` reading its input as BF16 pairs.
+@compute @workgroup_size(WG)
+fn linear_kv_packed(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    linear_rows(wg, groups.y, t, true, false, true);
 }
 
 // Two linears in one launch (see the list of entry points): each workgroup computes one of
@@ -369,10 +420,25 @@ fn linear_pair(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) t: u32,
 ) {
+    linear_pair_rows(wg, groups.y, t, false);
+}
+
+// `linear_pair` reading its input as BF16 pairs.
+@compute @workgroup_size(WG)
+fn linear_pair_packed(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    linear_pair_rows(wg, groups.y, t, true);
+}
+
+// A workgroup of `linear_pair`: the first linear's, or the second's past `split_groups`.
+fn linear_pair_rows(wg: vec3<u32>, row_blocks: u32, t: u32, packed: bool) {
     if (wg.x < p.split_groups) {
-        linear_rows(wg, groups.y, t, false, false);
+        linear_rows(wg, row_blocks, t, false, false, packed);
     } else {
-        linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), groups.y, t, false, true);
+        linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), row_blocks, t, false, true, packed);
     }
 }
 
@@ -387,7 +453,9 @@ fn pipelined_sums(
     lane: u32,
     x0: u32,
     second: bool,
+    packed: bool,
 ) {
+    let unit_vecs = select(VECS, VECS / 2u, packed);
     let units = p.in_features / UNIT;
     let base_a = na * units;
     let base_b = nb * units;
@@ -416,10 +484,10 @@ fn pipelined_sums(
         let next_sa1 = scale_word(na, n1);
         let next_sb1 = scale_word(nb, n1);
         let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
-        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, 0u, 1u);
+        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * unit_vecs, 0u, 1u, packed);
         if (k + LANES < units) {
             let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
-            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, 0u, 1u);
+            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * unit_vecs, 0u, 1u, packed);
         }
         a0 = next_a0;
         b0 = next_b0;
@@ -446,7 +514,9 @@ fn batched_sums(
     x_row: u32,
     count: u32,
     second: bool,
+    packed: bool,
 ) {
+    let unit_vecs = select(VECS, VECS / 2u, packed);
     let units = p.in_features / UNIT;
     let base_a = na * units;
     let base_b = nb * units;
@@ -462,10 +532,10 @@ fn batched_sums(
         let sa1 = scale_word(na, k1);
         let sb1 = scale_word(nb, k1);
         let s0 = vec2<f32>(scale_of(sa0, na, k), scale_of(sb0, nb, k));
-        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * VECS, x_row, count);
+        apply_pair(acc_a, acc_b, decode_unit(a0), decode_unit(b0), s0, x0 + k * unit_vecs, x_row, count, packed);
         if (k + LANES < units) {
             let s1 = vec2<f32>(scale_of(sa1, na, k1), scale_of(sb1, nb, k1));
-            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * VECS, x_row, count);
+            apply_pair(acc_a, acc_b, decode_unit(a1), decode_unit(b1), s1, x0 + k1 * unit_vecs, x_row, count, packed);
         }
     }
 }
@@ -476,7 +546,7 @@ fn batched_sums(
 // takes passes y, y + row_blocks, ...): a prefill's passes run side by side instead of one
 // after another in each workgroup, and a row's result does not depend on which workgroup
 // computed it.
-fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool) {
+fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool, packed: bool) {
     let thread_row = t / LANES;
     let lane = t % LANES;
     let part = part_of(second);
@@ -484,7 +554,7 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
     let na = plan.row_a;
     // An invalid row B reads row A's units (in bounds) and is never written.
     let nb = select(na, plan.row_b, plan.valid_b);
-    let x_row = p.in_features / 4u;
+    let x_row = p.in_features / select(4u, 8u, packed);   // vec4s of x or x_packed per row
     for (var row0 = wg.y * PASS_ROWS; row0 < p.rows; row0 += row_blocks * PASS_ROWS) {
         let count = min(PASS_ROWS, p.rows - row0);
         var acc_a = array<f32, PASS_ROWS>();
@@ -492,9 +562,9 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
         if (plan.valid_a) {
             let x0 = row0 * x_row;
             if (count == 1u) {
-                pipelined_sums(&acc_a, &acc_b, na, nb, lane, x0, second);
+                pipelined_sums(&acc_a, &acc_b, na, nb, lane, x0, second, packed);
             } else {
-                batched_sums(&acc_a, &acc_b, na, nb, lane, x0, x_row, count, second);
+                batched_sums(&acc_a, &acc_b, na, nb, lane, x0, x_row, count, second, packed);
             }
         }
         store_partials(t, acc_a, acc_b);
@@ -535,33 +605,6 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
 // 2.102-2.108 / 3.957-3.968 ms, prefill 91.9 against 77.3 ms), and a row's bits must not
 // depend on how many rows its step has.
 const GATHERED_ROWS: u32 = 4u * THREAD_ROWS;   // weight rows per gathered workgroup
-
-// One unit's activations of a slot: VECS vec4s of `x` from vec4 `at`, or with `packed` (a
-// constant at every call) the same values from `x_packed`'s vec4 `at` (eight BF16 values
-// each: half the bytes and loads of `x`).
-fn unit_activations(at: u32, packed: bool) -> array<vec4<f32>, VECS> {
-    var v = array<vec4<f32>, VECS>();
-    let i2 = min(2u, VECS - 1u);
-    let i3 = min(3u, VECS - 1u);
-    if (packed) {
-        let first = x_packed[at];
-        v[0] = vec4<f32>(bf16_pair(first.x), bf16_pair(first.y));
-        v[1] = vec4<f32>(bf16_pair(first.z), bf16_pair(first.w));
-        if (VECS > 2u) {
-            let second = x_packed[at + 1u];
-            v[i2] = vec4<f32>(bf16_pair(second.x), bf16_pair(second.y));
-            v[i3] = vec4<f32>(bf16_pair(second.z), bf16_pair(second.w));
-        }
-        return v;
-    }
-    v[0] = x[at];
-    v[1] = x[at + 1u];
-    if (VECS > 2u) {
-        v[i2] = x[at + 2u];
-        v[i3] = x[at + 3u];
-    }
-    return v;
-}
 
 // One unit of each of four rows dotted with one unit of activations, each activation vec4
 // shared by all four.

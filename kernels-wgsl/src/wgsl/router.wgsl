@@ -179,7 +179,7 @@ fn route_linear(
         }
         return;
     }
-    linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), groups.y, t, false, false);
+    linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), groups.y, t, false, false, false);
 }
 
 // Keeps what routing needs of kept expert i, whose logit is `l`: the logit, its eligibility,
