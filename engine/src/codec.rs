@@ -531,9 +531,7 @@ impl CodecDecoder {
         let program = &self.programs[&length];
         let last = launches.end == program.dispatches.len();
         let copy = last.then_some((&program.output, &program.readback));
-        let submission = gpu
-            .queue
-            .submit([gpu.encode_then_copy(&program.dispatches[launches], copy)]);
+        let submission = gpu.submit_commands([gpu.encode_then_copy(&program.dispatches[launches], copy)]);
         if last {
             self.in_flight = Some((length, submission));
         }

@@ -397,7 +397,7 @@ impl<'e> Session<'e> {
             Some((prepared, commands)) if prepared == key => commands,
             _ => exe.encode(&gpu),
         };
-        let submission = gpu.queue.submit([commands]);
+        let submission = gpu.submit_commands([commands]);
         let submitted = Instant::now();
         // Record the next step of this shape while the GPU runs this one.
         self.prepared = Some((key, exe.encode(&gpu)));
@@ -487,7 +487,7 @@ impl<'e> Session<'e> {
         let exe = &self.steps[&key];
         let (time, logits) = match timing {
             Timing::None => {
-                let submission = gpu.queue.submit([exe.encode(&gpu)]);
+                let submission = gpu.submit_commands([exe.encode(&gpu)]);
                 (StepTiming::None, exe.read_encoded_logits(&gpu, submission)?)
             }
             Timing::Pass => (StepTiming::Pass(exe.timed_run(&gpu)?), exe.read_logits(&gpu)?),

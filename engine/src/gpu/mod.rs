@@ -152,7 +152,8 @@ pub enum GpuError {
 pub struct Gpu {
     /// The wgpu device.
     pub device: wgpu::Device,
-    /// Its queue.
+    /// Its queue. Submit through [`Gpu::submit_commands`], never `queue.submit`, where other
+    /// threads may use the device too (see [`Gpu::submit_commands`]).
     pub queue: wgpu::Queue,
     /// What the adapter offers.
     pub caps: Capabilities,
@@ -164,6 +165,9 @@ pub struct Gpu {
     /// The first error wgpu reported outside an error scope since the last wait, which
     /// returns it (wgpu's default handler would panic).
     reported: Arc<Mutex<Option<String>>>,
+    /// Held while the device is polled or its queue submitted to (see
+    /// [`Gpu::submit_commands`]).
+    polling: Mutex<()>,
 }
 
 /// The storage bindings the engine's largest kernel uses (routing with the BF16 linear
@@ -254,6 +258,7 @@ impl Gpu {
             upload_batch: options.upload_batch.unwrap_or(UPLOAD_BATCH),
             pipelines: Mutex::new(HashMap::new()),
             reported,
+            polling: Mutex::new(()),
         };
         gpu.probe_f16_subnormals()?;
         Ok(gpu)
@@ -419,7 +424,18 @@ impl Gpu {
 
     /// Records `dispatches` into one compute pass and submits them.
     pub fn submit(&self, dispatches: &[Dispatch]) {
-        self.queue.submit([self.encode(dispatches)]);
+        self.submit_commands([self.encode(dispatches)]);
+    }
+
+    /// Submits `commands` to the queue. One thread at a time polls the device or submits:
+    /// wgpu 30's poll, while another thread polls or submits (a submission retires finished
+    /// ones too), can read its fence, then find the queue empty because the other thread
+    /// retired a later submission meanwhile, and panic on its own assertion (fixed upstream
+    /// by gfx-rs/wgpu#9958). On an H200, 17 of 20 runs of op_misc's tests, whose threads
+    /// share one device, hit it with neither serialised, 3 of 20 with only the polls.
+    pub fn submit_commands(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) -> wgpu::SubmissionIndex {
+        let _one_at_a_time = self.polling.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.queue.submit(commands)
     }
 
     /// Records `dispatches` into one compute pass of a command buffer, to submit later.
@@ -498,7 +514,7 @@ impl Gpu {
                 dispatch.record(&mut pass);
             }
             encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
-            self.queue.submit([encoder.finish()]);
+            self.submit_commands([encoder.finish()]);
             let ticks: Vec<u64> = self.read_first(&resolved, count as usize)?;
             let period = f64::from(self.queue.get_timestamp_period());
             times.extend(
@@ -545,7 +561,7 @@ impl Gpu {
             }
         }
         encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
-        self.queue.submit([encoder.finish()]);
+        self.submit_commands([encoder.finish()]);
         let ticks: Vec<u64> = self.read_first(&resolved, 2)?;
         let nanos = ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period());
         Ok(std::time::Duration::from_nanos(nanos as u64))
@@ -568,7 +584,7 @@ impl Gpu {
         let readback = Readback::new(self, "readback", (count * std::mem::size_of::<T>()) as u64);
         let mut encoder = self.device.create_command_encoder(&Default::default());
         readback.record(&mut encoder, buffer);
-        let submission = self.queue.submit([encoder.finish()]);
+        let submission = self.submit_commands([encoder.finish()]);
         readback.read(self, submission)
     }
 }

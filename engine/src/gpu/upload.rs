@@ -145,7 +145,7 @@ impl<'g> Stager<'g> {
             &mut self.encoder,
             self.gpu.device.create_command_encoder(&Default::default()),
         );
-        let sent = self.gpu.queue.submit([encoder.finish()]);
+        let sent = self.gpu.submit_commands([encoder.finish()]);
         self.belt.recall();
         if let Some(previous) = self.in_flight.replace(sent) {
             self.gpu.finish(&previous)?;

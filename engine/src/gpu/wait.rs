@@ -72,15 +72,22 @@ impl Gpu {
     /// Blocks until `submission` (None: everything submitted) finished (true) or `timeout`
     /// passed (false). Every wait for the GPU comes through here, so here an error wgpu
     /// reported outside an error scope since the last wait becomes this wait's error.
+    ///
+    /// It polls holding the lock [`Gpu::submit_commands`] submits under (wgpu 30 panics when
+    /// threads poll and submit at once), so a wait may also wait for another thread's wait.
     pub(super) fn block(
         &self,
         submission: Option<&wgpu::SubmissionIndex>,
         timeout: Option<Duration>,
     ) -> Result<bool, GpuError> {
-        let finished = match self.device.poll(wgpu::PollType::Wait {
-            submission_index: submission.cloned(),
-            timeout,
-        }) {
+        let polled = {
+            let _polling = self.polling.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            self.device.poll(wgpu::PollType::Wait {
+                submission_index: submission.cloned(),
+                timeout,
+            })
+        };
+        let finished = match polled {
             Ok(_) => true,
             Err(wgpu::PollError::Timeout) => false,
             Err(e) => return Err(GpuError::Wait(e.to_string())),

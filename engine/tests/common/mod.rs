@@ -100,7 +100,7 @@ pub fn run(gpu: &Gpu, dispatches: &[drama_engine::gpu::Dispatch]) {
             d.record(&mut pass);
         }
     }
-    gpu.queue.submit([encoder.finish()]);
+    gpu.submit_commands([encoder.finish()]);
 }
 
 /// One kernel launch with its resources.
