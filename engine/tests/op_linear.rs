@@ -280,39 +280,17 @@ fn linear_case(
     let x = bf16_values(&mut rng, rows * in_, 2.0);
     let bias = with_bias.then(|| bf16_values(&mut rng, out, 0.5));
     let residual = with_residual.then(|| uniform(&mut rng, rows * out, 3.0));
-    let result = run_linear(
-        &w,
-        &x,
-        rows,
-        bias.as_deref(),
-        round,
-        residual.as_deref(),
-        LinearInput::F32,
-    );
+    let run = |x: &[f32], rows: usize, residual: Option<&[f32]>, input: LinearInput| {
+        run_linear(&w, x, rows, bias.as_deref(), round, residual, input)
+    };
+    let result = run(&x, rows, residual.as_deref(), LinearInput::F32);
     check(&label, &result.y, &result.want, &result.scale, TOL);
     assert_rows_alone_match(&label, &result.y, rows, out, |r| {
         let residual_row = residual.as_ref().map(|res| &res[r * out..(r + 1) * out]);
-        run_linear(
-            &w,
-            &x[r * in_..(r + 1) * in_],
-            1,
-            bias.as_deref(),
-            round,
-            residual_row,
-            LinearInput::F32,
-        )
-        .y
+        run(&x[r * in_..(r + 1) * in_], 1, residual_row, LinearInput::F32).y
     });
     // Read as BF16 pairs (steps of many rows), every output has the same bits.
-    let pairs = run_linear(
-        &w,
-        &x,
-        rows,
-        bias.as_deref(),
-        round,
-        residual.as_deref(),
-        LinearInput::Bf16Pairs,
-    );
+    let pairs = run(&x, rows, residual.as_deref(), LinearInput::Bf16Pairs);
     assert_eq!(bits(&pairs.y), bits(&result.y), "{label}: input as BF16 pairs");
 }
 
