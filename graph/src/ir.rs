@@ -276,9 +276,9 @@ pub enum Op {
         /// [`crate::select::expert_width`]).
         workgroup: LinearWidth,
     },
-    /// BF16 values packed two to a word (the grouped routed experts read their input so:
-    /// half the bytes and loads). Input: x (BF16, of an even width). Output: the same
-    /// values as [`DType::Bf16Pairs`].
+    /// BF16 values packed two to a word (the linears of steps of many rows read their input
+    /// so: half the bytes and loads). Input: x (BF16 rows of a width that is a multiple of
+    /// 8). Output: the same values as [`DType::Bf16Pairs`].
     PackBf16,
     /// silu(gate) * up. Input: [gate | up] rows; output half as wide.
     Swiglu {
