@@ -133,6 +133,70 @@ fn packed_on_gpu(
     (params, pairs)
 }
 
+/// What a grouped routed-expert launch reads besides its weights: the slots' blocks and
+/// order (`group_slots`) and its input as BF16 pairs (`pack_bf16`), each poisoned first.
+struct Grouping {
+    /// The blocks' entries (the grid's rows).
+    count: usize,
+    blocks: wgpu::Buffer,
+    order: wgpu::Buffer,
+    pairs: wgpu::Buffer,
+    grouped: bool,
+    _params: [wgpu::Buffer; 2],
+}
+
+impl Grouping {
+    /// The buffers for the `slots` slots of `ids` (routed among `experts`) reading the
+    /// `values` BF16 values of `x`, and the launches a step's dispatches start with: with
+    /// `grouped` the packing and grouping that fill them, else none.
+    fn on_gpu(
+        gpu: &drama_engine::gpu::Gpu,
+        ids: &wgpu::Buffer,
+        slots: usize,
+        experts: usize,
+        x: &wgpu::Buffer,
+        values: usize,
+        grouped: bool,
+    ) -> (Grouping, Vec<drama_engine::gpu::Dispatch>) {
+        let count = slots.div_ceil(EXPERT_GROUP_SLOTS) + experts;
+        let (blocks, order) = (poisoned(gpu, "blocks", 4 * count), poisoned(gpu, "order", slots));
+        let group_params = gpu.uniform(
+            "group params",
+            &GroupParams {
+                slots: slots as u32,
+                experts: experts as u32,
+                blocks: count as u32,
+                pad: 0,
+            },
+        );
+        let mut launches = Vec::new();
+        let (pack_params, pairs) = packed_on_gpu(gpu, x, values, &mut launches);
+        launches.push(dispatch(
+            gpu,
+            Kernel::GroupSlots,
+            &[&group_params, ids, &blocks, &order],
+            [1, 1, 1],
+        ));
+        if !grouped {
+            launches.clear();
+        }
+        let grouping = Grouping {
+            count,
+            blocks,
+            order,
+            pairs,
+            grouped,
+            _params: [group_params, pack_params],
+        };
+        (grouping, launches)
+    }
+
+    /// What the expert launches read: the pairs when grouped, else `x` itself.
+    fn input<'a>(&'a self, x: &'a wgpu::Buffer) -> &'a wgpu::Buffer {
+        if self.grouped { &self.pairs } else { x }
+    }
+}
+
 struct Run {
     y: Vec<f32>,
     want: Vec<f64>,
@@ -369,27 +433,9 @@ fn gathered_case(
         let idb = gpu.buffer_with("ids", &u32_bytes(ids));
         let bias = gpu.buffer_with("bias", &[0; 4]);
         let y = poisoned(gpu, "y", slots * out);
-        let blocks = slots.div_ceil(EXPERT_GROUP_SLOTS) + experts;
-        let (blocks_b, order_b) = (poisoned(gpu, "blocks", 4 * blocks), poisoned(gpu, "order", slots));
-        let group_params = gpu.uniform(
-            "group params",
-            &GroupParams {
-                slots: slots as u32,
-                experts: experts as u32,
-                blocks: blocks as u32,
-                pad: 0,
-            },
-        );
-        let mut dispatches = Vec::new();
-        // Grouped launches read their input as BF16 pairs, packed on the GPU.
-        let mut packing = Vec::new();
-        let packed = packed_on_gpu(gpu, &xb, x.len(), &mut packing);
-        if grouped {
-            dispatches.extend(packing);
-            let buffers = [&group_params, &idb, &blocks_b, &order_b];
-            dispatches.push(dispatch(gpu, Kernel::GroupSlots, &buffers, [1, 1, 1]));
-        }
-        let input = if grouped { &packed.1 } else { &xb };
+        let (grouping, mut dispatches) = Grouping::on_gpu(gpu, &idb, slots, experts, &xb, x.len(), grouped);
+        let (blocks, blocks_b, order_b, input) =
+            (grouping.count, &grouping.blocks, &grouping.order, grouping.input(&xb));
         let mut keep = Vec::new();
         for (begin, end) in [(0, split), (split, experts)] {
             let segment = &all[begin..end];
@@ -418,7 +464,7 @@ fn gathered_case(
                 buffers.push(&sb);
             }
             let (kernel, grid_rows) = if grouped {
-                buffers.extend([&bias, &blocks_b, &y, &tb, &order_b, input]);
+                buffers.extend([&bias, blocks_b, &y, &tb, order_b, input]);
                 (Kernel::GatheredGrouped(format, width), blocks)
             } else {
                 buffers.extend([&bias, &idb, &y, &tb, input]);
@@ -619,7 +665,9 @@ fn linear_swiglu_epilogue_matches_reference() {
 
 #[test]
 fn gathered_swiglu_epilogue_matches_reference() {
-    let (experts, width, cols, tokens, k) = (5, 24, 64, 3, 4);
+    // Twenty tokens of four slots over five experts: blocks of up to EXPERT_GROUP_SLOTS slots
+    // when grouped, and remainders.
+    let (experts, width, cols, tokens, k) = (5, 24, 64, 20, 4);
     let mut rng = rng("gathered swiglu");
     let pairs: Vec<(Weights, Weights)> = (0..experts)
         .map(|_| {
@@ -637,55 +685,77 @@ fn gathered_swiglu_epilogue_matches_reference() {
         gpu.buffer_with("ids", &u32_bytes(&ids)),
     );
     let bias = gpu.buffer_with("bias", &[0; 4]);
-    let y = poisoned(gpu, "y", slots * width);
-    let grid = [
-        (width as u32).div_ceil(WeightFormat::Nvfp4.gathered_rows_per_workgroup(LinearWidth::Narrow) / 2),
-        slots as u32,
-        1,
-    ];
-    // Two weight segments (as past the binding limit): experts 0..2 and 2..5.
-    let mut dispatches = Vec::new();
-    let mut keep = Vec::new();
-    for (begin, end) in [(0, 2), (2, experts)] {
-        let segment = &pairs[begin..end];
-        let codes: Vec<u8> = segment
-            .iter()
-            .flat_map(|(g, u)| [g.packed.clone(), u.packed.clone()].concat())
-            .collect();
-        let scales: Vec<u8> = segment
-            .iter()
-            .flat_map(|(g, u)| [g.scales.clone(), u.scales.clone()].concat())
-            .collect();
-        let tensor_scales: Vec<f32> = segment
-            .iter()
-            .flat_map(|(g, u)| [g.tensor_scale, u.tensor_scale])
-            .collect();
-        let params = LinearParams {
-            rows: slots as u32,
-            in_features: cols as u32,
-            out_features: (2 * width) as u32,
-            y_stride: width as u32,
-            x_row_div: k as u32,
-            expert_begin: begin as u32,
-            expert_end: end as u32,
-            flags: 2 | 8,
-            tensor_scale: 1.0,
-            ..Default::default()
-        };
-        let p = gpu.uniform("params", &params);
-        let wb = gpu.buffer_with("w", &codes);
-        let sb = gpu.buffer_with("scales", &scales);
-        let tb = gpu.buffer_with("expert_scales", &f32_bytes(&tensor_scales));
-        dispatches.push(dispatch(
-            gpu,
-            Kernel::Gathered(WeightFormat::Nvfp4, LinearWidth::Narrow),
-            &[&p, &xb, &wb, &sb, &bias, &idb, &y, &tb, &xb],
-            grid,
-        ));
-        keep.push((p, wb, sb, tb));
+    // Per slot, or grouped by expert (reading x packed as BF16 pairs), in workgroups of
+    // `width`; `flags` 2 rounds gate, up and the output to BF16, 0 leaves f32.
+    let launch = |grouped: bool, workgroup: LinearWidth, flags: u32| -> Vec<f32> {
+        let y = poisoned(gpu, "y", slots * width);
+        let (grouping, mut dispatches) = Grouping::on_gpu(gpu, &idb, slots, experts, &xb, x.len(), grouped);
+        let (blocks, blocks_b, order_b, input) =
+            (grouping.count, &grouping.blocks, &grouping.order, grouping.input(&xb));
+        let rows_per_group = WeightFormat::Nvfp4.gathered_rows_per_workgroup(workgroup) / 2;
+        let grid = [
+            (width as u32).div_ceil(rows_per_group),
+            if grouped { blocks } else { slots } as u32,
+            1,
+        ];
+        // Two weight segments (as past the binding limit): experts 0..2 and 2..5.
+        let mut keep = Vec::new();
+        for (begin, end) in [(0, 2), (2, experts)] {
+            let segment = &pairs[begin..end];
+            let codes: Vec<u8> = segment
+                .iter()
+                .flat_map(|(g, u)| [g.packed.clone(), u.packed.clone()].concat())
+                .collect();
+            let scales: Vec<u8> = segment
+                .iter()
+                .flat_map(|(g, u)| [g.scales.clone(), u.scales.clone()].concat())
+                .collect();
+            let tensor_scales: Vec<f32> = segment
+                .iter()
+                .flat_map(|(g, u)| [g.tensor_scale, u.tensor_scale])
+                .collect();
+            let params = LinearParams {
+                rows: slots as u32,
+                in_features: cols as u32,
+                out_features: (2 * width) as u32,
+                y_stride: width as u32,
+                x_row_div: k as u32,
+                expert_begin: begin as u32,
+                expert_end: end as u32,
+                flags: flags | 8,
+                tensor_scale: 1.0,
+                ..Default::default()
+            };
+            let p = gpu.uniform("params", &params);
+            let wb = gpu.buffer_with("w", &codes);
+            let sb = gpu.buffer_with("scales", &scales);
+            let tb = gpu.buffer_with("expert_scales", &f32_bytes(&tensor_scales));
+            let (kernel, buffers) = if grouped {
+                let kernel = Kernel::GatheredGrouped(WeightFormat::Nvfp4, workgroup);
+                (
+                    kernel,
+                    vec![&p, input, &wb, &sb, &bias, &blocks_b, &y, &tb, &order_b, input],
+                )
+            } else {
+                let kernel = Kernel::Gathered(WeightFormat::Nvfp4, workgroup);
+                (kernel, vec![&p, input, &wb, &sb, &bias, &idb, &y, &tb, input])
+            };
+            dispatches.push(dispatch(gpu, kernel, &buffers, grid));
+            keep.push((p, wb, sb, tb));
+        }
+        run(gpu, &dispatches);
+        gpu.read_f32(&y).unwrap()
+    };
+    let got = launch(false, LinearWidth::Narrow, 2);
+    let sums = launch(false, LinearWidth::Narrow, 0);
+    // Grouped and at every width, every slot's SwiGLU gets the same bits, rounded or not.
+    for workgroup in LinearWidth::ALL {
+        for grouped in [false, true] {
+            let case = format!("gathered swiglu: grouped {grouped}, {workgroup:?} workgroups");
+            assert_eq!(bits(&launch(grouped, workgroup, 0)), bits(&sums), "{case}, f32");
+            assert_eq!(bits(&launch(grouped, workgroup, 2)), bits(&got), "{case}");
+        }
     }
-    run(gpu, &dispatches);
-    let got = gpu.read_f32(&y).unwrap();
     let mut want = Vec::new();
     let mut scale = Vec::new();
     for (s, &id) in ids.iter().enumerate() {
