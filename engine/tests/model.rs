@@ -411,14 +411,16 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
 /// Steps built for a device that runs every launch after the one before (Metal's form: the
 /// shared expert's down projection computed by routing's launch) give the bits of steps built
 /// for one that runs a launch needing no barrier beside the one before it (the projection a
-/// launch of its own beside the routed gate/up): a prompt, then one-row steps.
+/// launch of its own beside the routed gate/up): a prompt long enough to group its experts'
+/// slots and read its linears' inputs as BF16 pairs, then one-row steps.
 #[test]
 fn serial_launch_steps_equal_concurrent_launch_steps() {
     let mut rng = rng("serial and concurrent launches");
     let f = Fixture::preset("tiny", rng.next_u64());
-    let (text, audio) = utterance(&f.open(), &mut rng, 5, 3);
+    let (text, audio) = utterance(&f.open(), &mut rng, 12, 3);
     let p = f.open().config.speech.voice_prefix_len;
     let prompt = rows_for(0, p, &text, &audio);
+    assert!(prompt.len() >= drama_graph::select::GROUPED_EXPERT_ROWS);
     let codes = f.open().config.speech.audio_codes as u32;
     let steps: Vec<Row> = (0..3)
         .map(|i| Row {

@@ -596,21 +596,29 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     };
     let shared = match shared_act {
         Some(_) if fused.is_some() => Some(routed[2]),
-        Some(act) => Some(g.b.node1(
-            &at("shared_expert.down"),
-            Op::Linear {
-                members: shared_down.members,
-                in_features: s.shared_width,
-                round_output: true,
-                residual: false,
-                swiglu: false,
-                cache_write: None,
-                beside: g.concurrent,
-                // Beside, it reads what routing lists: the activation as the pair wrote it.
-                input: LinearInput::F32,
-            },
-            &[act],
-        )?),
+        Some(act) => {
+            // Beside the launch before it, it reads what routing lists: the activation as
+            // the pair wrote it. One after another, it reads what the step's linears read.
+            let (act, input) = if g.concurrent {
+                (act, LinearInput::F32)
+            } else {
+                g.linear_input(&at("shared_expert.down"), act)?
+            };
+            Some(g.b.node1(
+                &at("shared_expert.down"),
+                Op::Linear {
+                    members: shared_down.members,
+                    in_features: s.shared_width,
+                    round_output: true,
+                    residual: false,
+                    swiglu: false,
+                    cache_write: None,
+                    beside: g.concurrent,
+                    input,
+                },
+                &[act],
+            )?)
+        }
         None => None,
     };
     let down = expert(g, "experts.down", &[Projection::Down], act, s.hidden, false)?;

@@ -37,9 +37,9 @@ pub const GROUPED_EXPERT_ROWS: usize = 16;
 /// How a step's linears read their inputs: steps of [`GROUPED_EXPERT_ROWS`] rows or more as
 /// BF16 pairs, packed by a launch of their own ([`Op::PackBf16`]) where they are made, half
 /// the bytes and loads of f32 (the grouped routed experts always; the dense linears too,
-/// except a MoE layer's shared-expert down projection, whose input routing lists as the
-/// linear pair wrote it; an H200's 256-row prefill took 63.6 against 74.8 ms, the bits the
-/// same). Decode steps keep f32: a pack is a launch more, which a step of few rows does not
+/// except a MoE layer's shared-expert down projection where it runs beside the launch before
+/// it, reading its input as routing lists it, as the linear pair wrote it; an H200's 256-row
+/// prefill took 63.6 against 74.8 ms, the bits the same). Decode steps keep f32: a pack is a launch more, which a step of few rows does not
 /// earn back.
 pub fn linear_input(rows: usize) -> LinearInput {
     if rows >= GROUPED_EXPERT_ROWS {

@@ -127,12 +127,19 @@ fn steps_of_many_rows_group_their_slots_first() {
             | Kernel::LinearKv(_, LinearInput::F32)
             | Kernel::LinearPair(LinearInput::F32)
     )));
-    // One after another: routing and the shared expert's down projection each alone.
+    // One after another: routing and the shared expert's down projection each alone, the
+    // latter reading pairs too (a pack more per MoE layer).
     let (serial, beside) = launches(&bench_step(256, false));
     assert_eq!(count(&serial, Kernel::GroupSlots), 23);
-    assert_eq!(count(&serial, Kernel::PackBf16), packs);
-    assert_eq!(serial.len(), 243 + 2 * 23 + packs);
+    assert_eq!(count(&serial, Kernel::PackBf16), packs + 23);
+    assert_eq!(serial.len(), 243 + 2 * 23 + packs + 23);
     assert!(beside.is_empty());
+    assert!(serial.iter().all(|k| !matches!(
+        k,
+        Kernel::Linear(_, LinearInput::F32)
+            | Kernel::LinearKv(_, LinearInput::F32)
+            | Kernel::LinearPair(LinearInput::F32)
+    )));
 }
 
 /// What lets wgpu record no barrier before a linear that runs beside the launch before it:
