@@ -434,8 +434,14 @@ impl Gpu {
     /// by gfx-rs/wgpu#9958). On an H200, 17 of 20 runs of op_misc's tests, whose threads
     /// share one device, hit it with neither serialised, 3 of 20 with only the polls.
     pub fn submit_commands(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) -> wgpu::SubmissionIndex {
-        let _one_at_a_time = self.polling.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _one_at_a_time = self.polling();
         self.queue.submit(commands)
+    }
+
+    /// The lock every poll and submission holds (see [`Gpu::submit_commands`]). It guards
+    /// no data, so a thread that panicked holding it leaves nothing to distrust.
+    fn polling(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.polling.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Records `dispatches` into one compute pass of a command buffer, to submit later.

@@ -81,7 +81,7 @@ impl Gpu {
         timeout: Option<Duration>,
     ) -> Result<bool, GpuError> {
         let polled = {
-            let _polling = self.polling.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let _one_at_a_time = self.polling();
             self.device.poll(wgpu::PollType::Wait {
                 submission_index: submission.cloned(),
                 timeout,
