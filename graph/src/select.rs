@@ -39,8 +39,8 @@ pub const GROUPED_EXPERT_ROWS: usize = 16;
 /// the bytes and loads of f32 (the grouped routed experts always; the dense linears too,
 /// except a MoE layer's shared-expert down projection where it runs beside the launch before
 /// it, reading its input as routing lists it, as the linear pair wrote it; an H200's 256-row
-/// prefill took 63.6 against 74.8 ms, the bits the same). Decode steps keep f32: a pack is a launch more, which a step of few rows does not
-/// earn back.
+/// prefill took 63.6 against 74.8 ms, the bits the same). Decode steps keep f32: a pack is a
+/// launch more, which a step of few rows does not earn back.
 pub fn linear_input(rows: usize) -> LinearInput {
     if rows >= GROUPED_EXPERT_ROWS {
         LinearInput::Bf16Pairs
@@ -50,8 +50,9 @@ pub fn linear_input(rows: usize) -> LinearInput {
 }
 
 /// Step sizes whose kernels are every step's: one per choice a step's rows make
-/// ([`expert_width`], [`routes_beside_linear`], [`GROUPED_EXPERT_ROWS`], [`linear_input`]). The engine builds
-/// their pipelines when it loads, so that no step compiles one while it runs.
+/// ([`expert_width`], [`routes_beside_linear`], [`GROUPED_EXPERT_ROWS`], [`linear_input`]).
+/// The engine builds their pipelines when it loads, so that no step compiles one while it
+/// runs.
 pub const PIPELINE_ROWS: [usize; 3] = [1, 8, GROUPED_EXPERT_ROWS];
 
 /// The workgroup width of a step's routed-expert launches ([`crate::ir::Op::Experts`]):
