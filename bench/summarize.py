@@ -1,28 +1,37 @@
 """One line per `drama bench` results file: decode steps, their gathered-expert profile,
-the MoE layer alone, prefill, the codec chunk and synthesis (for comparing runs of one call)."""
+the MoE layer alone, prefill, the codec chunk and synthesis (for comparing runs of one call).
+Parts a run left out (`drama bench --only`) are left out here too."""
 import json
 import sys
 
+
+def gathered_us(profile):
+    return sum(p["total_us"] for p in profile if p["kernel"].startswith("Gathered"))
+
+
 for path in sys.argv[1:]:
     d = json.load(open(path))
-    steps = " / ".join(f"{s['gpu_ms']:.3f}" for s in d["decode"])
-    gathered = " / ".join(
-        f"{sum(p['total_us'] for p in s['profile'] if p['kernel'].startswith('Gathered')):.0f}"
-        for s in d["decode"]
-    )
-    moe = " / ".join(f"{s['moe_layer']['gpu_us']:.1f}" for s in d["decode"])
-    pre = d["prefill"]
-    pre_g = sum(p["total_us"] for p in pre["profile"] if p["kernel"].startswith("Gathered"))
-    print(
-        f"{path}: {d['machine']['commit']} steps {steps} ms, gathered {gathered} us, "
-        f"moe {moe} us, prefill {pre['gpu_ms']:.2f} ms (experts {pre_g / 1000:.1f}), "
-        f"codec {d['codec']['gpu_ms']:.3f} ms, synthesis {d['synthesis']['wall_s']:.3f} s, "
-        f"roofline {d['roofline']['gb_per_s']:.0f} GB/s"
-    )
-    kernels = ", ".join(
-        f"{k['format']} {k['rows']}x{k['cols']}x{k['lanes']} {k['us']:.1f}" for k in d["kernels"]
-    )
-    print(f"  kernels (us): {kernels}")
-    pair = next(s for s in d["decode"] if s["lanes"] == 2)
-    profile = ", ".join(f"{p['kernel']} {p['total_us']:.0f}" for p in pair["profile"])
-    print(f"  pair profile (us): {profile}")
+    parts = [f"{path}: {d['machine']['commit']}"]
+    steps = d.get("decode")
+    if steps:
+        parts.append("steps " + " / ".join(f"{s['gpu_ms']:.3f}" for s in steps) + " ms")
+        parts.append("gathered " + " / ".join(f"{gathered_us(s['profile']):.0f}" for s in steps) + " us")
+        parts.append("moe " + " / ".join(f"{s['moe_layer']['gpu_us']:.1f}" for s in steps) + " us")
+    if "prefill" in d:
+        pre = d["prefill"]
+        parts.append(f"prefill {pre['gpu_ms']:.2f} ms (experts {gathered_us(pre['profile']) / 1000:.1f})")
+    if "codec" in d:
+        parts.append(f"codec {d['codec']['gpu_ms']:.3f} ms")
+    if "synthesis" in d:
+        parts.append(f"synthesis {d['synthesis']['wall_s']:.3f} s")
+    parts.append(f"roofline {d['roofline']['gb_per_s']:.0f} GB/s")
+    print(", ".join(parts))
+    if d.get("kernels"):
+        kernels = ", ".join(
+            f"{k['format']} {k['rows']}x{k['cols']}x{k['lanes']} {k['us']:.1f}" for k in d["kernels"]
+        )
+        print(f"  kernels (us): {kernels}")
+    if steps:
+        pair = next(s for s in steps if s["lanes"] == 2)
+        profile = ", ".join(f"{p['kernel']} {p['total_us']:.0f}" for p in pair["profile"])
+        print(f"  pair profile (us): {profile}")

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::Args;
-use drama_engine::bench::{BenchOptions, KernelShare, run as run_bench};
+use clap::{Args, ValueEnum};
+use drama_engine::bench::{BenchOptions, BenchPart, KernelShare, SynthesisResult, run as run_bench};
 use drama_engine::session::Engine;
 
 use crate::checkpoint_arg::CheckpointArg;
@@ -35,6 +35,32 @@ pub struct BenchArgs {
     /// Bytes of weight copies each linear measurement rotates over.
     #[arg(long, default_value_t = 512 << 20)]
     rotation_bytes: u64,
+    /// Measure only these parts (comma-separated) besides the roofline and the launch cost,
+    /// which every run measures; all parts when absent.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Part>,
+}
+
+/// The parts of the suite `--only` can name.
+#[derive(Clone, Copy, ValueEnum)]
+enum Part {
+    Kernels,
+    Decode,
+    Prefill,
+    Synthesis,
+    Codec,
+}
+
+impl From<Part> for BenchPart {
+    fn from(part: Part) -> Self {
+        match part {
+            Part::Kernels => BenchPart::Kernels,
+            Part::Decode => BenchPart::Decode,
+            Part::Prefill => BenchPart::Prefill,
+            Part::Synthesis => BenchPart::Synthesis,
+            Part::Codec => BenchPart::Codec,
+        }
+    }
 }
 
 /// Runs `drama bench`.
@@ -48,6 +74,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         prefill_rows: args.prefill_rows,
         synthesis_tokens: args.synthesis_tokens,
         rotation_bytes: args.rotation_bytes,
+        parts: if args.only.is_empty() {
+            BenchPart::ALL.to_vec()
+        } else {
+            args.only.iter().map(|&part| part.into()).collect()
+        },
     };
     let report = run_bench(
         &engine,
@@ -66,7 +97,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "launch alone: {:.2} us in a chain of dependent launches, {:.2} us of independent ones",
         report.launch.dependent_us, report.launch.independent_us
     );
-    for k in &report.kernels {
+    for k in report.kernels.iter().flatten() {
         eprintln!(
             "linear {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline; streaming its bytes alone: {:.1} us)",
             k.format,
@@ -79,7 +110,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             k.stream_us
         );
     }
-    for s in &report.decode {
+    let steps = report.decode.as_deref().unwrap_or_default();
+    for s in steps {
         eprintln!(
             "decode {:<8} {} lane(s): {:.3} ms GPU, {:.3} ms wall, floor {:.3} ms ({:.2}x), {} launches, {} waiting (alone {:.3} ms; {:.2}x both floors), compiled in {:.1} ms",
             s.label,
@@ -101,12 +133,29 @@ pub fn run(args: BenchArgs) -> Result<()> {
             );
         }
     }
-    for s in &report.decode {
+    for s in steps {
         print_profile(&s.label, &s.profile);
     }
-    eprintln!("prefill {} rows: {:.2} ms", report.prefill.rows, report.prefill.gpu_ms);
-    print_profile("prefill", &report.prefill.profile);
-    let y = &report.synthesis;
+    if let Some(prefill) = &report.prefill {
+        eprintln!("prefill {} rows: {:.2} ms", prefill.rows, prefill.gpu_ms);
+        print_profile("prefill", &prefill.profile);
+    }
+    if let Some(y) = &report.synthesis {
+        print_synthesis(y);
+    }
+    if let Some(c) = &report.codec {
+        eprintln!(
+            "codec chunk of {} codes ({} samples): {:.3} ms GPU, {} launches",
+            c.codes, c.samples, c.gpu_ms, c.dispatches
+        );
+        print_profile("codec", &c.profile);
+    }
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+/// The synthesis measurement and its per-token host costs.
+fn print_synthesis(y: &SynthesisResult) {
     eprintln!(
         "synthesis: {} tokens, {:.2} s audio, {:.2} s wall (forwards {:.2} s, sampling {:.3} s, codec {:.2} s, {} chunks in parts), RTF {:.3}, first audio {:.3} s, {:.1} tokens/s",
         y.tokens,
@@ -128,14 +177,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
         per_token(y.wait_s),
         per_token(y.sampling_s)
     );
-    let c = &report.codec;
-    eprintln!(
-        "codec chunk of {} codes ({} samples): {:.3} ms GPU, {} launches",
-        c.codes, c.samples, c.gpu_ms, c.dispatches
-    );
-    print_profile("codec", &c.profile);
-    println!("wrote {}", args.out.display());
-    Ok(())
 }
 
 /// The eight kernel kinds that took the most of a profiled run.

@@ -36,6 +36,36 @@ pub struct BenchOptions {
     pub synthesis_tokens: usize,
     /// Bytes of weight copies each linear measurement rotates over (at least).
     pub rotation_bytes: u64,
+    /// The parts to measure besides the roofline and the launch cost, which every run
+    /// measures (the other parts' floors are set against them).
+    pub parts: Vec<BenchPart>,
+}
+
+/// A part of the suite that a run may leave out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BenchPart {
+    /// Linear kernels at the model's matrix sizes.
+    Kernels,
+    /// Whole decode steps of 1, 2, 4 and 8 lanes.
+    Decode,
+    /// A prefill of `prefill_rows` rows.
+    Prefill,
+    /// End-to-end synthesis of `synthesis_tokens` tokens.
+    Synthesis,
+    /// One codec chunk alone.
+    Codec,
+}
+
+impl BenchPart {
+    /// Every part, in the order a run measures them.
+    pub const ALL: [BenchPart; 5] = [
+        BenchPart::Kernels,
+        BenchPart::Decode,
+        BenchPart::Prefill,
+        BenchPart::Synthesis,
+        BenchPart::Codec,
+    ];
 }
 
 /// Where the numbers were measured.
@@ -236,7 +266,7 @@ pub struct CodecResult {
     pub profile: Vec<KernelShare>,
 }
 
-/// Everything `drama bench` writes.
+/// Everything `drama bench` writes: the parts a run left out are absent.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     /// Where it ran.
@@ -248,15 +278,20 @@ pub struct BenchReport {
     /// What a launch costs on its own.
     pub launch: LaunchCost,
     /// Linear kernels at the model's sizes.
-    pub kernels: Vec<KernelResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<Vec<KernelResult>>,
     /// Decode steps.
-    pub decode: Vec<StepResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode: Option<Vec<StepResult>>,
     /// Prefill.
-    pub prefill: PrefillResult,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<PrefillResult>,
     /// Synthesis.
-    pub synthesis: SynthesisResult,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub synthesis: Option<SynthesisResult>,
     /// The codec alone.
-    pub codec: CodecResult,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub codec: Option<CodecResult>,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -760,7 +795,7 @@ pub fn kernel_shapes(engine: &Engine) -> Vec<(WeightFormat, usize, usize)> {
     shapes
 }
 
-/// Runs the whole suite.
+/// Runs the roofline, the launch cost and the parts `options` names.
 pub fn run(
     engine: &Engine,
     options: &BenchOptions,
@@ -769,28 +804,51 @@ pub fn run(
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchReport, EngineError> {
     let gpu = &engine.gpu;
+    let wanted = |part: BenchPart| options.parts.contains(&part);
     progress("roofline");
     let roof = roofline(gpu, options.repeats)?;
     progress("launch cost");
     let launch = launch_cost(gpu, options.repeats)?;
-    let mut kernels = Vec::new();
-    for (format, rows, cols) in kernel_shapes(engine) {
-        for lanes in [1, 2] {
-            progress(&format!("linear {format:?} {rows}x{cols} lanes {lanes}"));
-            kernels.push(linear_kernel(gpu, format, rows, cols, lanes, options, &roof)?);
-        }
-    }
-    let mut decode = Vec::new();
-    for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-4", 4), ("lanes-8", 8)] {
-        progress(&format!("decode step {label}"));
-        decode.push(decode_step(engine, label, lanes, options, &roof, &launch)?);
-    }
-    progress("prefill");
-    let prefill = prefill(engine, options)?;
-    progress("synthesis");
-    let synthesis = synthesis(engine, options)?;
-    progress("codec");
-    let codec = codec(engine, options)?;
+    let kernels = wanted(BenchPart::Kernels)
+        .then(|| {
+            let mut results = Vec::new();
+            for (format, rows, cols) in kernel_shapes(engine) {
+                for lanes in [1, 2] {
+                    progress(&format!("linear {format:?} {rows}x{cols} lanes {lanes}"));
+                    results.push(linear_kernel(gpu, format, rows, cols, lanes, options, &roof)?);
+                }
+            }
+            Ok::<_, EngineError>(results)
+        })
+        .transpose()?;
+    let decode = wanted(BenchPart::Decode)
+        .then(|| {
+            let mut steps = Vec::new();
+            for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-4", 4), ("lanes-8", 8)] {
+                progress(&format!("decode step {label}"));
+                steps.push(decode_step(engine, label, lanes, options, &roof, &launch)?);
+            }
+            Ok::<_, EngineError>(steps)
+        })
+        .transpose()?;
+    let prefill = wanted(BenchPart::Prefill)
+        .then(|| {
+            progress("prefill");
+            prefill(engine, options)
+        })
+        .transpose()?;
+    let synthesis = wanted(BenchPart::Synthesis)
+        .then(|| {
+            progress("synthesis");
+            synthesis(engine, options)
+        })
+        .transpose()?;
+    let codec = wanted(BenchPart::Codec)
+        .then(|| {
+            progress("codec");
+            codec(engine, options)
+        })
+        .transpose()?;
     Ok(BenchReport {
         machine: Machine {
             adapter: gpu.caps.clone(),

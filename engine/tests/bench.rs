@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use drama_engine::bench::{BenchOptions, Roofline, decode_step, launch_cost};
+use drama_engine::bench::{BenchOptions, BenchPart, Roofline, decode_step, launch_cost};
 use drama_engine::checkpoint::LayerMlp;
 use drama_engine::session::Engine;
 use rand_core::Rng;
@@ -35,6 +35,7 @@ fn eight_lanes_are_four_requests() {
         prefill_rows: 0,
         synthesis_tokens: 0,
         rotation_bytes: 0,
+        parts: vec![BenchPart::Decode],
     };
     let roofline = Roofline {
         bytes: 1,

@@ -1,0 +1,62 @@
+//! `drama bench` through the real binary on a generated checkpoint: `--only` measures the
+//! parts it names (besides the roofline and the launch cost) and writes nothing else.
+
+use drama_engine::test_support::rng;
+use drama_tests::drama_text;
+use rand_core::Rng;
+
+#[test]
+fn bench_only_writes_the_parts_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("tiny");
+    let seed = rng("bench --only").next_u64();
+    drama_fixtures::write_preset("tiny", seed, &checkpoint).unwrap();
+    let out = dir.path().join("bench.json");
+    let context = 4 + (seed % 12) as usize;
+    let (code, _, err) = drama_text(&[
+        "bench",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--only",
+        "decode",
+        "--repeats",
+        "1",
+        "--context",
+        &context.to_string(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let mut keys: Vec<&str> = report.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["decode", "launch", "machine", "options", "roofline"], "{report}");
+    assert_eq!(report["options"]["parts"], serde_json::json!(["decode"]));
+    let steps = report["decode"].as_array().unwrap();
+    let lanes: Vec<u64> = steps.iter().map(|s| s["lanes"].as_u64().unwrap()).collect();
+    assert_eq!(lanes, [1, 2, 4, 8]);
+    for step in steps {
+        assert_eq!(step["context"].as_u64(), Some(context as u64), "{step}");
+        let ms = step["gpu_ms"].as_f64().unwrap();
+        assert!(ms.is_finite() && ms > 0.0, "{step}");
+    }
+    assert!(!err.contains("prefill") && !err.contains("synthesis"), "{err}");
+}
+
+#[test]
+fn bench_refuses_a_part_it_does_not_know() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bench.json");
+    let (code, _, err) = drama_text(&[
+        "bench",
+        "--checkpoint",
+        "unused",
+        "--only",
+        "decode,roofs",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("'roofs'") && err.contains("--only"), "{err}");
+    assert!(!out.exists());
+}
