@@ -253,7 +253,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(x.dtype == DType::Bf16 && x.shape.len() == 2, || {
                 "x must be BF16 rows".into()
             })?;
-            // Whole vec4s of pairs per row: the grouped experts load eight values at a time.
+            // Whole vec4s of pairs per row: the linears load eight values at a time.
             expect(width_of(x).is_multiple_of(8), || {
                 format!("BF16 pairs need a width that is a multiple of 8, not {}", width_of(x))
             })?;

@@ -121,12 +121,7 @@ fn steps_of_many_rows_group_their_slots_first() {
     // The shared expert's down projection beside the routed gate/up reads f32 (routing lists
     // the activation as the linear pair wrote it); every other linear reads pairs.
     assert_eq!(beside, vec![Kernel::Linear(WeightFormat::Bf16, LinearInput::F32); 23]);
-    assert!(waiting.iter().all(|k| !matches!(
-        k,
-        Kernel::Linear(_, LinearInput::F32)
-            | Kernel::LinearKv(_, LinearInput::F32)
-            | Kernel::LinearPair(LinearInput::F32)
-    )));
+    assert!(!waiting.iter().any(reads_f32));
     // One after another: routing and the shared expert's down projection each alone, the
     // latter reading pairs too (a pack more per MoE layer).
     let (serial, beside) = launches(&bench_step(256, false));
@@ -134,12 +129,17 @@ fn steps_of_many_rows_group_their_slots_first() {
     assert_eq!(count(&serial, Kernel::PackBf16), packs + 23);
     assert_eq!(serial.len(), 243 + 2 * 23 + packs + 23);
     assert!(beside.is_empty());
-    assert!(serial.iter().all(|k| !matches!(
-        k,
+    assert!(!serial.iter().any(reads_f32));
+}
+
+/// Whether a dense linear launch reads its input as f32.
+fn reads_f32(kernel: &Kernel) -> bool {
+    matches!(
+        kernel,
         Kernel::Linear(_, LinearInput::F32)
             | Kernel::LinearKv(_, LinearInput::F32)
             | Kernel::LinearPair(LinearInput::F32)
-    )));
+    )
 }
 
 /// What lets wgpu record no barrier before a linear that runs beside the launch before it:

@@ -343,7 +343,7 @@ pub enum Kernel {
     RouteLinear(KeptCapacity),
     /// silu(gate) * up from [gate | up] rows.
     Swiglu,
-    /// BF16 values (f32 storage) packed two to a word: the grouped routed experts' input.
+    /// BF16 values (f32 storage) packed two to a word: the input of a many-row step's linears.
     PackBf16,
     /// Element-wise addition (the voice tower's residual connections).
     Add,

@@ -19,7 +19,6 @@ fn bf16_half(word: u32, half: u32) -> f32 {
     return select(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u), half == 1u);
 }
 
-
 // The two BF16 values of a word: the low half first.
 fn bf16_pair(u: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(u << 16u), bitcast<f32>(u & 0xffff0000u));

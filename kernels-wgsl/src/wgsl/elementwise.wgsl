@@ -44,8 +44,8 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     out[i] = maybe_round(g / (1.0 + exp(-g)) * a[gate + p.width]);
 }
 
-// BF16 values (f32 storage) two to a word, the lower index in the low half: the grouped
-// routed experts' activations (`gathered_grouped` in linear.wgsl), half the bytes and loads.
+// BF16 values (f32 storage) two to a word, the lower index in the low half: the input of a
+// many-row step's linears (`x_packed` in linear.wgsl), half the bytes and loads.
 // The values are BF16 already, so dropping the low halves is exact. `p.count` is words.
 @group(0) @binding(8) var<storage, read_write> out_words: array<u32>;
 
