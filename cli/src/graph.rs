@@ -50,6 +50,7 @@ pub fn run(args: GraphArgs) -> Result<()> {
         prefix_rows: args.lanes * c.speech.voice_prefix_len,
         trace: false,
         concurrent_launches: args.gpu.backend().runs_launches_concurrently(),
+        device_barriers: args.gpu.backend().has_device_barriers(),
     };
     let graph = build(&model_spec(&checkpoint), &CheckpointNames, shape)?;
     let planned = plan(&graph);

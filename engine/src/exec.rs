@@ -65,6 +65,9 @@ struct Lowering<'a> {
     buffers: &'a [wgpu::Buffer],
     bind: &'a Bindings<'a>,
     scratch: wgpu::Buffer,
+    /// Each (row, head)'s count of finished attention chunks, zero between launches
+    /// (`Kernel::AttendAndCombine`; wgpu creates buffers zeroed).
+    chunks_done: wgpu::Buffer,
     /// The attention launches' workgroup counts, written before each step.
     attention_grid: wgpu::Buffer,
     capacity: usize,
@@ -227,37 +230,43 @@ impl<'a> Lowering<'a> {
                 kv_heads,
                 head_dim,
                 round_output,
+                last_chunk_combines,
             } => {
                 let rows = self.rows(inputs[0]);
                 let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, *round_output);
-                let scratch = self.scratch.clone();
-                let resources = [
+                let (scratch, chunks_done) = (self.scratch.clone(), self.chunks_done.clone());
+                let mut resources = vec![
                     self.buffer(inputs[1])?,
                     self.buffer(inputs[2])?,
                     self.bind.rope_table,
                     self.buffer(inputs[0])?,
                     self.buffer(inputs[3])?,
                     self.buffer(inputs[4])?,
-                    &scratch,
                 ];
+                let kernel = if *last_chunk_combines {
+                    resources.extend([out, &scratch, &chunks_done]);
+                    Kernel::AttendAndCombine
+                } else {
+                    resources.push(&scratch);
+                    Kernel::Attend
+                };
                 // Launched over the chunks the step's rows reach (see `attention_grid`), at
                 // most the capacity's.
                 let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
-                let mut attend = self.gpu.dispatch(
-                    Kernel::Attend,
-                    &params,
-                    &resources,
-                    [rows as u32, *heads as u32, chunks],
-                )?;
+                let mut attend =
+                    self.gpu
+                        .dispatch(kernel, &params, &resources, [rows as u32, *heads as u32, chunks])?;
                 attend.indirect = Some(self.attention_grid.clone());
                 self.dispatches.push(attend);
-                let combine = [self.buffer(inputs[2])?, out, &scratch];
-                self.launch(
-                    Kernel::AttendCombine,
-                    &params,
-                    &combine,
-                    [rows as u32, *heads as u32, 1],
-                )?;
+                if !*last_chunk_combines {
+                    let combine = [self.buffer(inputs[2])?, out, &scratch];
+                    self.launch(
+                        Kernel::AttendCombine,
+                        &params,
+                        &combine,
+                        [rows as u32, *heads as u32, 1],
+                    )?;
+                }
             }
             Op::Router { route, linear } => {
                 let rows = self.rows(inputs[0]);
@@ -935,6 +944,7 @@ impl Executable {
             .map(|(i, &size)| gpu.buffer(&format!("b{i}"), size))
             .collect();
         let scratch = gpu.buffer("attention scratch", scratch_bytes);
+        let chunks_done = gpu.buffer("attention chunks done", (shape.rows * heads * 4) as u64);
         let attention_grid = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attention grid"),
             size: 12,
@@ -948,6 +958,7 @@ impl Executable {
             buffers: &buffers,
             bind,
             scratch,
+            chunks_done,
             attention_grid: attention_grid.clone(),
             capacity: shape.capacity,
             dispatches: Vec::new(),

@@ -64,6 +64,7 @@ fn build_step_pipelines(gpu: &Gpu, spec: &ModelSpec) -> Result<(), EngineError> 
             prefix_rows: 1,
             trace: false,
             concurrent_launches: gpu.caps.concurrent_launches,
+            device_barriers: gpu.caps.device_barriers,
         };
         for node in drama3::build(spec, &CheckpointNames, shape)?.nodes {
             for kernel in drama_graph::select::kernels_of(&node.op) {
@@ -307,6 +308,7 @@ impl<'e> Session<'e> {
                 prefix_rows: self.lanes * c.speech.voice_prefix_len,
                 trace,
                 concurrent_launches: self.engine.gpu.caps.concurrent_launches,
+                device_barriers: self.engine.gpu.caps.device_barriers,
             };
             let graph = drama3::build(&self.engine.spec, &CheckpointNames, shape)?;
             let bind = Bindings {

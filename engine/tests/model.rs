@@ -411,8 +411,10 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
 /// Steps built for a device that runs every launch after the one before (Metal's form: the
 /// shared expert's down projection computed by routing's launch) give the bits of steps built
 /// for one that runs a launch needing no barrier beside the one before it (the projection a
-/// launch of its own beside the routed gate/up): a prompt long enough to group its experts'
-/// slots and read its linears' inputs as BF16 pairs, then one-row steps.
+/// launch of its own beside the routed gate/up), and of steps built for one whose storage
+/// barriers have device scope as well (Vulkan's form: attention's chunks combined in its
+/// launch): a prompt long enough to group its experts' slots and read its linears' inputs as
+/// BF16 pairs, then one-row steps.
 #[test]
 fn serial_launch_steps_equal_concurrent_launch_steps() {
     let mut rng = rng("serial and concurrent launches");
@@ -429,9 +431,10 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
             pos: prompt.len() + i,
         })
         .collect();
-    let run = |concurrent: bool| {
+    let run = |concurrent: bool, device_barriers: bool| {
         let gpu = Gpu::new(&GpuOptions {
             concurrent_launches: Some(concurrent),
+            device_barriers: Some(device_barriers),
             ..Default::default()
         })
         .unwrap();
@@ -447,9 +450,11 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
         let kernels: Vec<Kernel> = last.into_iter().map(|(k, _)| k).collect();
         (logits, kernels)
     };
-    let (serial, serial_kernels) = run(false);
-    let (concurrent, concurrent_kernels) = run(true);
+    let (serial, serial_kernels) = run(false, false);
+    let (concurrent, concurrent_kernels) = run(true, false);
+    let (vulkan, vulkan_kernels) = run(true, true);
     assert_eq!(bits(&serial), bits(&concurrent));
+    assert_eq!(bits(&vulkan), bits(&concurrent), "attention combined in its launch");
     let moe_layers = f.open().layers.iter().filter(|l| matches!(l, LayerMlp::Moe(_))).count();
     let fused = |kernels: &[Kernel]| kernels.iter().filter(|k| matches!(k, Kernel::RouteLinear(_))).count();
     assert_eq!(
@@ -463,6 +468,12 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
         "concurrent: the projection has its own launch"
     );
     assert_eq!(concurrent_kernels.len(), serial_kernels.len() + moe_layers);
+    let layers = f.open().layers.len();
+    let count = |kernels: &[Kernel], kernel: Kernel| kernels.iter().filter(|&&k| k == kernel).count();
+    assert_eq!(count(&concurrent_kernels, Kernel::AttendCombine), layers);
+    assert_eq!(count(&vulkan_kernels, Kernel::AttendCombine), 0);
+    assert_eq!(count(&vulkan_kernels, Kernel::AttendAndCombine), layers);
+    assert_eq!(vulkan_kernels.len(), concurrent_kernels.len() - layers);
 }
 
 /// A step whose launches would need more than 65535 workgroups along one dimension is

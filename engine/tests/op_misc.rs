@@ -202,6 +202,41 @@ fn attention_case(
     ];
     run(gpu, &dispatches);
     let got = gpu.read_f32(&out).unwrap();
+    // The one-launch form, each chunk count back at zero after every launch: the same bits,
+    // launch after launch on the same counts.
+    let chunks_done = gpu.buffer_with("chunks done", &u32_bytes(&vec![0; rows * heads]));
+    for launch in 0..3 {
+        let fused_out = poisoned(gpu, "fused out", rows * heads * head_dim);
+        let fused = dispatch(
+            gpu,
+            Kernel::AttendAndCombine,
+            &[
+                &p,
+                &lane_b,
+                &pos_b,
+                &table_b,
+                &qkv_b,
+                &kc,
+                &vc,
+                &fused_out,
+                &scratch,
+                &chunks_done,
+            ],
+            [
+                rows as u32,
+                heads as u32,
+                drama_kernels::attention_chunks(capacity) as u32,
+            ],
+        );
+        run(gpu, &[fused]);
+        let fused_got = gpu.read_f32(&fused_out).unwrap();
+        assert_eq!(bits(&fused_got), bits(&got), "{label}: one launch, launch {launch}");
+        let counts = gpu.read_u32(&chunks_done).unwrap();
+        assert!(
+            counts.iter().all(|&c| c == 0),
+            "{label}: chunk counts after launch {launch}: {counts:?}"
+        );
+    }
     let mut want = Vec::new();
     let mut scale = Vec::new();
     for r in 0..rows {

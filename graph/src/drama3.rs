@@ -10,8 +10,8 @@ use serde::Serialize;
 use crate::graph::{Graph, GraphBuilder, GraphError};
 use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
 use crate::select::{
-    GROUPED_EXPERT_ROWS, expert_width, linear_input, pairs, routes_beside_linear, shares_launch, stacks_expert_swiglu,
-    stacks_swiglu,
+    GROUPED_EXPERT_ROWS, expert_width, last_chunk_combines, linear_input, pairs, routes_beside_linear, shares_launch,
+    stacks_expert_swiglu, stacks_swiglu,
 };
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
@@ -132,6 +132,12 @@ pub struct StepShape {
     /// and GL backends run every launch after the one before): independent work then gets
     /// launches of its own ([`Op::Linear`]'s `beside`) instead of sharing one.
     pub concurrent_launches: bool,
+    /// WGSL's storage barriers order memory for the whole device (wgpu's Vulkan and DX12
+    /// backends; on Metal and GL only within a workgroup), so the last workgroup of a launch
+    /// to finish may read what the others wrote: attention's chunks are then combined by
+    /// the last of each row's and head's to finish ([`Op::Attention`]'s
+    /// `last_chunk_combines`), not by a launch of their own.
+    pub device_barriers: bool,
 }
 
 /// Names of the host-written inputs, in the order the engine fills them. (The voice-prefix
@@ -171,6 +177,8 @@ struct Build<'a> {
     rows: usize,
     /// See [`StepShape::concurrent_launches`].
     concurrent: bool,
+    /// See [`StepShape::device_barriers`].
+    device_barriers: bool,
     /// Values packed into BF16 pairs so far, and their packed copies.
     packed: HashMap<ValueId, ValueId>,
 }
@@ -329,6 +337,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         trace: shape.trace,
         rows: shape.rows,
         concurrent: shape.concurrent_launches,
+        device_barriers: shape.device_barriers,
         packed: HashMap::new(),
     };
     let row_table = g.b.input("row_table", vec![rows], DType::U32, ValueKind::Input);
@@ -387,6 +396,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
                 kv_heads: s.kv_heads,
                 head_dim: s.head_dim,
                 round_output: true,
+                last_chunk_combines: last_chunk_combines(rows, g.device_barriers),
             },
             &[qkv, row_lane, row_pos, k_cache, v_cache],
         )?;
@@ -441,6 +451,7 @@ pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<(V
         prefix_rows: 1,
         trace: false,
         concurrent_launches: false,
+        device_barriers: false,
     };
     let graph = build(spec, names, shape)?;
     Ok(graph

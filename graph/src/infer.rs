@@ -137,6 +137,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             kv_heads,
             head_dim,
             round_output,
+            ..
         } => {
             arity(inputs, 5)?;
             let rows = rows_of(inputs[0]);

@@ -228,6 +228,10 @@ pub enum Op {
         head_dim: usize,
         /// Round the output to BF16 (it feeds o_proj).
         round_output: bool,
+        /// The chunks of each (row, head) are combined by the workgroup of the last to
+        /// finish, in the same launch (the same bits; needs
+        /// [`crate::drama3::StepShape::device_barriers`]), not by a launch of their own.
+        last_chunk_combines: bool,
     },
     /// Top-k routing, and with `linear` an independent linear computed by the same launch (a
     /// MoE layer's shared-expert down projection, which reads nothing routing writes).

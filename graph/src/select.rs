@@ -49,8 +49,21 @@ pub fn linear_input(rows: usize) -> LinearInput {
     }
 }
 
+/// Whether a step of `rows` rows has attention's chunks combined by the last of each (row,
+/// head)'s chunks to finish, in attention's launch ([`Op::Attention`]'s
+/// `last_chunk_combines`), on a device with `device_barriers` (see
+/// [`crate::drama3::StepShape::device_barriers`]): steps of fewer than
+/// [`GROUPED_EXPERT_ROWS`] rows. On an H200, three runs each in one call, the same bits:
+/// decode steps of 1 / 2 / 4 / 8 lanes took 1.717-1.743 / 2.041-2.052 / 2.594-2.600 /
+/// 3.868-3.888 ms against 1.745-1.780 / 2.076-2.094 / 2.644-2.655 / 3.910-3.916 ms with the
+/// combine a launch of its own, but the 256-row prefill 63.41-63.44 against 63.15-63.17 ms.
+pub fn last_chunk_combines(rows: usize, device_barriers: bool) -> bool {
+    device_barriers && rows < GROUPED_EXPERT_ROWS
+}
+
 /// Step sizes whose kernels are every step's: one per choice a step's rows make
-/// ([`expert_width`], [`routes_beside_linear`], [`GROUPED_EXPERT_ROWS`], [`linear_input`]).
+/// ([`expert_width`], [`routes_beside_linear`], [`GROUPED_EXPERT_ROWS`], [`linear_input`],
+/// [`last_chunk_combines`]).
 /// The engine builds their pipelines when it loads, so that no step compiles one while it
 /// runs.
 pub const PIPELINE_ROWS: [usize; 3] = [1, 8, GROUPED_EXPERT_ROWS];
@@ -119,6 +132,10 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
             }
         }
         Op::LinearPair { input, .. } => vec![Kernel::LinearPair(*input)],
+        Op::Attention {
+            last_chunk_combines: true,
+            ..
+        } => vec![Kernel::AttendAndCombine],
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router { route, linear } => {
             let capacity = KeptCapacity::for_kept(route.kept)

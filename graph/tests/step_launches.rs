@@ -53,8 +53,10 @@ fn bench_spec() -> ModelSpec {
     }
 }
 
-/// A step of `rows` rows, for a device that runs launches beside the one before them or not.
-fn bench_step(rows: usize, concurrent_launches: bool) -> Graph {
+/// A step of `rows` rows, for a device like Vulkan's (`vulkan`: launches that need no barrier
+/// run beside the one before them, and storage barriers have device scope) or like Metal's
+/// (neither).
+fn bench_step(rows: usize, vulkan: bool) -> Graph {
     let lanes = rows.min(8);
     let shape = StepShape {
         rows,
@@ -62,7 +64,8 @@ fn bench_step(rows: usize, concurrent_launches: bool) -> Graph {
         capacity: 4096,
         prefix_rows: lanes * 8,
         trace: false,
-        concurrent_launches,
+        concurrent_launches: vulkan,
+        device_barriers: vulkan,
     };
     drama3::build(&bench_spec(), &Names, shape).expect("the bench shape builds")
 }
@@ -79,11 +82,14 @@ fn count(kernels: &[Kernel], kernel: Kernel) -> usize {
 }
 
 #[test]
-fn decode_steps_of_up_to_eight_rows_wait_on_ten_launches_per_moe_layer() {
+fn decode_steps_of_up_to_eight_rows_wait_on_nine_or_ten_launches_per_moe_layer() {
     for rows in [1, 2, 8] {
-        // The shared expert's down projection beside the routed gate/up of each MoE layer.
+        // The shared expert's down projection beside the routed gate/up of each MoE layer,
+        // and attention's chunks combined in its launch.
         let (waiting, beside) = launches(&bench_step(rows, true));
-        assert_eq!(waiting.len(), 243, "{rows} rows: {waiting:?}");
+        assert_eq!(waiting.len(), 219, "{rows} rows: {waiting:?}");
+        assert_eq!(count(&waiting, Kernel::AttendAndCombine), 24, "{rows} rows");
+        assert_eq!(count(&waiting, Kernel::AttendCombine), 0, "{rows} rows");
         assert_eq!(
             beside,
             vec![Kernel::Linear(WeightFormat::Bf16, LinearInput::F32); 23],
@@ -94,6 +100,7 @@ fn decode_steps_of_up_to_eight_rows_wait_on_ten_launches_per_moe_layer() {
         let (serial, beside) = launches(&bench_step(rows, false));
         assert_eq!(serial.len(), 243, "{rows} rows: {serial:?}");
         assert!(beside.is_empty(), "{rows} rows");
+        assert_eq!(count(&serial, Kernel::AttendCombine), 24, "{rows} rows");
         assert_eq!(
             count(&serial, Kernel::RouteLinear(KeptCapacity::ALL[0])),
             23,
@@ -118,6 +125,9 @@ fn steps_of_many_rows_group_their_slots_first() {
     assert_eq!(count(&waiting, Kernel::GroupSlots), 23);
     assert_eq!(count(&waiting, Kernel::PackBf16), packs);
     assert_eq!(waiting.len(), 243 + 23 + packs);
+    // Attention's chunks are combined by a launch of their own (see
+    // `select::last_chunk_combines`).
+    assert_eq!(count(&waiting, Kernel::AttendCombine), 24);
     // The shared expert's down projection beside the routed gate/up reads f32 (routing lists
     // the activation as the linear pair wrote it); every other linear reads pairs.
     assert_eq!(beside, vec![Kernel::Linear(WeightFormat::Bf16, LinearInput::F32); 23]);
@@ -184,9 +194,9 @@ fn a_linear_beside_the_launch_before_it_needs_no_barrier_of_its_own() {
 /// any size uses, so no step compiles a pipeline while it runs.
 #[test]
 fn pipeline_rows_cover_every_step_size() {
-    for concurrent in [false, true] {
+    for vulkan in [false, true] {
         let kernels = |rows| {
-            let (waiting, beside) = launches(&bench_step(rows, concurrent));
+            let (waiting, beside) = launches(&bench_step(rows, vulkan));
             waiting.into_iter().chain(beside).collect::<Vec<Kernel>>()
         };
         let built: Vec<Kernel> = PIPELINE_ROWS.iter().flat_map(|&rows| kernels(rows)).collect();
@@ -194,7 +204,7 @@ fn pipeline_rows_cover_every_step_size() {
             for kernel in kernels(rows) {
                 assert!(
                     built.contains(&kernel),
-                    "{rows} rows (concurrent launches {concurrent}): {kernel:?} is not built at load"
+                    "{rows} rows (Vulkan's form {vulkan}): {kernel:?} is not built at load"
                 );
             }
         }

@@ -336,6 +336,9 @@ pub enum Kernel {
     Attend,
     /// Combines a row's attention chunks into its output.
     AttendCombine,
+    /// [`Kernel::Attend`] whose last chunk to finish in each (row, head) does
+    /// [`Kernel::AttendCombine`]'s work for it (needs device-scope storage barriers).
+    AttendAndCombine,
     /// Top-k routing over up to that many kept experts.
     Route(KeptCapacity),
     /// Top-k routing over up to that many kept experts, and a BF16 linear (a MoE layer's
@@ -405,6 +408,7 @@ impl Kernel {
             Kernel::CombineRmsNorm,
             Kernel::Attend,
             Kernel::AttendCombine,
+            Kernel::AttendAndCombine,
             Kernel::Swiglu,
             Kernel::PackBf16,
             Kernel::Add,
@@ -439,7 +443,7 @@ impl Kernel {
             Kernel::Gathered(f, width) | Kernel::GatheredGrouped(f, width) => Module::Linear(f, width),
             Kernel::LinearPair(_) => Module::Linear(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
-            Kernel::Attend | Kernel::AttendCombine => Module::Attention,
+            Kernel::Attend | Kernel::AttendCombine | Kernel::AttendAndCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
             Kernel::Swiglu
             | Kernel::PackBf16
@@ -473,6 +477,7 @@ impl Kernel {
             Kernel::CombineRmsNorm => "combine_rms_norm",
             Kernel::Attend => "attend",
             Kernel::AttendCombine => "attend_combine",
+            Kernel::AttendAndCombine => "attend_and_combine",
             Kernel::Route(_) => "route",
             Kernel::RouteLinear(_) => "route_linear",
             Kernel::Swiglu => "swiglu",
@@ -525,6 +530,8 @@ impl Kernel {
             Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 8],
             // params, row_pos, dst, scratch
             Kernel::AttendCombine => &[0, 2, 7, 8],
+            // attend's, dst, then the chunk counts
+            Kernel::AttendAndCombine => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
             // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights,
             // listed
             Kernel::Route(_) => &[17, 18, 19, 20, 21, 22, 23],
@@ -577,6 +584,7 @@ impl Kernel {
         match self {
             Kernel::ReadBandwidth
             | Kernel::Attend
+            | Kernel::AttendAndCombine
             | Kernel::RmsNorm
             | Kernel::CombineRmsNorm
             | Kernel::Route(_)
@@ -738,6 +746,50 @@ mod tests {
         )
         .unwrap();
         assert!(counted.contains("loop_bound"), "the loop counters are not recognised");
+    }
+
+    /// `attend_and_combine` rests on naga's SPIR-V giving `storageBarrier` device memory
+    /// scope with acquire-release semantics (what `Capabilities::device_barriers` claims for
+    /// Vulkan): its every barrier over storage memory has them.
+    #[test]
+    fn storage_barriers_have_device_scope_in_spirv() {
+        let (ir, info) = validate(Module::Attention).unwrap();
+        let pipeline = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: Kernel::AttendAndCombine.entry_point().to_string(),
+        };
+        let words =
+            naga::back::spv::write_vec(&ir, &info, &naga::back::spv::Options::default(), Some(&pipeline)).unwrap();
+        const OP_CONSTANT: u32 = 43;
+        const OP_CONTROL_BARRIER: u32 = 224;
+        const SCOPE_DEVICE: u32 = 1;
+        const ACQUIRE_RELEASE: u32 = 0x8;
+        const UNIFORM_MEMORY: u32 = 0x40;
+        let mut constants = std::collections::HashMap::new();
+        let mut barriers = Vec::new();
+        let mut at = 5; // past the header
+        while at < words.len() {
+            let (count, opcode) = ((words[at] >> 16) as usize, words[at] & 0xffff);
+            let operands = &words[at + 1..at + count];
+            match opcode {
+                OP_CONSTANT => {
+                    constants.insert(operands[1], operands[2]);
+                }
+                OP_CONTROL_BARRIER => barriers.push([operands[1], operands[2]]),
+                _ => {}
+            }
+            at += count;
+        }
+        let storage: Vec<[u32; 2]> = barriers
+            .iter()
+            .map(|ids| ids.map(|id| constants[&id]))
+            .filter(|[_, semantics]| semantics & UNIFORM_MEMORY != 0)
+            .collect();
+        assert_eq!(storage.len(), 2, "the two storage barriers: {barriers:?}");
+        for [scope, semantics] in storage {
+            assert_eq!(scope, SCOPE_DEVICE);
+            assert_ne!(semantics & ACQUIRE_RELEASE, 0);
+        }
     }
 
     /// The value of the WGSL `const` named `name` (a u32 literal) in `module`.

@@ -30,12 +30,22 @@ pub struct Capabilities {
     /// A launch that needs no barrier may run beside the launch before it (the backend is
     /// one of [`CONCURRENT_LAUNCH_BACKENDS`]).
     pub concurrent_launches: bool,
+    /// WGSL's `storageBarrier` orders storage memory for the whole device (the backend is
+    /// one of [`DEVICE_BARRIER_BACKENDS`]), so a launch's last workgroup to finish may read
+    /// what the others wrote.
+    pub device_barriers: bool,
 }
 
 /// The backends on which a launch that needs no barrier runs beside the launch before it:
 /// wgpu records barriers there only where the bindings need them, while its Metal and GL
 /// backends run every launch after the one before (Metal's serial compute encoders).
 pub const CONCURRENT_LAUNCH_BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN.union(wgpu::Backends::DX12);
+
+/// The backends on which WGSL's `storageBarrier` orders storage memory for the whole
+/// device: naga gives it device memory scope in SPIR-V and writes
+/// `DeviceMemoryBarrierWithGroupSync` in HLSL, but `threadgroup_barrier(mem_device)` in MSL
+/// and `memoryBarrierBuffer` in GLSL, which order memory within the workgroup only.
+pub const DEVICE_BARRIER_BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN.union(wgpu::Backends::DX12);
 
 impl Capabilities {
     /// Reads the report from the adapter's info, features and the limits the device got.
@@ -53,6 +63,7 @@ impl Capabilities {
             max_buffer: limits.max_buffer_size,
             max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             concurrent_launches: CONCURRENT_LAUNCH_BACKENDS.contains(info.backend.into()),
+            device_barriers: DEVICE_BARRIER_BACKENDS.contains(info.backend.into()),
         }
     }
 }

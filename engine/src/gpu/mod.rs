@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use drama_kernels::{Kernel, ProbeParams};
 use wgpu::util::DeviceExt;
 
-pub use capabilities::{CONCURRENT_LAUNCH_BACKENDS, Capabilities};
+pub use capabilities::{CONCURRENT_LAUNCH_BACKENDS, Capabilities, DEVICE_BARRIER_BACKENDS};
 pub use readback::Readback;
 pub(crate) use upload::bytes_of;
 pub use upload::{Stager, UPLOAD_BATCH};
@@ -54,6 +54,12 @@ impl BackendChoice {
         self.backends().intersects(CONCURRENT_LAUNCH_BACKENDS)
     }
 
+    /// Whether WGSL's storage barriers order memory for the whole device on the API this
+    /// choice opens (see [`Capabilities::device_barriers`]).
+    pub fn has_device_barriers(self) -> bool {
+        self.backends().intersects(DEVICE_BARRIER_BACKENDS)
+    }
+
     fn backends(self) -> wgpu::Backends {
         match self {
             BackendChoice::Auto => {
@@ -90,6 +96,10 @@ pub struct GpuOptions {
     /// [`Capabilities::concurrent_launches`]). None: as the backend runs them (tests build
     /// the other form too, to compare their bits).
     pub concurrent_launches: Option<bool>,
+    /// Whether steps are built for device-scope storage barriers (see
+    /// [`Capabilities::device_barriers`]). None: as the backend has them (tests build the
+    /// other form too, to compare their bits).
+    pub device_barriers: Option<bool>,
 }
 
 /// Why the GPU could not be used.
@@ -242,6 +252,7 @@ impl Gpu {
         })?;
         let mut caps = Capabilities::read(&info, adapter.features(), &limits);
         caps.concurrent_launches = options.concurrent_launches.unwrap_or(caps.concurrent_launches);
+        caps.device_barriers = options.device_barriers.unwrap_or(caps.device_barriers);
         let reported = Arc::new(Mutex::new(None));
         let first = reported.clone();
         device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {

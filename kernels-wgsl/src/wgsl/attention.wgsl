@@ -40,7 +40,9 @@ fn qkv_width() -> u32 {
 // by fixed trees, and the chunk's o = sum exp(score - m) v, split over (vec4 column, part of
 // the positions) with eight positions in flight and the parts added in a fixed order;
 // (o, m, l) go to `scratch`. `attend_combine` then gives each (row, head) a workgroup that
-// rescales the chunks to their common max and normalises (`combine_chunks`). Chunks are
+// rescales the chunks to their common max and normalises (`combine_chunks`), or, in
+// `attend_and_combine`, the workgroup of the (row, head)'s last chunk to finish does, the
+// same bits with a launch less (see there). Chunks are
 // fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
 // cache, never on the batch. (One workgroup per (row, head), scores through global memory,
 // took about 19 us per attention in an H200 decode step, bound by its chain of dependent
@@ -179,14 +181,22 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`.
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let r = wg.x;
-    let h = wg.y;
-    let chunk = wg.z;
-    let length = row_pos[r] + 1u;
-    let first = chunk * CHUNK;
-    if (first >= length) {
+    attend_chunk(wg.x, wg.y, wg.z, t);
+}
+
+// Whether chunk `chunk` of row r reaches positions the row attends to.
+fn chunk_in_row(r: u32, chunk: u32) -> bool {
+    return chunk * CHUNK <= row_pos[r];
+}
+
+// Chunk `chunk` of row r's attention in head h: (o, m, l) in `scratch`. Every invocation
+// must call it, for a chunk the row reaches.
+fn attend_chunk(r: u32, h: u32, chunk: u32, t: u32) {
+    if (!chunk_in_row(r, chunk)) {
         return;
     }
+    let length = row_pos[r] + 1u;
+    let first = chunk * CHUNK;
     let count = min(CHUNK, length - first);
     let columns = p.head_dim / 4u;                 // vec4s per head
     let kv_row = p.kv_heads * columns;             // vec4s per cache position
@@ -328,4 +338,37 @@ fn write_combined(r: u32, h: u32, first: u32, stride: u32) {
 @compute @workgroup_size(64)
 fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     write_combined(wg.x, wg.y, t, COMBINE_WG);
+}
+
+// `attend_and_combine`: both launches' work in one. Each (row, head) counts its finished
+// chunks in `chunks_done`; the chunk's workgroup that finishes last combines them (reading
+// every chunk's results from `scratch`) and sets the count back to zero for the next
+// launch. On SPIR-V naga gives `storageBarrier` device memory scope with acquire-release
+// semantics: the barrier before the count releases the chunk's results, the one after it
+// acquires the other chunks'. (On Metal it orders memory within the threadgroup only, so
+// steps there keep the two launches.)
+@group(0) @binding(9) var<storage, read_write> chunks_done: array<atomic<u32>>;
+var<workgroup> finished_chunks: u32;
+
+@compute @workgroup_size(256)
+fn attend_and_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let r = wg.x;
+    let h = wg.y;
+    if (!chunk_in_row(r, wg.z)) {
+        return;
+    }
+    attend_chunk(r, h, wg.z, t);
+    storageBarrier();
+    let counter = r * p.heads + h;
+    if (t == 0u) {
+        finished_chunks = atomicAdd(&chunks_done[counter], 1u) + 1u;
+    }
+    if (workgroupUniformLoad(&finished_chunks) <= row_pos[r] / CHUNK) {
+        return;
+    }
+    storageBarrier();
+    if (t == 0u) {
+        atomicStore(&chunks_done[counter], 0u);
+    }
+    write_combined(r, h, t, ATTEND_WG);
 }
