@@ -7,7 +7,9 @@ use common::*;
 use drama_engine::exec::route_launch;
 use drama_engine::numerics::round_to_bf16;
 use drama_engine::reference::ops::{self, RouterSpec};
-use drama_kernels::{AttentionParams, ConvOutput, ElementwiseParams, Kernel, NormParams, RouterParams};
+use drama_kernels::{
+    ATTEND_COMBINES, AttentionParams, ConvOutput, ElementwiseParams, Kernel, NormParams, RouterParams,
+};
 use rand_core::Rng;
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
@@ -182,11 +184,23 @@ fn attention_case(
         "scratch",
         drama_kernels::attention_scratch_floats(rows, heads, head_dim, capacity),
     );
+    let chunks_done = gpu.buffer_with("chunks done", &u32_bytes(&vec![0; rows * heads]));
     let dispatches = [
         dispatch(
             gpu,
             Kernel::Attend,
-            &[&p, &lane_b, &pos_b, &table_b, &qkv_b, &kc, &vc, &scratch],
+            &[
+                &p,
+                &lane_b,
+                &pos_b,
+                &table_b,
+                &qkv_b,
+                &kc,
+                &vc,
+                &out,
+                &scratch,
+                &chunks_done,
+            ],
             [
                 rows as u32,
                 heads as u32,
@@ -204,14 +218,20 @@ fn attention_case(
     let got = gpu.read_f32(&out).unwrap();
     // The one-launch form, each chunk count back at zero after every launch: the same bits,
     // launch after launch on the same counts.
-    let chunks_done = gpu.buffer_with("chunks done", &u32_bytes(&vec![0; rows * heads]));
+    let combining = gpu.uniform(
+        "p combining",
+        &AttentionParams {
+            flags: params.flags | ATTEND_COMBINES,
+            ..params
+        },
+    );
     for launch in 0..3 {
         let fused_out = poisoned(gpu, "fused out", rows * heads * head_dim);
         let fused = dispatch(
             gpu,
-            Kernel::AttendAndCombine,
+            Kernel::Attend,
             &[
-                &p,
+                &combining,
                 &lane_b,
                 &pos_b,
                 &table_b,

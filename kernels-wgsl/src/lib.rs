@@ -332,13 +332,12 @@ pub enum Kernel {
     /// when there is one), written out, then the RMSNorm of the result.
     CombineRmsNorm,
     /// Causal grouped-query attention over one chunk of positions (queries rotated as they
-    /// are staged); writes the chunk's partial results to the scratch buffer.
+    /// are staged); writes the chunk's partial results to the scratch buffer, and with
+    /// [`ATTEND_COMBINES`] the workgroup of each (row, head)'s last chunk to finish does
+    /// [`Kernel::AttendCombine`]'s work (needs device-scope storage barriers).
     Attend,
     /// Combines a row's attention chunks into its output.
     AttendCombine,
-    /// [`Kernel::Attend`] whose last chunk to finish in each (row, head) does
-    /// [`Kernel::AttendCombine`]'s work for it (needs device-scope storage barriers).
-    AttendAndCombine,
     /// Top-k routing over up to that many kept experts.
     Route(KeptCapacity),
     /// Top-k routing over up to that many kept experts, and a BF16 linear (a MoE layer's
@@ -408,7 +407,6 @@ impl Kernel {
             Kernel::CombineRmsNorm,
             Kernel::Attend,
             Kernel::AttendCombine,
-            Kernel::AttendAndCombine,
             Kernel::Swiglu,
             Kernel::PackBf16,
             Kernel::Add,
@@ -443,7 +441,7 @@ impl Kernel {
             Kernel::Gathered(f, width) | Kernel::GatheredGrouped(f, width) => Module::Linear(f, width),
             Kernel::LinearPair(_) => Module::Linear(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
-            Kernel::Attend | Kernel::AttendCombine | Kernel::AttendAndCombine => Module::Attention,
+            Kernel::Attend | Kernel::AttendCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
             Kernel::Swiglu
             | Kernel::PackBf16
@@ -477,7 +475,6 @@ impl Kernel {
             Kernel::CombineRmsNorm => "combine_rms_norm",
             Kernel::Attend => "attend",
             Kernel::AttendCombine => "attend_combine",
-            Kernel::AttendAndCombine => "attend_and_combine",
             Kernel::Route(_) => "route",
             Kernel::RouteLinear(_) => "route_linear",
             Kernel::Swiglu => "swiglu",
@@ -526,12 +523,11 @@ impl Kernel {
             // params, residual, weight, y, routed_out, routed_weights, gate_logits,
             // shared_out, h
             Kernel::CombineRmsNorm => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
-            // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, scratch
-            Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 8],
+            // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, dst, scratch,
+            // chunk counts
+            Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
             // params, row_pos, dst, scratch
             Kernel::AttendCombine => &[0, 2, 7, 8],
-            // attend's, dst, then the chunk counts
-            Kernel::AttendAndCombine => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
             // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights,
             // listed
             Kernel::Route(_) => &[17, 18, 19, 20, 21, 22, 23],
@@ -584,7 +580,6 @@ impl Kernel {
         match self {
             Kernel::ReadBandwidth
             | Kernel::Attend
-            | Kernel::AttendAndCombine
             | Kernel::RmsNorm
             | Kernel::CombineRmsNorm
             | Kernel::Route(_)
@@ -593,6 +588,10 @@ impl Kernel {
         }
     }
 }
+
+/// The flag of [`AttentionParams`] with which [`Kernel::Attend`] combines each (row,
+/// head)'s chunks itself, in the workgroup of the last chunk to finish.
+pub const ATTEND_COMBINES: u32 = 2;
 
 /// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
 /// workgroup per (row, head, chunk), `[rows, heads, attention_chunks(capacity)]`.
@@ -748,7 +747,7 @@ mod tests {
         assert!(counted.contains("loop_bound"), "the loop counters are not recognised");
     }
 
-    /// `attend_and_combine` rests on naga's SPIR-V giving `storageBarrier` device memory
+    /// `attend`'s combine (with [`ATTEND_COMBINES`]) rests on naga's SPIR-V giving `storageBarrier` device memory
     /// scope with acquire-release semantics (what `Capabilities::device_barriers` claims for
     /// Vulkan): its every barrier over storage memory has them.
     #[test]
@@ -756,7 +755,7 @@ mod tests {
         let (ir, info) = validate(Module::Attention).unwrap();
         let pipeline = naga::back::spv::PipelineOptions {
             shader_stage: naga::ShaderStage::Compute,
-            entry_point: Kernel::AttendAndCombine.entry_point().to_string(),
+            entry_point: Kernel::Attend.entry_point().to_string(),
         };
         let words =
             naga::back::spv::write_vec(&ir, &info, &naga::back::spv::Options::default(), Some(&pipeline)).unwrap();

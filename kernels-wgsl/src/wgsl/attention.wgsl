@@ -16,7 +16,7 @@ struct Params {
     kv_heads: u32,
     head_dim: u32,
     capacity: u32,    // positions per cache slot
-    flags: u32,       // attention: 1 = round output to BF16
+    flags: u32,       // 1: round the output to BF16; 2 (attend): combine the chunks too
     scale: f32,       // 1 / sqrt(head_dim)
     _pad: u32,
 }
@@ -41,8 +41,8 @@ fn qkv_width() -> u32 {
 // the positions) with eight positions in flight and the parts added in a fixed order;
 // (o, m, l) go to `scratch`. `attend_combine` then gives each (row, head) a workgroup that
 // rescales the chunks to their common max and normalises (`combine_chunks`), or, in
-// `attend_and_combine`, the workgroup of the (row, head)'s last chunk to finish does, the
-// same bits with a launch less (see there). Chunks are
+// `attend` with flag 2, the workgroup of the (row, head)'s last chunk to finish does, the
+// same bits with a launch less (see `combine_if_last`). Chunks are
 // fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
 // cache, never on the batch. (One workgroup per (row, head), scores through global memory,
 // took about 19 us per attention in an H200 decode step, bound by its chain of dependent
@@ -178,25 +178,21 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
     return row_lane[r] * p.capacity * p.kv_heads * columns + g * columns;
 }
 
-// In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`.
+// In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`, and
+// with flag 2 the combined output of the row's and head's chunks if this chunk finished
+// last (see `combine_if_last`). (The body as a function of (row, head, chunk) made the
+// H200's 256-row prefill's 24 attention launches 2360-2369 against 2123-2125 us of its
+// profile.)
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    attend_chunk(wg.x, wg.y, wg.z, t);
-}
-
-// Whether chunk `chunk` of row r reaches positions the row attends to.
-fn chunk_in_row(r: u32, chunk: u32) -> bool {
-    return chunk * CHUNK <= row_pos[r];
-}
-
-// Chunk `chunk` of row r's attention in head h: (o, m, l) in `scratch`. Every invocation
-// must call it, for a chunk the row reaches.
-fn attend_chunk(r: u32, h: u32, chunk: u32, t: u32) {
-    if (!chunk_in_row(r, chunk)) {
-        return;
-    }
+    let r = wg.x;
+    let h = wg.y;
+    let chunk = wg.z;
     let length = row_pos[r] + 1u;
     let first = chunk * CHUNK;
+    if (first >= length) {
+        return;
+    }
     let count = min(CHUNK, length - first);
     let columns = p.head_dim / 4u;                 // vec4s per head
     let kv_row = p.kv_heads * columns;             // vec4s per cache position
@@ -243,6 +239,9 @@ fn attend_chunk(r: u32, h: u32, chunk: u32, t: u32) {
     }
     if (t == 0u) {
         scratch[block + chunks_of(p.capacity) * columns + chunk] = vec4<f32>(m, l, 0.0, 0.0);
+    }
+    if ((p.flags & 2u) != 0u) {
+        combine_if_last(r, h, t);
     }
 }
 
@@ -340,24 +339,19 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     write_combined(wg.x, wg.y, t, COMBINE_WG);
 }
 
-// `attend_and_combine`: both launches' work in one. Each (row, head) counts its finished
-// chunks in `chunks_done`; the chunk's workgroup that finishes last combines them (reading
-// every chunk's results from `scratch`) and sets the count back to zero for the next
-// launch. On SPIR-V naga gives `storageBarrier` device memory scope with acquire-release
-// semantics: the barrier before the count releases the chunk's results, the one after it
-// acquires the other chunks'. (On Metal it orders memory within the threadgroup only, so
-// steps there keep the two launches.)
+// With flag 2 `attend` also does `attend_combine`'s work, one launch for both: each (row,
+// head) counts its finished chunks in `chunks_done`, and the workgroup of the last to
+// finish combines them (reading every chunk's results from `scratch`) and sets the count
+// back to zero for the next launch. On SPIR-V naga gives `storageBarrier` device memory
+// scope with acquire-release semantics: the barrier before the count releases the chunk's
+// results, the one after it acquires the other chunks'. (On Metal it orders memory within
+// the threadgroup only, so steps there keep the two launches.)
 @group(0) @binding(9) var<storage, read_write> chunks_done: array<atomic<u32>>;
 var<workgroup> finished_chunks: u32;
 
-@compute @workgroup_size(256)
-fn attend_and_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let r = wg.x;
-    let h = wg.y;
-    if (!chunk_in_row(r, wg.z)) {
-        return;
-    }
-    attend_chunk(r, h, wg.z, t);
+// The end of a chunk's workgroup with flag 2 (every invocation must call it): the
+// combine, if its chunk finished last.
+fn combine_if_last(r: u32, h: u32, t: u32) {
     storageBarrier();
     let counter = r * p.heads + h;
     if (t == 0u) {
