@@ -747,9 +747,10 @@ mod tests {
         assert!(counted.contains("loop_bound"), "the loop counters are not recognised");
     }
 
-    /// `attend`'s combine (with [`ATTEND_COMBINES`]) rests on naga's SPIR-V giving `storageBarrier` device memory
-    /// scope with acquire-release semantics (what `Capabilities::device_barriers` claims for
-    /// Vulkan): its every barrier over storage memory has them.
+    /// `attend`'s combine (with [`ATTEND_COMBINES`]) rests on naga's SPIR-V giving
+    /// `storageBarrier` device memory scope with acquire-release semantics (what
+    /// `Capabilities::device_barriers` claims for Vulkan): its every barrier over storage
+    /// memory has them.
     #[test]
     fn storage_barriers_have_device_scope_in_spirv() {
         let (ir, info) = validate(Module::Attention).unwrap();
