@@ -185,19 +185,20 @@ fn attention_case(
         drama_kernels::attention_scratch_floats(rows, heads, head_dim, capacity),
     );
     let chunks_done = gpu.buffer_with("chunks done", &u32_bytes(&vec![0; rows * heads]));
-    let dispatches = [
+    // `attend` with the parameter block `params`, writing `out` when it combines.
+    let attend = |params: &wgpu::Buffer, out: &wgpu::Buffer| {
         dispatch(
             gpu,
             Kernel::Attend,
             &[
-                &p,
+                params,
                 &lane_b,
                 &pos_b,
                 &table_b,
                 &qkv_b,
                 &kc,
                 &vc,
-                &out,
+                out,
                 &scratch,
                 &chunks_done,
             ],
@@ -206,7 +207,10 @@ fn attention_case(
                 heads as u32,
                 drama_kernels::attention_chunks(capacity) as u32,
             ],
-        ),
+        )
+    };
+    let dispatches = [
+        attend(&p, &out),
         dispatch(
             gpu,
             Kernel::AttendCombine,
@@ -227,27 +231,7 @@ fn attention_case(
     );
     for launch in 0..3 {
         let fused_out = poisoned(gpu, "fused out", rows * heads * head_dim);
-        let fused = dispatch(
-            gpu,
-            Kernel::Attend,
-            &[
-                &combining,
-                &lane_b,
-                &pos_b,
-                &table_b,
-                &qkv_b,
-                &kc,
-                &vc,
-                &fused_out,
-                &scratch,
-                &chunks_done,
-            ],
-            [
-                rows as u32,
-                heads as u32,
-                drama_kernels::attention_chunks(capacity) as u32,
-            ],
-        );
+        let fused = attend(&combining, &fused_out);
         run(gpu, &[fused]);
         let fused_got = gpu.read_f32(&fused_out).unwrap();
         assert_eq!(bits(&fused_got), bits(&got), "{label}: one launch, launch {launch}");
