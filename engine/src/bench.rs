@@ -809,46 +809,46 @@ pub fn run(
     let roof = roofline(gpu, options.repeats)?;
     progress("launch cost");
     let launch = launch_cost(gpu, options.repeats)?;
-    let kernels = wanted(BenchPart::Kernels)
-        .then(|| {
-            let mut results = Vec::new();
-            for (format, rows, cols) in kernel_shapes(engine) {
-                for lanes in [1, 2] {
-                    progress(&format!("linear {format:?} {rows}x{cols} lanes {lanes}"));
-                    results.push(linear_kernel(gpu, format, rows, cols, lanes, options, &roof)?);
-                }
+    let kernels = if wanted(BenchPart::Kernels) {
+        let mut results = Vec::new();
+        for (format, rows, cols) in kernel_shapes(engine) {
+            for lanes in [1, 2] {
+                progress(&format!("linear {format:?} {rows}x{cols} lanes {lanes}"));
+                results.push(linear_kernel(gpu, format, rows, cols, lanes, options, &roof)?);
             }
-            Ok::<_, EngineError>(results)
-        })
-        .transpose()?;
-    let decode = wanted(BenchPart::Decode)
-        .then(|| {
-            let mut steps = Vec::new();
-            for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-4", 4), ("lanes-8", 8)] {
-                progress(&format!("decode step {label}"));
-                steps.push(decode_step(engine, label, lanes, options, &roof, &launch)?);
-            }
-            Ok::<_, EngineError>(steps)
-        })
-        .transpose()?;
-    let prefill = wanted(BenchPart::Prefill)
-        .then(|| {
-            progress("prefill");
-            prefill(engine, options)
-        })
-        .transpose()?;
-    let synthesis = wanted(BenchPart::Synthesis)
-        .then(|| {
-            progress("synthesis");
-            synthesis(engine, options)
-        })
-        .transpose()?;
-    let codec = wanted(BenchPart::Codec)
-        .then(|| {
-            progress("codec");
-            codec(engine, options)
-        })
-        .transpose()?;
+        }
+        Some(results)
+    } else {
+        None
+    };
+    let decode = if wanted(BenchPart::Decode) {
+        let mut steps = Vec::new();
+        for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-4", 4), ("lanes-8", 8)] {
+            progress(&format!("decode step {label}"));
+            steps.push(decode_step(engine, label, lanes, options, &roof, &launch)?);
+        }
+        Some(steps)
+    } else {
+        None
+    };
+    let prefill = if wanted(BenchPart::Prefill) {
+        progress("prefill");
+        Some(prefill(engine, options)?)
+    } else {
+        None
+    };
+    let synthesis = if wanted(BenchPart::Synthesis) {
+        progress("synthesis");
+        Some(synthesis(engine, options)?)
+    } else {
+        None
+    };
+    let codec = if wanted(BenchPart::Codec) {
+        progress("codec");
+        Some(codec(engine, options)?)
+    } else {
+        None
+    };
     Ok(BenchReport {
         machine: Machine {
             adapter: gpu.caps.clone(),
