@@ -99,7 +99,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     for k in report.kernels.iter().flatten() {
         eprintln!(
-            "linear {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline; streaming its bytes alone: {:.1} us)",
+            "linear {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline; streaming its bytes alone: {:.1} us); launches overlapped: {:.2} us ({:.0}%; streaming: {:.2} us)",
             k.format,
             k.rows,
             k.cols,
@@ -107,7 +107,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             k.us,
             k.gb_per_s,
             100.0 * k.fraction_of_roofline,
-            k.stream_us
+            k.stream_us,
+            k.overlapped_us,
+            100.0 * k.overlapped_fraction_of_roofline,
+            k.overlapped_stream_us
         );
     }
     let steps = report.decode.as_deref().unwrap_or_default();

@@ -134,6 +134,15 @@ pub struct KernelResult {
     pub stream_us: f64,
     /// stream_us / us: how close the kernel comes to streaming its bytes and nothing else.
     pub fraction_of_stream: f64,
+    /// Median microseconds per launch when each copy's launch writes an output of its own:
+    /// no barriers, so the launches overlap and their ramps and tails hide behind each
+    /// other. What the kernel's own work costs per byte, with the launch latency a decode
+    /// step pays taken out.
+    pub overlapped_us: f64,
+    /// Achieved / roofline, launches overlapped.
+    pub overlapped_fraction_of_roofline: f64,
+    /// The roofline kernel streaming the same copies, each launch writing a sink of its own.
+    pub overlapped_stream_us: f64,
 }
 
 /// One decode-step measurement.
@@ -325,15 +334,31 @@ fn read_dispatch(gpu: &Gpu, data: &wgpu::Buffer, sink: &wgpu::Buffer, groups: u3
 /// Workgroup counts (of 256 invocations) the roofline tries; the fastest is the ceiling.
 const ROOFLINE_GRIDS: [u32; 5] = [1024, 2048, 4096, 8192, 65535];
 
-/// Streams `data` for about a second so the GPU reaches its working clocks before anything
-/// is measured (otherwise the first measurements run at idle clocks).
-fn warm_up(gpu: &Gpu, data: &wgpu::Buffer) -> Result<(), EngineError> {
+/// How long the GPU streams before each measured part. After host-side setup (weight copies
+/// generated and uploaded, a session built) the H200's SM clock had fallen to 345-495 MHz
+/// from 1980 (nvidia-smi, 2026-12-02), and short measurements ran there: the large NVFP4
+/// matrix took 634-694 us instead of 164 us, and single-lane decode steps 3.9-4.6 ms instead
+/// of 1.73 ms in some runs.
+const WARM_UP: Duration = Duration::from_millis(200);
+
+/// Bytes the warm-up streams per launch.
+const WARM_UP_BYTES: u64 = 64 << 20;
+
+/// Keeps the GPU streaming for `duration`, four launches per submit, so that what is
+/// measured next runs at working clocks, not at the idle clocks left by host-side work.
+fn warm_up(gpu: &Gpu, duration: Duration) -> Result<(), EngineError> {
+    let data = gpu.buffer(
+        "warm-up data",
+        WARM_UP_BYTES.min(gpu.caps.max_storage_binding) / 16 * 16,
+    );
     let groups = ROOFLINE_GRIDS[0];
     let sink = gpu.buffer("warm-up sink", u64::from(groups) * 256 * 4);
-    let launch = read_dispatch(gpu, data, &sink, groups)?;
+    let launches = (0..4)
+        .map(|_| read_dispatch(gpu, &data, &sink, groups))
+        .collect::<Result<Vec<_>, _>>()?;
     let start = std::time::Instant::now();
-    while start.elapsed() < Duration::from_secs(1) {
-        gpu.timed_submit(std::slice::from_ref(&launch))?;
+    while start.elapsed() < duration {
+        gpu.timed_submit(&launches)?;
     }
     Ok(())
 }
@@ -343,7 +368,7 @@ fn warm_up(gpu: &Gpu, data: &wgpu::Buffer) -> Result<(), EngineError> {
 pub fn roofline(gpu: &Gpu, repeats: usize) -> Result<Roofline, EngineError> {
     let bytes = gpu.caps.max_storage_binding.min(1 << 30) / 16 * 16;
     let data = gpu.buffer("roofline data", bytes);
-    warm_up(gpu, &data)?;
+    warm_up(gpu, Duration::from_secs(1))?;
     let mut best: Option<Roofline> = None;
     for groups in ROOFLINE_GRIDS {
         let sink = gpu.buffer("roofline sink", u64::from(groups) * 256 * 4);
@@ -431,17 +456,26 @@ pub fn linear_kernel(
     let mut launches: Vec<Dispatch> = Vec::new();
     let mut streams: Vec<Dispatch> = Vec::new();
     let sink = gpu.buffer("stream sink", u64::from(STREAM_GROUPS) * 256 * 4);
+    let mut overlapped: Vec<Dispatch> = Vec::new();
+    let mut overlapped_streams: Vec<Dispatch> = Vec::new();
     for _ in 0..copies {
         // The stream reads a copy of all the bytes the kernel reads: codes and scales.
         let all = gpu.buffer_with("w+scales", &[codes.as_slice(), scales.as_slice()].concat());
         streams.push(stream_dispatch(gpu, &all, &sink)?);
+        overlapped_streams.push(stream_dispatch(gpu, &all, &gpu.buffer("own stream sink", sink.size()))?);
         // The launch the engine makes for a linear of this format and size.
         let linear = GpuLinear::one_segment(gpu, format, (rows, cols), &codes, &scales);
         let io = LinearIo::plain(&xb, &y, lanes, rows, true);
         launches.extend(linear_launches(gpu, &linear, &placeholder, &io)?);
+        let own_y = gpu.buffer("own y", y.size());
+        let io = LinearIo::plain(&xb, &own_y, lanes, rows, true);
+        overlapped.extend(linear_launches(gpu, &linear, &placeholder, &io)?);
     }
+    warm_up(gpu, WARM_UP)?;
     let us = per_launch_us(gpu, &launches, options.repeats)?;
     let stream_us = per_launch_us(gpu, &streams, options.repeats)?;
+    let overlapped_us = per_launch_us(gpu, &overlapped, options.repeats)?;
+    let overlapped_stream_us = per_launch_us(gpu, &overlapped_streams, options.repeats)?;
     let gb_per_s = per_copy as f64 / (us * 1e-6) / 1e9;
     Ok(KernelResult {
         format: format!("{format:?}"),
@@ -454,6 +488,9 @@ pub fn linear_kernel(
         fraction_of_roofline: gb_per_s / roofline.gb_per_s,
         stream_us,
         fraction_of_stream: stream_us / us,
+        overlapped_us,
+        overlapped_fraction_of_roofline: per_copy as f64 / (overlapped_us * 1e-6) / 1e9 / roofline.gb_per_s,
+        overlapped_stream_us,
     })
 }
 
@@ -559,6 +596,7 @@ pub fn decode_step(
     let compile_ms = ms(compile_start.elapsed());
     let mut gpu_times = Vec::new();
     let mut wall_times = Vec::new();
+    warm_up(&engine.gpu, WARM_UP)?;
     for i in 0..steps {
         let rows = decode_rows(lanes, options.context + i, (i as u32 * 104_729) % codes, codes);
         let start = std::time::Instant::now();
@@ -677,6 +715,7 @@ pub fn prefill(engine: &Engine, options: &BenchOptions) -> Result<PrefillResult,
             pos,
         })
         .collect();
+    warm_up(&engine.gpu, WARM_UP)?;
     let gpu_ms = median_ms(options.repeats.min(5), || Ok(session.timed_step(&rows)?.1))?;
     // Rerunning the prompt rewrites the same cache entries.
     let profile = if engine.gpu.caps.timestamps {
@@ -725,6 +764,7 @@ pub fn codec(engine: &Engine, options: &BenchOptions) -> Result<CodecResult, Eng
     };
     let mut dispatches = 0;
     let mut round = 0;
+    warm_up(&engine.gpu, WARM_UP)?;
     let gpu_ms = median_ms(options.repeats, || {
         round += 1;
         let (time, launches) = decoder.timed_chunk(&chunk(round))?;
