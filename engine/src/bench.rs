@@ -4,7 +4,8 @@
 //!
 //! GPU times come from timestamps at pass boundaries where the adapter has them (wall time
 //! otherwise); medians of repeats; linear kernels rotate over weight copies larger than any
-//! cache so no repeat is served from cache.
+//! cache so no repeat is served from cache. The GPU streams for a moment before each timed
+//! part (`WARM_UP`), except end-to-end synthesis, which times what a request meets.
 
 use std::time::Duration;
 
