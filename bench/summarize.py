@@ -28,7 +28,8 @@ for path in sys.argv[1:]:
     print(", ".join(parts))
     if d.get("kernels"):
         kernels = ", ".join(
-            f"{k['format']} {k['rows']}x{k['cols']}x{k['lanes']} {k['us']:.1f}"
+            ("routed " if k.get("kernel") == "routed_expert" else "")
+            + f"{k['format']} {k['rows']}x{k['cols']}x{k['lanes']} {k['us']:.1f}"
             + (f" ({k['overlapped_us']:.2f} overlapped)" if "overlapped_us" in k else "")
             for k in d["kernels"]
         )

@@ -99,7 +99,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     for k in report.kernels.iter().flatten() {
         eprintln!(
-            "linear {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline; streaming its bytes alone: {:.1} us); launches overlapped: {:.2} us ({:.0}%; streaming: {:.2} us)",
+            "linear {:<13} {:<9} {:>6}x{:<6} lanes {}: {:>9.1} us {:>7.0} GB/s ({:.0}% of roofline; streaming its bytes alone: {:.1} us); launches overlapped: {:.2} us ({:.0}%; streaming: {:.2} us)",
+            format!("{:?}", k.kernel),
             k.format,
             k.rows,
             k.cols,

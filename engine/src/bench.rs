@@ -9,7 +9,8 @@
 
 use std::time::Duration;
 
-use drama_kernels::{BandwidthParams, Kernel, WeightFormat};
+use drama_graph::select::expert_width;
+use drama_kernels::{BandwidthParams, Kernel, LinearParams, WeightFormat};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
@@ -110,9 +111,22 @@ pub struct LaunchCost {
     pub independent_us: f64,
 }
 
+/// Which kernel a linear measurement times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinearKernel {
+    /// The dense linear (`linear`), as the model runs its dense weights.
+    Dense,
+    /// The routed-expert kernel (`gathered`) on one expert, each lane a slot routed to it:
+    /// how the model runs its NVFP4 weights in decode steps.
+    RoutedExpert,
+}
+
 /// One linear-kernel measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelResult {
+    /// The kernel timed.
+    pub kernel: LinearKernel,
     /// Weight format.
     pub format: String,
     /// Output features.
@@ -436,16 +450,33 @@ fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, rows: usize, cols:
     }
 }
 
-/// One dense linear kernel over rotating weight copies.
+/// A linear measurement's kernel, weight format and size.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelCase {
+    /// The kernel timed.
+    pub kernel: LinearKernel,
+    /// Weight format.
+    pub format: WeightFormat,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+}
+
+/// One linear kernel over rotating weight copies.
 pub fn linear_kernel(
     gpu: &Gpu,
-    format: WeightFormat,
-    rows: usize,
-    cols: usize,
+    case: KernelCase,
     lanes: usize,
     options: &BenchOptions,
     roofline: &Roofline,
 ) -> Result<KernelResult, EngineError> {
+    let KernelCase {
+        kernel,
+        format,
+        rows,
+        cols,
+    } = case;
     let mut rng = ChaCha8Rng::seed_from_u64((rows * 31 + cols) as u64);
     let (codes, scales) = random_weights(&mut rng, format, rows, cols);
     let per_copy = (codes.len() + scales.len()) as u64;
@@ -454,6 +485,31 @@ pub fn linear_kernel(
     let xb = gpu.buffer_with("x", bytemuck::cast_slice(&x));
     let y = gpu.buffer("y", (lanes * rows * 4) as u64);
     let placeholder = gpu.buffer("placeholder", 4);
+    // The routed-expert kernel's inputs: every slot routed to expert 0, whose tensor scale is 1.
+    let expert_ids = gpu.buffer_with("expert ids", bytemuck::cast_slice(&vec![0u32; lanes]));
+    let expert_scales = gpu.buffer_with("expert scales", bytemuck::cast_slice(&[1.0f32]));
+    let launch = |linear: &GpuLinear, y: &wgpu::Buffer| -> Result<Vec<Dispatch>, EngineError> {
+        match kernel {
+            LinearKernel::Dense => {
+                linear_launches(gpu, linear, &placeholder, &LinearIo::plain(&xb, y, lanes, rows, true))
+            }
+            LinearKernel::RoutedExpert => {
+                let experts = RoutedExperts {
+                    ids: &expert_ids,
+                    scales: &expert_scales,
+                };
+                Ok(vec![routed_expert_launch(
+                    gpu,
+                    linear,
+                    &placeholder,
+                    &xb,
+                    y,
+                    lanes,
+                    experts,
+                )?])
+            }
+        }
+    };
     let mut launches: Vec<Dispatch> = Vec::new();
     let mut streams: Vec<Dispatch> = Vec::new();
     let sink = gpu.buffer("stream sink", u64::from(STREAM_GROUPS) * 256 * 4);
@@ -466,11 +522,8 @@ pub fn linear_kernel(
         overlapped_streams.push(stream_dispatch(gpu, &all, &gpu.buffer("own stream sink", sink.size()))?);
         // The launch the engine makes for a linear of this format and size.
         let linear = GpuLinear::one_segment(gpu, format, (rows, cols), &codes, &scales);
-        let io = LinearIo::plain(&xb, &y, lanes, rows, true);
-        launches.extend(linear_launches(gpu, &linear, &placeholder, &io)?);
-        let own_y = gpu.buffer("own y", y.size());
-        let io = LinearIo::plain(&xb, &own_y, lanes, rows, true);
-        overlapped.extend(linear_launches(gpu, &linear, &placeholder, &io)?);
+        launches.extend(launch(&linear, &y)?);
+        overlapped.extend(launch(&linear, &gpu.buffer("own y", y.size()))?);
     }
     warm_up(gpu, WARM_UP)?;
     let us = per_launch_us(gpu, &launches, options.repeats)?;
@@ -479,6 +532,7 @@ pub fn linear_kernel(
     let overlapped_stream_us = per_launch_us(gpu, &overlapped_streams, options.repeats)?;
     let gb_per_s = per_copy as f64 / (us * 1e-6) / 1e9;
     Ok(KernelResult {
+        kernel,
         format: format!("{format:?}"),
         rows,
         cols,
@@ -493,6 +547,51 @@ pub fn linear_kernel(
         overlapped_fraction_of_roofline: per_copy as f64 / (overlapped_us * 1e-6) / 1e9 / roofline.gb_per_s,
         overlapped_stream_us,
     })
+}
+
+/// The expert list of a routed-expert launch: each slot's expert and each expert's tensor
+/// scale.
+struct RoutedExperts<'a> {
+    ids: &'a wgpu::Buffer,
+    scales: &'a wgpu::Buffer,
+}
+
+/// The `gathered` launch a decode step of `lanes` rows makes for `linear`'s one segment as
+/// its experts, slot s reading input row s and writing row s of `y`, rounded to BF16.
+fn routed_expert_launch(
+    gpu: &Gpu,
+    linear: &GpuLinear,
+    placeholder: &wgpu::Buffer,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    lanes: usize,
+    experts: RoutedExperts<'_>,
+) -> Result<Dispatch, EngineError> {
+    let segment = &linear.segments[0];
+    let width = expert_width(lanes);
+    let params = LinearParams {
+        rows: lanes as u32,
+        in_features: linear.in_features as u32,
+        out_features: linear.out as u32,
+        y_stride: linear.out as u32,
+        x_row_div: 1,
+        expert_begin: 0,
+        expert_end: 1,
+        flags: 2,
+        tensor_scale: 1.0,
+        ..Default::default()
+    };
+    let mut resources = vec![x, &segment.codes];
+    if linear.format != WeightFormat::Bf16 {
+        resources.push(&segment.scales);
+    }
+    resources.extend([placeholder, experts.ids, y, experts.scales, x]);
+    let grid = [
+        (linear.out as u32).div_ceil(linear.format.gathered_rows_per_workgroup(width)),
+        lanes as u32,
+        1,
+    ];
+    Ok(gpu.dispatch(Kernel::Gathered(linear.format, width), &params, &resources, grid)?)
 }
 
 /// Most workgroups (of 256 invocations) a size-matched stream launches: the roofline's best
@@ -816,8 +915,9 @@ pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisRes
     })
 }
 
-/// The linear sizes measured: the model's own (per format) and one large NVFP4 matrix.
-pub fn kernel_shapes(engine: &Engine) -> Vec<(WeightFormat, usize, usize)> {
+/// The linear kernels and sizes measured: the model's own (per format), each NVFP4 size
+/// also in the routed-expert kernel, and one large NVFP4 matrix in both.
+pub fn kernel_shapes(engine: &Engine) -> Vec<KernelCase> {
     let c = &engine.checkpoint.config;
     let h = c.hidden_size;
     let q = c.num_attention_heads * c.head_dim;
@@ -833,7 +933,21 @@ pub fn kernel_shapes(engine: &Engine) -> Vec<(WeightFormat, usize, usize)> {
         // The largest row count one dispatch takes (65535 workgroups), rounded to 1024.
         shapes.push((WeightFormat::Nvfp4, 64512, 8192));
     }
+    let case = |kernel, &(format, rows, cols): &(WeightFormat, usize, usize)| KernelCase {
+        kernel,
+        format,
+        rows,
+        cols,
+    };
+    let routed = shapes
+        .iter()
+        .filter(|(format, ..)| *format == WeightFormat::Nvfp4)
+        .map(|shape| case(LinearKernel::RoutedExpert, shape));
     shapes
+        .iter()
+        .map(|shape| case(LinearKernel::Dense, shape))
+        .chain(routed)
+        .collect()
 }
 
 /// Runs the roofline, the launch cost and the parts `options` names.
@@ -852,10 +966,16 @@ pub fn run(
     let launch = launch_cost(gpu, options.repeats)?;
     let kernels = if wanted(BenchPart::Kernels) {
         let mut results = Vec::new();
-        for (format, rows, cols) in kernel_shapes(engine) {
+        for case in kernel_shapes(engine) {
             for lanes in [1, 2] {
-                progress(&format!("linear {format:?} {rows}x{cols} lanes {lanes}"));
-                results.push(linear_kernel(gpu, format, rows, cols, lanes, options, &roof)?);
+                let KernelCase {
+                    kernel,
+                    format,
+                    rows,
+                    cols,
+                } = case;
+                progress(&format!("linear {kernel:?} {format:?} {rows}x{cols} lanes {lanes}"));
+                results.push(linear_kernel(gpu, case, lanes, options, &roof)?);
             }
         }
         Some(results)

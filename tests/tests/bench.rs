@@ -1,5 +1,6 @@
 //! `drama bench` through the real binary on a generated checkpoint: `--only` measures the
-//! parts it names (besides the roofline and the launch cost) and writes nothing else.
+//! parts it names (besides the roofline and the launch cost) and writes nothing else, and
+//! the kernels part times every NVFP4 size in both kernels that run NVFP4 weights.
 
 use drama_engine::test_support::rng;
 use drama_tests::drama_text;
@@ -41,6 +42,59 @@ fn bench_only_writes_the_parts_it_names() {
         assert!(ms.is_finite() && ms > 0.0, "{step}");
     }
     assert!(!err.contains("prefill") && !err.contains("synthesis"), "{err}");
+}
+
+#[test]
+fn bench_times_each_nvfp4_size_in_the_dense_and_the_routed_expert_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", rng("bench kernels").next_u64(), &checkpoint).unwrap();
+    let out = dir.path().join("bench.json");
+    let (code, _, err) = drama_text(&[
+        "bench",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--only",
+        "kernels",
+        "--repeats",
+        "1",
+        "--rotation-bytes",
+        "65536",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let kernels = report["kernels"].as_array().unwrap();
+    let cases = |kernel: &str, format: &str| -> Vec<(u64, u64, u64)> {
+        let mut cases: Vec<(u64, u64, u64)> = kernels
+            .iter()
+            .filter(|k| k["kernel"] == kernel && k["format"] == format)
+            .map(|k| {
+                (
+                    k["rows"].as_u64().unwrap(),
+                    k["cols"].as_u64().unwrap(),
+                    k["lanes"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        cases.sort_unstable();
+        cases
+    };
+    let dense = cases("dense", "Nvfp4");
+    assert!(
+        !dense.is_empty() && dense.iter().any(|&(.., lanes)| lanes == 2),
+        "{report}"
+    );
+    assert_eq!(cases("routed_expert", "Nvfp4"), dense, "{report}");
+    assert!(!cases("dense", "Bf16").is_empty(), "{report}");
+    assert!(cases("routed_expert", "Bf16").is_empty(), "{report}");
+    for k in kernels {
+        for field in ["us", "stream_us", "overlapped_us", "overlapped_stream_us"] {
+            let us = k[field].as_f64().unwrap();
+            assert!(us.is_finite() && us > 0.0, "{field}: {k}");
+        }
+    }
 }
 
 #[test]
