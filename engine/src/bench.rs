@@ -968,13 +968,10 @@ pub fn run(
         let mut results = Vec::new();
         for case in kernel_shapes(engine) {
             for lanes in [1, 2] {
-                let KernelCase {
-                    kernel,
-                    format,
-                    rows,
-                    cols,
-                } = case;
-                progress(&format!("linear {kernel:?} {format:?} {rows}x{cols} lanes {lanes}"));
+                progress(&format!(
+                    "linear {:?} {:?} {}x{} lanes {lanes}",
+                    case.kernel, case.format, case.rows, case.cols
+                ));
                 results.push(linear_kernel(gpu, case, lanes, options, &roof)?);
             }
         }
