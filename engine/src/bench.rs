@@ -485,29 +485,12 @@ pub fn linear_kernel(
     let xb = gpu.buffer_with("x", bytemuck::cast_slice(&x));
     let y = gpu.buffer("y", (lanes * rows * 4) as u64);
     let placeholder = gpu.buffer("placeholder", 4);
-    // The routed-expert kernel's inputs: every slot routed to expert 0, whose tensor scale is 1.
-    let expert_ids = gpu.buffer_with("expert ids", bytemuck::cast_slice(&vec![0u32; lanes]));
-    let expert_scales = gpu.buffer_with("expert scales", bytemuck::cast_slice(&[1.0f32]));
     let launch = |linear: &GpuLinear, y: &wgpu::Buffer| -> Result<Vec<Dispatch>, EngineError> {
         match kernel {
             LinearKernel::Dense => {
                 linear_launches(gpu, linear, &placeholder, &LinearIo::plain(&xb, y, lanes, rows, true))
             }
-            LinearKernel::RoutedExpert => {
-                let experts = RoutedExperts {
-                    ids: &expert_ids,
-                    scales: &expert_scales,
-                };
-                Ok(vec![routed_expert_launch(
-                    gpu,
-                    linear,
-                    &placeholder,
-                    &xb,
-                    y,
-                    lanes,
-                    experts,
-                )?])
-            }
+            LinearKernel::RoutedExpert => Ok(vec![routed_expert_launch(gpu, linear, &placeholder, &xb, y, lanes)?]),
         }
     };
     let mut launches: Vec<Dispatch> = Vec::new();
@@ -549,15 +532,9 @@ pub fn linear_kernel(
     })
 }
 
-/// The expert list of a routed-expert launch: each slot's expert and each expert's tensor
-/// scale.
-struct RoutedExperts<'a> {
-    ids: &'a wgpu::Buffer,
-    scales: &'a wgpu::Buffer,
-}
-
 /// The `gathered` launch a decode step of `lanes` rows makes for `linear`'s one segment as
-/// its experts, slot s reading input row s and writing row s of `y`, rounded to BF16.
+/// its one expert (tensor scale 1), every slot routed to it, slot s reading input row s and
+/// writing row s of `y`, rounded to BF16.
 fn routed_expert_launch(
     gpu: &Gpu,
     linear: &GpuLinear,
@@ -565,9 +542,10 @@ fn routed_expert_launch(
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     lanes: usize,
-    experts: RoutedExperts<'_>,
 ) -> Result<Dispatch, EngineError> {
     let segment = &linear.segments[0];
+    let expert_ids = gpu.buffer_with("expert ids", bytemuck::cast_slice(&vec![0u32; lanes]));
+    let expert_scales = gpu.buffer_with("expert scales", bytemuck::cast_slice(&[1.0f32]));
     let width = expert_width(lanes);
     let params = LinearParams {
         rows: lanes as u32,
@@ -585,7 +563,7 @@ fn routed_expert_launch(
     if linear.format != WeightFormat::Bf16 {
         resources.push(&segment.scales);
     }
-    resources.extend([placeholder, experts.ids, y, experts.scales, x]);
+    resources.extend([placeholder, &expert_ids, y, &expert_scales, x]);
     let grid = [
         (linear.out as u32).div_ceil(linear.format.gathered_rows_per_workgroup(width)),
         lanes as u32,
