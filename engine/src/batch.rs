@@ -14,7 +14,7 @@ use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::guidance::mix;
 use crate::sampling::{Sampler, SamplingParams};
-use crate::session::{Engine, Row, RowSource, Session};
+use crate::session::{Engine, Row, RowSource, Session, StepCacheUsage};
 use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats, TimeSplit};
 
 /// Receives a job's PCM as it is produced; returns false to cancel the job.
@@ -161,6 +161,11 @@ impl<'e> Batcher<'e> {
     /// Jobs running.
     pub fn active(&self) -> usize {
         self.jobs.len()
+    }
+
+    /// The compiled step shapes its session keeps and the bytes of their buffers.
+    pub fn compiled_steps(&self) -> StepCacheUsage {
+        self.session.step_cache_usage()
     }
 
     /// Checks a request against the model and this batcher, without admitting it.

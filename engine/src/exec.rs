@@ -45,6 +45,8 @@ pub struct Executable {
     /// skipped, so a decode step writes only what moved (its tokens and positions). Each
     /// write is a staging buffer wgpu makes and frees, on the host between two steps.
     written: std::sync::Mutex<Vec<Vec<u32>>>,
+    /// The bytes of its own buffers (see [`Executable::device_bytes`]).
+    device_bytes: u64,
 }
 
 /// Everything a step binds besides its own buffers.
@@ -946,7 +948,8 @@ impl Executable {
             .map(|(i, &size)| gpu.buffer(&format!("b{i}"), size))
             .collect();
         let scratch = gpu.buffer("attention scratch", scratch_bytes);
-        let chunks_done = gpu.buffer("attention chunks done", (shape.rows * heads * 4) as u64);
+        let chunks_done_bytes = (shape.rows * heads * 4) as u64;
+        let chunks_done = gpu.buffer("attention chunks done", chunks_done_bytes);
         let attention_grid = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attention grid"),
             size: 12,
@@ -986,6 +989,7 @@ impl Executable {
         let dispatches = lowering.dispatches;
         let logits_bytes = graph.value(logits).shape.iter().product::<usize>() * 4;
         let logits_readback = Readback::new(gpu, "logits", logits_bytes as u64);
+        let device_bytes = plan.buffers.iter().sum::<u64>() + scratch_bytes + chunks_done_bytes + logits_bytes as u64;
         Ok(Executable {
             graph,
             plan,
@@ -998,7 +1002,14 @@ impl Executable {
             logits_readback,
             attention_grid: (attention_grid, [shape.rows as u32, heads as u32]),
             written: std::sync::Mutex::new(vec![Vec::new(); STEP_INPUTS.len() + 1]),
+            device_bytes,
         })
+    }
+
+    /// The bytes of the buffers it allocated for itself: activations, attention scratch and
+    /// the logits' readback (its launches' parameter blocks, a few hundred bytes each, aside).
+    pub fn device_bytes(&self) -> u64 {
+        self.device_bytes
     }
 
     /// Kernel launches per step.

@@ -29,6 +29,7 @@ pub mod reference;
 pub mod sampling;
 pub mod session;
 pub mod spec;
+mod step_cache;
 pub mod synth;
 #[doc(hidden)]
 pub mod test_support;

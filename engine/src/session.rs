@@ -7,7 +7,7 @@
 //! guidance pair run as two lanes of one step equals two separate runs, bit for bit.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use crate::exec::{Bindings, Executable};
 use crate::gpu::{Gpu, GpuError};
 use crate::reference::ops::rope_table;
 use crate::spec::{CheckpointNames, model_spec};
+use crate::step_cache::StepCache;
 use crate::weights::GpuWeights;
 
 /// A validated checkpoint with its backbone weights on the GPU.
@@ -114,10 +115,33 @@ pub struct StepOutput {
     pub routes: Vec<Option<(Vec<u32>, Vec<f32>)>>,
 }
 
+/// A compiled step's key: its rows and whether it traces.
+type StepKey = (usize, bool);
+
+/// The bytes of compiled steps a session keeps beyond the one in use (see
+/// [`Session::set_step_cache_budget`]); at the bench shape a step holds about 0.3 MB per
+/// row, so this keeps every decode shape of a batch and a few prompts' prefills.
+pub const STEP_CACHE_BYTES: u64 = 1 << 30;
+
+/// What a session's compiled steps hold (see [`Session::step_cache_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepCacheUsage {
+    /// Compiled step shapes kept.
+    pub steps: usize,
+    /// The bytes of their buffers.
+    pub bytes: u64,
+}
+
+/// The compiled step of `key`, which [`Session::executable`] made and which stays cached
+/// while in use (the newest entry, or pinned as unread).
+fn compiled(steps: &StepCache<StepKey, Executable>, key: StepKey) -> &Executable {
+    steps.get(&key).expect("a step in use stays compiled")
+}
+
 /// A step submitted to the GPU and not read yet (see [`Session::submit`]).
 #[must_use = "a submitted step's logits are read with Session::logits"]
 pub struct SubmittedStep {
-    key: (usize, bool),
+    key: StepKey,
     submission: wgpu::SubmissionIndex,
     serial: u64,
 }
@@ -145,16 +169,19 @@ pub struct Session<'e> {
     /// KV caches and the voice-prefix table, by the graph's state names.
     states: HashMap<String, wgpu::Buffer>,
     rope_table: wgpu::Buffer,
-    steps: HashMap<(usize, bool), Executable>,
+    steps: StepCache<StepKey, Executable>,
     /// The next step's commands, recorded while the GPU ran the last one (keyed like
     /// `steps`): a repeated step shape costs no recording time between steps.
-    prepared: Option<((usize, bool), wgpu::CommandBuffer)>,
+    prepared: Option<(StepKey, wgpu::CommandBuffer)>,
     /// Kept original expert ids per layer (None for dense layers), to name traced routes.
     moe_kept: Vec<Option<Vec<usize>>>,
     /// Steps submitted so far, and the number of the last one of each shape (whose logits
     /// its shape's readback holds).
     submitted: u64,
-    last_of_shape: HashMap<(usize, bool), u64>,
+    last_of_shape: HashMap<StepKey, u64>,
+    /// Shapes whose last submitted step's logits are not read yet: their compiled steps
+    /// (which hold those logits) stay cached.
+    unread: HashSet<StepKey>,
     /// Host time of the forwards since [`Session::take_forward_split`] last ran.
     forward_split: Cell<ForwardSplit>,
 }
@@ -238,11 +265,12 @@ impl<'e> Session<'e> {
             capacity,
             states,
             rope_table,
-            steps: HashMap::new(),
+            steps: StepCache::new(STEP_CACHE_BYTES),
             prepared: None,
             moe_kept,
             submitted: 0,
             last_of_shape: HashMap::new(),
+            unread: HashSet::new(),
             forward_split: Cell::default(),
         })
     }
@@ -298,8 +326,34 @@ impl<'e> Session<'e> {
         self.executable(rows, false)?.timed_run_span(&gpu, first, last)
     }
 
+    /// Sets the bytes of compiled steps kept beyond the one last used (and those whose
+    /// logits are not read yet); the least recently used go first. Dropping one frees its
+    /// buffers; its shape compiles again when next used.
+    pub fn set_step_cache_budget(&mut self, bytes: u64) {
+        let dropped = self.steps.set_budget(bytes, |key| self.unread.contains(key));
+        self.forget(&dropped);
+    }
+
+    /// The compiled steps kept and the bytes of their buffers.
+    pub fn step_cache_usage(&self) -> StepCacheUsage {
+        StepCacheUsage {
+            steps: self.steps.len(),
+            bytes: self.steps.bytes(),
+        }
+    }
+
+    /// Forgets what the session held for dropped compiled steps.
+    fn forget(&mut self, dropped: &[StepKey]) {
+        for key in dropped {
+            self.last_of_shape.remove(key);
+            if self.prepared.as_ref().is_some_and(|(prepared, _)| prepared == key) {
+                self.prepared = None;
+            }
+        }
+    }
+
     fn executable(&mut self, rows: usize, trace: bool) -> Result<&Executable, EngineError> {
-        if !self.steps.contains_key(&(rows, trace)) {
+        if !self.steps.touch(&(rows, trace)) {
             let c = &self.engine.checkpoint.config;
             let shape = StepShape {
                 rows,
@@ -317,9 +371,13 @@ impl<'e> Session<'e> {
                 rope_table: &self.rope_table,
             };
             let executable = Executable::compile(&self.engine.gpu, graph, shape, &bind)?;
-            self.steps.insert((rows, trace), executable);
+            let bytes = executable.device_bytes();
+            let dropped = self
+                .steps
+                .insert((rows, trace), executable, bytes, |key| self.unread.contains(key));
+            self.forget(&dropped);
         }
-        Ok(&self.steps[&(rows, trace)])
+        Ok(compiled(&self.steps, (rows, trace)))
     }
 
     /// Checks rows against the model and the session.
@@ -394,7 +452,7 @@ impl<'e> Session<'e> {
         let start = Instant::now();
         let key = self.write_step_inputs(rows, false)?;
         let gpu = self.engine.gpu.clone();
-        let exe = &self.steps[&key];
+        let exe = compiled(&self.steps, key);
         let commands = match self.prepared.take() {
             Some((prepared, commands)) if prepared == key => commands,
             _ => exe.encode(&gpu),
@@ -410,6 +468,7 @@ impl<'e> Session<'e> {
         });
         self.submitted += 1;
         self.last_of_shape.insert(key, self.submitted);
+        self.unread.insert(key);
         Ok(SubmittedStep {
             key,
             submission,
@@ -420,15 +479,16 @@ impl<'e> Session<'e> {
     /// The logits of every row of a submitted step, [rows, C + 2], once it has finished
     /// (work submitted after it may still run). Read each step before submitting another
     /// of the same shape: they share a readback buffer (reading an older one is an error).
-    pub fn logits(&self, step: SubmittedStep) -> Result<Vec<f32>, EngineError> {
+    pub fn logits(&mut self, step: SubmittedStep) -> Result<Vec<f32>, EngineError> {
         if self.last_of_shape.get(&step.key) != Some(&step.serial) {
             return Err(EngineError::Input(format!(
                 "a later step of {} rows was submitted before this one's logits were read",
                 step.key.0
             )));
         }
+        self.unread.remove(&step.key);
         let start = Instant::now();
-        let logits = self.steps[&step.key].read_encoded_logits(&self.engine.gpu, step.submission);
+        let logits = compiled(&self.steps, step.key).read_encoded_logits(&self.engine.gpu, step.submission);
         self.add_forward_time(ForwardSplit {
             wait: start.elapsed(),
             ..ForwardSplit::default()
@@ -449,7 +509,7 @@ impl<'e> Session<'e> {
 
     /// Checks `rows`, compiles their step shape if needed and writes the step's inputs;
     /// returns the shape's key.
-    fn write_step_inputs(&mut self, rows: &[Row], trace: bool) -> Result<(usize, bool), EngineError> {
+    fn write_step_inputs(&mut self, rows: &[Row], trace: bool) -> Result<StepKey, EngineError> {
         self.validate(rows)?;
         let p = self.engine.checkpoint.config.speech.voice_prefix_len;
         let mut table = Vec::with_capacity(rows.len());
@@ -466,8 +526,9 @@ impl<'e> Session<'e> {
         let lanes: Vec<u32> = rows.iter().map(|r| r.lane as u32).collect();
         let positions: Vec<u32> = rows.iter().map(|r| r.pos as u32).collect();
         let key = (rows.len(), trace);
-        self.executable(rows.len(), trace)?;
-        self.steps[&key].write_inputs(&self.engine.gpu, [&table, &index, &lanes, &positions])?;
+        let engine = self.engine;
+        self.executable(rows.len(), trace)?
+            .write_inputs(&engine.gpu, [&table, &index, &lanes, &positions])?;
         Ok(key)
     }
 
@@ -486,7 +547,7 @@ impl<'e> Session<'e> {
             _ => self.write_step_inputs(rows, trace)?,
         };
         let gpu = self.engine.gpu.clone();
-        let exe = &self.steps[&key];
+        let exe = compiled(&self.steps, key);
         let (time, logits) = match timing {
             Timing::None => {
                 let submission = gpu.submit_commands([exe.encode(&gpu)]);

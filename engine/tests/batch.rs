@@ -373,6 +373,69 @@ fn stale_logits_are_refused() {
     assert!(logits.iter().all(|v| v.is_finite()));
 }
 
+/// A session keeps its compiled steps within its byte budget, least recently used dropped
+/// first: with no budget only the step in use stays, except a submitted step whose logits
+/// are unread; a shape compiled again gives the bits it gave before (each r-row step's
+/// logits are the first r rows of the 10-row step's, every step writing the same keys and
+/// values); with room for all but one, the one dropped is the least recently used.
+#[test]
+fn compiled_steps_stay_within_their_budget() {
+    let mut rng = rng("batch step cache");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let v = engine.checkpoint.config.speech.audio_vocab_size;
+    let mut session = Session::new(&engine, 1, 16).unwrap();
+    let rows: Vec<Row> = (0..10)
+        .map(|pos| Row {
+            source: RowSource::Text(rng.next_u32() % 264),
+            lane: 0,
+            pos,
+        })
+        .collect();
+    let whole = session.step(&rows, false).unwrap().logits;
+    let prefix_of_whole = |r: usize| bits(&whole[..r * v]);
+
+    session.set_step_cache_budget(0);
+    assert_eq!(session.step_cache_usage().steps, 1);
+    for r in (1..=10).rev().chain(1..=3) {
+        let logits = session.step(&rows[..r], false).unwrap().logits;
+        assert_eq!(bits(&logits), prefix_of_whole(r), "{r} rows");
+        assert_eq!(session.step_cache_usage().steps, 1, "after {r} rows");
+    }
+
+    let one = session.submit(&rows[..1]).unwrap();
+    let two = session.submit(&rows[..2]).unwrap();
+    assert_eq!(session.step_cache_usage().steps, 2, "an unread step stays compiled");
+    assert_eq!(bits(&session.logits(one).unwrap()), prefix_of_whole(1));
+    assert_eq!(bits(&session.logits(two).unwrap()), prefix_of_whole(2));
+    session.step(&rows[..3], false).unwrap();
+    assert_eq!(session.step_cache_usage().steps, 1, "read, they go");
+
+    session.set_step_cache_budget(u64::MAX);
+    // Only the 3-row step is compiled.
+    let mut sizes = vec![0; 11];
+    sizes[3] = session.step_cache_usage().bytes;
+    for r in (1..=10).filter(|&r| r != 3) {
+        let before = session.step_cache_usage().bytes;
+        session.step(&rows[..r], false).unwrap();
+        sizes[r] = session.step_cache_usage().bytes - before;
+    }
+    session.step(&rows[..3], false).unwrap();
+    let total = session.step_cache_usage().bytes;
+    assert_eq!(session.step_cache_usage().steps, 10);
+    assert_eq!(total, sizes.iter().sum::<u64>());
+    assert!(sizes.windows(2).skip(1).all(|w| w[0] < w[1]), "{sizes:?}");
+    // Used in the order 1, 2, 4-10, 3, then 1 again: 2 is the least recently used.
+    session.step(&rows[..1], false).unwrap();
+    session.set_step_cache_budget(total - 1);
+    let usage = session.step_cache_usage();
+    assert_eq!((usage.steps, usage.bytes), (9, total - sizes[2]));
+    for r in [2, 3] {
+        let logits = session.step(&rows[..r], false).unwrap().logits;
+        assert_eq!(bits(&logits), prefix_of_whole(r), "{r} rows compiled again");
+    }
+}
+
 /// Waits that end by polling (as on GPUs; lavapipe blocks by default) give every job the
 /// bits blocking waits give it: the logits and codec samples are read only once their work
 /// has finished, whether the wait returned from blocking, from its timeout or from polling.

@@ -14,6 +14,10 @@ pub struct Metrics {
     pub active_lanes: AtomicU64,
     /// Jobs cancelled (client gone or time limit).
     pub cancellations: AtomicU64,
+    /// Compiled step shapes the batcher's session keeps.
+    pub compiled_steps: AtomicU64,
+    /// The bytes of their buffers.
+    pub compiled_step_bytes: AtomicU64,
     first_audio: Mutex<Summary>,
     real_time_factor: Mutex<Summary>,
 }
@@ -53,6 +57,11 @@ impl Metrics {
         for (name, value) in [
             ("drama_queue_depth", self.queue_depth.load(Ordering::SeqCst)),
             ("drama_active_lanes", self.active_lanes.load(Ordering::SeqCst)),
+            ("drama_compiled_steps", self.compiled_steps.load(Ordering::SeqCst)),
+            (
+                "drama_compiled_step_bytes",
+                self.compiled_step_bytes.load(Ordering::SeqCst),
+            ),
         ] {
             out.push_str(&format!("# TYPE {name} gauge\n{name} {value}\n"));
         }

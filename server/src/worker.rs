@@ -221,6 +221,9 @@ pub fn run(
                 continue;
             }
         };
+        let compiled = batcher.compiled_steps();
+        metrics.compiled_steps.store(compiled.steps as u64, Ordering::SeqCst);
+        metrics.compiled_step_bytes.store(compiled.bytes, Ordering::SeqCst);
         for (id, stats) in finished {
             if let Some(job) = running.remove(&id) {
                 if stats.stop == Stop::Cancelled {

@@ -229,6 +229,13 @@ fn cancelled_and_concurrent_requests_do_not_disturb_others() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert_eq!(server.metric("drama_active_lanes"), 0.0);
     assert_eq!(server.metric("drama_queue_depth"), 0.0);
+    // The soak's mixes of prompts and running jobs compiled steps of several row counts
+    // (the session's budget for them is tested in the engine's batch tests).
+    let (steps, bytes) = (
+        server.metric("drama_compiled_steps"),
+        server.metric("drama_compiled_step_bytes"),
+    );
+    assert!(steps >= 2.0 && bytes > 0.0, "{steps} steps, {bytes} bytes");
     assert_eq!(server.terminate(), Some(0));
 }
 
