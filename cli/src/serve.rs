@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use drama_engine::session::Engine;
+use drama_engine::session::{Engine, STEP_CACHE_BYTES};
 use drama_engine::synth::GuidanceMode;
 use drama_server::{ServerConfig, serve};
 
@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// Longest `input`, in characters.
     #[arg(long, default_value_t = 20_000)]
     max_input_chars: usize,
+    /// Memory for compiled step shapes (one per row count met) beyond the one in use, in
+    /// MiB; the least recently used are dropped first and compile again when next needed.
+    #[arg(long, default_value_t = STEP_CACHE_BYTES >> 20, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    step_cache_mib: u64,
 }
 
 async fn shutdown_signal() {
@@ -111,6 +115,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body: args.max_body_bytes,
         request_timeout: Duration::from_secs(args.request_timeout),
         max_input_chars: args.max_input_chars,
+        step_cache_bytes: args.step_cache_mib << 20,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(serve(

@@ -163,6 +163,11 @@ impl<'e> Batcher<'e> {
         self.jobs.len()
     }
 
+    /// Sets the bytes of compiled step shapes its session keeps beyond the one in use.
+    pub fn set_step_cache_budget(&mut self, bytes: u64) {
+        self.session.set_step_cache_budget(bytes);
+    }
+
     /// The compiled step shapes its session keeps and the bytes of their buffers.
     pub fn compiled_steps(&self) -> StepCacheUsage {
         self.session.step_cache_usage()

@@ -47,6 +47,9 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Longest `input`, in characters.
     pub max_input_chars: usize,
+    /// Bytes of compiled step shapes kept beyond the one in use (see
+    /// [`drama_engine::session::Session::set_step_cache_budget`]).
+    pub step_cache_bytes: u64,
 }
 
 /// Why the service stopped abnormally.

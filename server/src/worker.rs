@@ -79,6 +79,7 @@ pub fn run(
     commands: std::sync::mpsc::Receiver<Command>,
 ) -> Result<(), String> {
     let mut batcher = Batcher::new(&engine, config.max_lanes, capacity).map_err(|e| e.to_string())?;
+    batcher.set_step_cache_budget(config.step_cache_bytes);
     let warming = Instant::now();
     match batcher.warm_up(config.guidance, config.gamma) {
         Ok(Some(stats)) => eprintln!(
