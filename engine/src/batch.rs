@@ -113,6 +113,11 @@ pub struct Batcher<'e> {
     last_step_start: Option<Instant>,
     /// The time between the two last steps' beginnings: the pace [`parts_for`] assumes.
     step_time: Duration,
+    /// The most rows one forward takes (more run as several, in order: rows never
+    /// influence each other, and a prompt in parts equals it whole), and the most the
+    /// device allows.
+    max_forward_rows: usize,
+    device_max_rows: usize,
 }
 
 impl<'e> Batcher<'e> {
@@ -123,8 +128,10 @@ impl<'e> Batcher<'e> {
         // does not wait for it.
         let mut warm = CodecDecoder::new(codec.clone());
         warm.prepare(CODEC_CHUNK)?;
+        let session = Session::new(engine, lanes, capacity)?;
+        let device_max_rows = session.max_step_rows()?;
         Ok(Batcher {
-            session: Session::new(engine, lanes, capacity)?,
+            session,
             codec,
             free: (0..lanes).rev().collect(),
             jobs: Vec::new(),
@@ -137,6 +144,8 @@ impl<'e> Batcher<'e> {
             steps: 0,
             last_step_start: None,
             step_time: Duration::ZERO,
+            max_forward_rows: device_max_rows,
+            device_max_rows,
             engine,
         })
     }
@@ -161,6 +170,17 @@ impl<'e> Batcher<'e> {
     /// Jobs running.
     pub fn active(&self) -> usize {
         self.jobs.len()
+    }
+
+    /// Caps the rows of one forward (at least one; at most what the device allows, which is
+    /// the default): a step's rows beyond it run as further forwards, the same bits.
+    pub fn set_max_forward_rows(&mut self, rows: usize) {
+        self.max_forward_rows = rows.clamp(1, self.device_max_rows);
+    }
+
+    /// The most rows one forward takes.
+    pub fn max_forward_rows(&self) -> usize {
+        self.max_forward_rows
     }
 
     /// Sets the bytes of compiled step shapes its session keeps beyond the one in use.
@@ -335,14 +355,18 @@ impl<'e> Batcher<'e> {
             all.extend(uncond_rows);
             (all, Vec::new())
         };
-        let submitted = self.session.submit(&first_rows)?;
+        // Rows past the forward limit run as further forwards behind the first.
+        let (head, rest) = first_rows.split_at(first_rows.len().min(self.max_forward_rows));
+        let submitted = self.session.submit(head)?;
         let codec_time = self.submit_chunks(step)? + self.deliver_finished_chunks(step)?;
-        let first = self.session.logits(submitted)?;
-        let second = if second_rows.is_empty() {
-            Vec::new()
-        } else {
-            self.session.step(&second_rows, false)?.logits
-        };
+        let mut first = self.session.logits(submitted)?;
+        for part in rest.chunks(self.max_forward_rows) {
+            first.extend(self.session.step(part, false)?.logits);
+        }
+        let mut second = Vec::new();
+        for part in second_rows.chunks(self.max_forward_rows) {
+            second.extend(self.session.step(part, false)?.logits);
+        }
         // The codec submissions inside the window are counted as codec time.
         let forward = began.elapsed().saturating_sub(codec_time);
         let split = self.session.take_forward_split();

@@ -919,11 +919,16 @@ fn segment_launch<'a>(
     })
 }
 
-impl Executable {
-    /// Plans and lowers `graph`: buffers, parameter blocks, bind groups, launches.
-    pub fn compile(gpu: &Gpu, graph: Graph, shape: StepShape, bind: &Bindings<'_>) -> Result<Executable, EngineError> {
-        let plan = plan(&graph);
-        let limit = gpu.caps.max_storage_binding;
+/// The buffers a step allocates for itself: its memory plan and attention's scratch.
+struct StepBuffers {
+    plan: MemoryPlan,
+    /// Attention's query heads (1 where the graph has no attention).
+    heads: usize,
+    scratch_bytes: u64,
+}
+
+impl StepBuffers {
+    fn of(graph: &Graph, shape: StepShape) -> StepBuffers {
         let (heads, head_dim) = graph
             .nodes
             .iter()
@@ -933,14 +938,49 @@ impl Executable {
             })
             .unwrap_or((1, 1));
         let scratch_floats = drama_kernels::attention_scratch_floats(shape.rows, heads, head_dim, shape.capacity);
-        let scratch_bytes = (scratch_floats * 4) as u64;
-        let largest = plan.buffers.iter().copied().max().unwrap_or(0).max(scratch_bytes);
+        StepBuffers {
+            plan: plan(graph),
+            heads,
+            scratch_bytes: (scratch_floats * 4) as u64,
+        }
+    }
+
+    /// The largest of them, in bytes.
+    fn largest(&self) -> u64 {
+        self.plan
+            .buffers
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(self.scratch_bytes)
+    }
+}
+
+/// The largest buffer a step of `graph` (built for `shape`) would allocate for itself, in
+/// bytes: [`Executable::compile`] refuses a step where it exceeds the device's storage-binding
+/// limit. Nothing is allocated.
+pub fn largest_step_buffer(graph: &Graph, shape: StepShape) -> u64 {
+    StepBuffers::of(graph, shape).largest()
+}
+
+impl Executable {
+    /// Plans and lowers `graph`: buffers, parameter blocks, bind groups, launches.
+    pub fn compile(gpu: &Gpu, graph: Graph, shape: StepShape, bind: &Bindings<'_>) -> Result<Executable, EngineError> {
+        let buffers = StepBuffers::of(&graph, shape);
+        let largest = buffers.largest();
+        let limit = gpu.caps.max_storage_binding;
         if largest > limit {
             return Err(EngineError::Unsupported(format!(
                 "a step of {} rows needs a {largest}-byte activation buffer, above the device's storage-binding limit of {limit} bytes; process fewer rows per step",
                 shape.rows
             )));
         }
+        let StepBuffers {
+            plan,
+            heads,
+            scratch_bytes,
+        } = buffers;
         let buffers: Vec<wgpu::Buffer> = plan
             .buffers
             .iter()

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, LayerMlp};
 use crate::error::EngineError;
-use crate::exec::{Bindings, Executable};
+use crate::exec::{Bindings, Executable, largest_step_buffer};
 use crate::gpu::{Gpu, GpuError};
 use crate::reference::ops::rope_table;
 use crate::spec::{CheckpointNames, model_spec};
@@ -124,6 +124,11 @@ type StepKey = (usize, bool);
 /// attention scratch grows with the context), so this keeps every decode shape of a batch
 /// and a few prompts' prefills.
 pub const STEP_CACHE_BYTES: u64 = 1 << 30;
+
+/// The most rows [`Session::max_step_rows`] considers: far below the 65535 workgroups a
+/// launch may have along one dimension (routing and attention launch a workgroup row per
+/// token row). The batcher runs more rows as several steps.
+pub const MAX_STEP_ROWS: usize = 8192;
 
 /// What a session's compiled steps hold (see [`Session::step_cache_usage`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -354,18 +359,51 @@ impl<'e> Session<'e> {
         }
     }
 
+    /// The shape of this session's steps of `rows` rows.
+    fn shape(&self, rows: usize, trace: bool) -> StepShape {
+        let gpu = &self.engine.gpu;
+        StepShape {
+            rows,
+            lanes: self.lanes,
+            capacity: self.capacity,
+            prefix_rows: self.lanes * self.engine.checkpoint.config.speech.voice_prefix_len,
+            trace,
+            concurrent_launches: gpu.caps.concurrent_launches,
+            device_barriers: gpu.caps.device_barriers,
+        }
+    }
+
+    /// The most rows one step of this session can take (up to [`MAX_STEP_ROWS`]): the
+    /// largest count whose buffers fit the device's storage-binding limit. Planned without
+    /// allocating; an error where not even one row fits.
+    pub fn max_step_rows(&self) -> Result<usize, EngineError> {
+        let limit = self.engine.gpu.caps.max_storage_binding;
+        let fits = |rows: usize| -> Result<bool, EngineError> {
+            let shape = self.shape(rows, false);
+            let graph = drama3::build(&self.engine.spec, &CheckpointNames, shape)?;
+            Ok(largest_step_buffer(&graph, shape) <= limit)
+        };
+        if !fits(1)? {
+            return Err(EngineError::Unsupported(format!(
+                "a step of one row needs more than the device's storage-binding limit of {limit} bytes"
+            )));
+        }
+        // The largest count that fits lies in [low, high).
+        let (mut low, mut high) = (1, MAX_STEP_ROWS + 1);
+        while high - low > 1 {
+            let middle = (low + high) / 2;
+            if fits(middle)? {
+                low = middle;
+            } else {
+                high = middle;
+            }
+        }
+        Ok(low)
+    }
+
     fn executable(&mut self, rows: usize, trace: bool) -> Result<&Executable, EngineError> {
         if !self.steps.touch(&(rows, trace)) {
-            let c = &self.engine.checkpoint.config;
-            let shape = StepShape {
-                rows,
-                lanes: self.lanes,
-                capacity: self.capacity,
-                prefix_rows: self.lanes * c.speech.voice_prefix_len,
-                trace,
-                concurrent_launches: self.engine.gpu.caps.concurrent_launches,
-                device_barriers: self.engine.gpu.caps.device_barriers,
-            };
+            let shape = self.shape(rows, trace);
             let graph = drama3::build(&self.engine.spec, &CheckpointNames, shape)?;
             let bind = Bindings {
                 weights: &self.engine.weights,

@@ -72,9 +72,10 @@ fn codec_chunks_go_in_parts_only_with_audio_far_enough_ahead() {
     const { assert!(CODEC_CHUNK_PARTS > 1) };
 }
 
-/// Jobs sharing steps get their solo runs' samples, bit for bit. Their codec chunks after the
-/// first go in parts (a slow-playback codec), so the parts of several jobs, and with separate
-/// guidance an uncond forward, run between each other's.
+/// Jobs sharing steps get their solo runs' samples, bit for bit, also when a step's rows
+/// run as several forwards. Their codec chunks after the first go in parts (a slow-playback
+/// codec), so the parts of several jobs, and with separate guidance an uncond forward, run
+/// between each other's.
 #[test]
 fn batched_jobs_equal_solo_runs() {
     let mut rng = rng("batch");
@@ -108,41 +109,95 @@ fn batched_jobs_equal_solo_runs() {
         "the comparison needs audio"
     );
 
-    let mut batcher = Batcher::new(&engine, 5, 64).unwrap();
-    let outputs: Vec<Arc<Mutex<Vec<f32>>>> = (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
-    let sink = |i: usize| {
-        let out = outputs[i].clone();
-        Box::new(move |pcm: &[f32]| {
-            out.lock().unwrap().extend_from_slice(pcm);
-            true
-        }) as drama_engine::batch::Sink
-    };
-    batcher.admit(requests[0].clone(), sink(0)).unwrap();
-    batcher.admit(requests[1].clone(), sink(1)).unwrap();
-    // The third joins after a few steps, while the others are mid-generation.
-    let mut finished = Vec::new();
-    for _ in 0..3 {
-        finished.extend(batcher.step().unwrap());
-    }
-    batcher.admit(requests[2].clone(), sink(2)).unwrap();
-    while batcher.active() > 0 {
-        finished.extend(batcher.step().unwrap());
-    }
-    assert_eq!(finished.len(), 3);
-    assert!(finished.iter().all(|(_, stats)| stats.stop == Stop::Finished));
-    assert!(
-        finished.iter().any(|(_, stats)| stats.chunks_in_parts > 0),
-        "no chunk went in parts"
-    );
-    assert_eq!(batcher.free_lanes(), 5, "every lane comes back");
-    for (i, out) in outputs.iter().enumerate() {
-        let got = out.lock().unwrap();
-        assert_eq!(got.len(), solo[i].len(), "job {i}: length");
+    // As one forward a step, and with at most three rows a forward: prompts split across
+    // forwards (some mid-lane), and the uncond rows of separate guidance in several.
+    for cap in [None, Some(3)] {
+        let mut batcher = Batcher::new(&engine, 5, 64).unwrap();
+        assert!(batcher.max_forward_rows() >= 64, "the device takes a whole prompt");
+        if let Some(rows) = cap {
+            batcher.set_max_forward_rows(rows);
+        }
+        let outputs: Vec<Arc<Mutex<Vec<f32>>>> = (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+        let sink = |i: usize| {
+            let out = outputs[i].clone();
+            Box::new(move |pcm: &[f32]| {
+                out.lock().unwrap().extend_from_slice(pcm);
+                true
+            }) as drama_engine::batch::Sink
+        };
+        batcher.admit(requests[0].clone(), sink(0)).unwrap();
+        batcher.admit(requests[1].clone(), sink(1)).unwrap();
+        // The third joins after a few steps, while the others are mid-generation.
+        let mut finished = Vec::new();
+        for _ in 0..3 {
+            finished.extend(batcher.step().unwrap());
+        }
+        batcher.admit(requests[2].clone(), sink(2)).unwrap();
+        while batcher.active() > 0 {
+            finished.extend(batcher.step().unwrap());
+        }
+        assert_eq!(finished.len(), 3);
+        assert!(finished.iter().all(|(_, stats)| stats.stop == Stop::Finished));
         assert!(
-            got.iter().zip(&solo[i]).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "job {i}: batched differs from solo"
+            finished.iter().any(|(_, stats)| stats.chunks_in_parts > 0),
+            "no chunk went in parts"
         );
+        assert_eq!(batcher.free_lanes(), 5, "every lane comes back");
+        for (i, out) in outputs.iter().enumerate() {
+            let got = out.lock().unwrap();
+            assert_eq!(got.len(), solo[i].len(), "job {i}: length");
+            assert!(
+                got.iter().zip(&solo[i]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "job {i}: batched differs from solo (forwards of at most {cap:?} rows)"
+            );
+        }
     }
+}
+
+/// Under a small storage-binding limit a step of more rows than fit is refused (naming the
+/// limit) while the largest that fits compiles, and a synthesis whose prompt does not fit
+/// in one step runs it as several forwards: the same samples as on a device without the
+/// limit, bit for bit.
+#[test]
+fn a_step_larger_than_the_device_allows_runs_as_several_forwards() {
+    let mut rng = rng("batch forward limit");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let limited = Gpu::new(&GpuOptions {
+        max_storage_binding: Some(16384),
+        ..Default::default()
+    })
+    .unwrap();
+    let limited = Engine::load(Arc::new(limited), fixture.open()).unwrap();
+    let plain = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let mut session = Session::new(&limited, 2, 32).unwrap();
+    let most = session.max_step_rows().unwrap();
+    let p = limited.checkpoint.config.speech.voice_prefix_len;
+    let text: Vec<u32> = (0..12).map(|_| rng.next_u32() % 264).collect();
+    // A guided request's first forward: both lanes' prefix, text and audio_bos.
+    let prompt_rows = 2 * (p + text.len() + 1);
+    assert!(
+        (1..prompt_rows).contains(&most),
+        "{most} rows fit, the prompt has {prompt_rows}"
+    );
+    session.dispatch_count(most).unwrap();
+    let err = session.dispatch_count(most + 1).unwrap_err().to_string();
+    assert!(err.contains("storage-binding limit"), "{err}");
+
+    let request = request(text, 1.5, GuidanceMode::Paired, rng.next_u64());
+    let pcm = |engine: &Engine| {
+        let mut pcm = Vec::new();
+        let stats = synthesize(engine, &request, &mut |chunk| {
+            pcm.extend_from_slice(chunk);
+            true
+        })
+        .unwrap();
+        (pcm, stats.tokens)
+    };
+    let (want, want_tokens) = pcm(&plain);
+    let (got, got_tokens) = pcm(&limited);
+    assert_eq!(got_tokens, want_tokens);
+    assert_eq!(got.len(), want.len());
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
 #[test]
