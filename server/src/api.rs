@@ -211,7 +211,8 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
     if !(0.0..=10.0).contains(&temperature) {
         return Err(ApiError::invalid("temperature", "`temperature` must be in [0, 10]"));
     }
-    let top_p = number(&body, "top_p")?.unwrap_or(1.0);
+    // Checked as the f32 the sampler gets (1e-50 is 0 there).
+    let top_p = number(&body, "top_p")?.unwrap_or(1.0) as f32;
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ApiError::invalid("top_p", "`top_p` must be in (0, 1]"));
     }
@@ -245,7 +246,7 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
         seed,
         temperature: temperature as f32,
         top_k,
-        top_p: top_p as f32,
+        top_p,
         max_audio_tokens,
         gamma,
     })
@@ -283,6 +284,7 @@ mod tests {
                 "stream_format",
             ),
             (r#"{"model": "drama-3", "input": "hi", "top_p": 0}"#, "top_p"),
+            (r#"{"model": "drama-3", "input": "hi", "top_p": 1e-50}"#, "top_p"),
             (
                 r#"{"model": "drama-3", "input": "hi", "max_audio_tokens": 101}"#,
                 "max_audio_tokens",

@@ -106,7 +106,8 @@ fn content_type_is(request: &Request<Incoming>, accepted: &[&str]) -> bool {
 /// `speech.audio.done` (SSE) or the end of the bytes if the job finished, else an `error`
 /// event carrying the body an error response would have (SSE) or a failed body, which makes
 /// hyper abort the transfer so that the client cannot take it for a finished one. `place`
-/// (the request's place in flight) is released when the job ends.
+/// (the request's place in flight) is released when the job ends, not when the client has
+/// read the last of its audio. Call within a tokio runtime.
 fn streamed_body(
     header: Vec<u8>,
     chunks: mpsc::UnboundedReceiver<Vec<f32>>,
@@ -128,9 +129,15 @@ fn streamed_body(
     let first = (!header.is_empty()).then(|| frame(header));
     let chunks = futures_util::stream::unfold(chunks, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
         .map(move |chunk| frame(encode_samples(&chunk, SampleFormat::Pcm16)));
-    let tail = futures_util::stream::once(async move {
+    let (ended, outcome) = oneshot::channel();
+    tokio::spawn(async move {
         let outcome = done.await;
         drop(place);
+        let _ = ended.send(outcome);
+    });
+    let tail = futures_util::stream::once(async move {
+        // A runtime shutting down drops the task: as if the worker dropped the job.
+        let outcome = outcome.await.unwrap_or_else(Err);
         let tokens = match &outcome {
             Ok(Ok(stats)) => stats.tokens,
             _ => 0,
@@ -475,9 +482,9 @@ mod tests {
             None => drop(done),
         }
         let place = Arc::new(());
-        let mut body = streamed_body(Vec::new(), chunk_receiver, done_answer, place.clone(), sse);
         let (mut bytes, mut failed) = (Vec::new(), None);
         runtime.block_on(async {
+            let mut body = streamed_body(Vec::new(), chunk_receiver, done_answer, place.clone(), sse);
             while let Some(frame) = body.frame().await {
                 match frame {
                     Ok(frame) => bytes.extend_from_slice(&frame.into_data().unwrap()),
@@ -538,5 +545,32 @@ mod tests {
             let error: serde_json::Value = serde_json::from_str(event).unwrap();
             assert_eq!(error["error"]["code"], code, "{text}");
         }
+    }
+
+    /// A streamed request's place in flight is released when its job ends, while its client
+    /// has not read a byte yet (a listener playing the audio in real time would otherwise
+    /// hold it for the audio's length); the body still carries every chunk and the end.
+    #[test]
+    fn a_streamed_body_releases_its_place_when_the_job_ends_not_when_it_is_read() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (chunks, chunk_receiver) = mpsc::unbounded_channel();
+        let (done, done_answer) = oneshot::channel();
+        let place = Arc::new(());
+        let pcm = [0.25f32, -0.5, 0.75];
+        runtime.block_on(async {
+            let mut body = streamed_body(Vec::new(), chunk_receiver, done_answer, place.clone(), false);
+            chunks.send(pcm.to_vec()).unwrap();
+            drop(chunks);
+            tokio::task::yield_now().await;
+            assert_eq!(Arc::strong_count(&place), 2, "held while the job runs");
+            done.send(Ok(stats(Stop::Finished))).unwrap();
+            tokio::task::yield_now().await;
+            assert_eq!(Arc::strong_count(&place), 1, "released when the job ends");
+            let mut bytes = Vec::new();
+            while let Some(frame) = body.frame().await {
+                bytes.extend_from_slice(&frame.unwrap().into_data().unwrap());
+            }
+            assert_eq!(bytes, encode_samples(&pcm, SampleFormat::Pcm16));
+        });
     }
 }

@@ -161,6 +161,12 @@ pub fn run(
                 }
             }
         }
+        // Forget waiting jobs whose client left (they would hold memory and queue places).
+        let before = waiting.len();
+        waiting.retain(|job| !job.chunks.is_closed());
+        metrics
+            .cancellations
+            .fetch_add((before - waiting.len()) as u64, Ordering::SeqCst);
         // Admit waiting jobs, in order, while their lanes are free.
         while let Some(job) = waiting.front() {
             let needed = Batcher::lanes_needed(job.request.gamma);
