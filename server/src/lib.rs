@@ -76,8 +76,9 @@ pub enum ServerError {
     Engine(String),
 }
 
-/// Serves until `shutdown` resolves, then stops accepting, lets requests in flight finish
-/// (up to their time limit) and returns. `on_listening` receives the bound address.
+/// Serves until `shutdown` resolves or the GPU worker ends (an error: it failed to start or
+/// panicked), then stops accepting, lets requests in flight finish (up to their time limit)
+/// and returns. `on_listening` receives the bound address.
 pub async fn serve(
     config: ServerConfig,
     engine: Engine,
@@ -111,11 +112,23 @@ pub async fn serve(
     });
     let capacity = c.max_position_embeddings;
     let worker_config = config.clone();
+    // Dropped when the worker returns or panics: a worker that ends on its own (a failed
+    // start, a panic) stops the service too, rather than leave it answering 503 forever.
+    let (worker_alive, worker_ended) = tokio::sync::oneshot::channel::<()>();
     let worker = std::thread::Builder::new()
         .name("drama-gpu".into())
-        .spawn(move || worker::run(engine, worker_config, capacity, store, metrics, ready, receiver))
+        .spawn(move || {
+            let _alive = worker_alive;
+            worker::run(engine, worker_config, capacity, store, metrics, ready, receiver)
+        })
         .map_err(|e| ServerError::Engine(e.to_string()))?;
-    let result = http::listen(state, on_listening, shutdown).await;
+    let stop = async move {
+        tokio::select! {
+            () = shutdown => {}
+            _ = worker_ended => {}
+        }
+    };
+    let result = http::listen(state, on_listening, stop).await;
     // The command sender is gone: the worker drains and ends.
     let worker_result = tokio::task::spawn_blocking(move || worker.join())
         .await

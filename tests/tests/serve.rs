@@ -431,3 +431,34 @@ fn a_stalled_connection_does_not_hold_up_shutdown() {
     assert_eq!(code, Some(0));
     drop(stalled);
 }
+
+/// A GPU worker that cannot start (here: KV caches for a million lanes, past the device's
+/// binding limit) stops the service with its error and a non-zero exit, instead of leaving
+/// a listener that answers 503 forever.
+#[test]
+fn a_worker_that_fails_to_start_stops_the_service() {
+    let s = setup(53);
+    let mut child = std::process::Command::new(drama_tests::drama_binary())
+        .args(["serve", "--checkpoint", s.checkpoint.to_str().unwrap()])
+        .args(["--data-dir", s.data.to_str().unwrap(), "--addr", "127.0.0.1:0"])
+        .args(["--max-lanes", "1000000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("the service still runs without its worker");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("KV cache of 1000000 lanes"), "{err}");
+}
