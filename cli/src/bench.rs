@@ -90,7 +90,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent).ok();
     }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
+    drama_engine::files::write_atomically(&args.out, serde_json::to_string_pretty(&report)?.as_bytes())
         .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("roofline {:.0} GB/s", report.roofline.gb_per_s);
     eprintln!(

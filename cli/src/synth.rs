@@ -168,7 +168,8 @@ pub fn run(args: SynthArgs) -> Result<()> {
             .write_all(&bytes)
             .context("writing the WAV to stdout")?;
     } else {
-        std::fs::write(&args.out, &bytes).with_context(|| format!("writing {}", args.out.display()))?;
+        drama_engine::files::write_atomically(&args.out, &bytes)
+            .with_context(|| format!("writing {}", args.out.display()))?;
     }
     let audio = stats.audio_seconds();
     let wall = stats.wall.as_secs_f64();

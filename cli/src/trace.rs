@@ -67,7 +67,8 @@ pub fn run(args: TraceArgs) -> Result<()> {
         },
     };
     let traced = trace(&engine, &request)?;
-    std::fs::write(&args.out, traced.to_safetensors()?).with_context(|| format!("writing {}", args.out.display()))?;
+    drama_engine::files::write_atomically(&args.out, &traced.to_safetensors()?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
     println!("wrote {} tensors to {}", traced.tensors.len(), args.out.display());
     Ok(())
 }

@@ -30,7 +30,7 @@ pub fn run(args: VoiceArgs) -> Result<()> {
     let bytes = std::fs::read(&args.wav).with_context(|| format!("reading {}", args.wav.display()))?;
     let prefix = prefix_from_wav(&bytes, &checkpoint, args.gpu.open()?)
         .with_context(|| format!("voice {}", args.wav.display()))?;
-    std::fs::write(&args.out, voice_file_bytes(&prefix, &checkpoint)?)
+    drama_engine::files::write_atomically(&args.out, &voice_file_bytes(&prefix, &checkpoint)?)
         .with_context(|| format!("writing {}", args.out.display()))?;
     println!("wrote voice for {} to {}", checkpoint.provenance, args.out.display());
     Ok(())

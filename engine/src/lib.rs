@@ -22,6 +22,7 @@ pub mod checkpoint;
 pub mod codec;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod gpu;
 pub mod guidance;
 pub mod numerics;

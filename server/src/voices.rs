@@ -2,10 +2,10 @@
 //! (temporary file, fsync, rename), so they survive restarts and a crash mid-write loses
 //! nothing.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use drama_engine::checkpoint::Checkpoint;
+use drama_engine::files::{TEMPORARY_SUFFIX, write_atomically};
 use drama_engine::voice::{read_voice_file, voice_file_bytes};
 use sha2::{Digest, Sha256};
 
@@ -27,7 +27,7 @@ impl VoiceStore {
         // Leftovers of interrupted writes are not voices.
         for entry in std::fs::read_dir(&dir)? {
             let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "tmp") {
+            if path.to_str().is_some_and(|p| p.ends_with(TEMPORARY_SUFFIX)) {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -42,22 +42,7 @@ impl VoiceStore {
     pub fn save(&self, prefix: &[f32], checkpoint: &Checkpoint) -> Result<String, String> {
         let bytes = voice_file_bytes(prefix, checkpoint).map_err(|e| e.to_string())?;
         let id = hex::encode(&Sha256::digest(&bytes)[..8]);
-        let tmp = self.dir.join(format!("{id}.{}.tmp", std::process::id()));
-        let write = || -> std::io::Result<()> {
-            let mut file = std::fs::File::create(&tmp)?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, self.path(&id))?;
-            // The rename itself is durable only once the directory is (on Unix; Windows
-            // cannot open a directory as a file).
-            #[cfg(unix)]
-            std::fs::File::open(&self.dir)?.sync_all()?;
-            Ok(())
-        };
-        write().map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("saving voice {id}: {e}")
-        })?;
+        write_atomically(&self.path(&id), &bytes).map_err(|e| format!("saving voice {id}: {e}"))?;
         Ok(id)
     }
 

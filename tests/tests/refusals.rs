@@ -58,6 +58,8 @@ refusal_tests! {
     config_audio_vocab => "config-audio-vocab",
     config_pruned_softmax => "config-pruned-softmax",
     config_absurd_layer_count => "config-absurd-layer-count",
+    config_absurd_upsample_rate => "config-absurd-upsample-rate",
+    config_absurd_samples_per_code => "config-absurd-samples-per-code",
     config_model_type => "config-model-type",
     config_topk_unreachable => "config-topk-unreachable",
     config_topk_unreachable_groups => "config-topk-unreachable-groups",

@@ -412,6 +412,36 @@ impl ModelConfig {
                 format!("{} is not an odd positive size", c.kernel_size),
             );
         }
+        // Sizes, and lists of stages, bounded as the model's are (the layout's shapes and the
+        // samples per code are products of them).
+        for (key, values) in [
+            ("codec.channels", &c.channels),
+            ("codec.upsample_rates", &c.upsample_rates),
+            ("codec.residual_dilations", &c.residual_dilations),
+            ("codec.kernel_size", &vec![c.kernel_size]),
+        ] {
+            if values.len() > MAX_LAYERS {
+                return bad(
+                    key,
+                    format!("{} entries is past any model this engine runs", values.len()),
+                );
+            }
+            if let Some(value) = values.iter().find(|&&v| v > MAX_SIZE) {
+                return bad(
+                    key,
+                    format!("{value} is past any model this engine runs (at most {MAX_SIZE})"),
+                );
+            }
+        }
+        let samples_per_code = c.upsample_rates.iter().try_fold(1usize, |product, &rate| {
+            product.checked_mul(rate).filter(|&p| p <= MAX_SIZE)
+        });
+        if samples_per_code.is_none() {
+            return bad(
+                "codec.upsample_rates",
+                format!("their product (samples per code) is past any model this engine runs (at most {MAX_SIZE})"),
+            );
+        }
         Ok(())
     }
 }

@@ -1,0 +1,59 @@
+//! Files written whole or not at all: a crash, a full disk or a failed write leaves the file
+//! that was there before (or none), never a truncated one.
+
+use std::io::Write;
+use std::path::Path;
+
+/// The suffix of the temporary files [`write_atomically`] writes beside their target: what
+/// an interrupted write leaves behind ends in it.
+pub const TEMPORARY_SUFFIX: &str = ".tmp";
+
+/// Writes `bytes` to `path` through a temporary file in the same folder, synced, then renamed
+/// over `path` (and on Unix the folder synced, so that the rename itself is durable).
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix(".")
+        .suffix(TEMPORARY_SUFFIX)
+        .tempfile_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    // Windows cannot open a folder as a file.
+    #[cfg(unix)]
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_the_file_and_leaves_no_temporary_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.wav");
+        std::fs::write(&path, b"old contents, longer than the new").unwrap();
+        write_atomically(&path, b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("out.wav")]);
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.wav");
+        std::fs::write(&path, b"old").unwrap();
+        // A folder where the file's parent should be: the temporary file cannot be made.
+        let err = write_atomically(&path.join("inside"), b"new").unwrap_err();
+        assert!(!err.to_string().is_empty());
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+    }
+}
