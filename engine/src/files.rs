@@ -9,8 +9,13 @@ use std::path::Path;
 pub const TEMPORARY_SUFFIX: &str = ".tmp";
 
 /// Writes `bytes` to `path` through a temporary file in the same folder, synced, then renamed
-/// over `path` (and on Unix the folder synced, so that the rename itself is durable).
+/// over `path` (and on Unix the folder synced, so that the rename itself is durable). A path
+/// that names something other than a regular file (a device such as `/dev/null`, a pipe, a
+/// link) is written through in place: renaming over it would replace it.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(path).is_ok_and(|meta| !meta.file_type().is_file()) {
+        return std::fs::write(path, bytes);
+    }
     let dir = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
@@ -44,6 +49,19 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("out.wav")]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_is_written_through_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.wav");
+        std::fs::write(&target, b"old").unwrap();
+        let link = dir.path().join("link.wav");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_atomically(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
     }
 
     #[test]
