@@ -174,10 +174,6 @@ pub fn run(
                 break;
             }
             let job = waiting.pop_front().expect("front exists");
-            if job.chunks.is_closed() {
-                metrics.cancellations.fetch_add(1, Ordering::SeqCst);
-                continue;
-            }
             let sender = job.chunks.clone();
             let sink = Box::new(move |pcm: &[f32]| sender.send(pcm.to_vec()).is_ok());
             match batcher.admit(job.request, sink) {

@@ -415,10 +415,10 @@ impl ModelConfig {
         // Sizes, and lists of stages, bounded as the model's are (the layout's shapes and the
         // samples per code are products of them).
         for (key, values) in [
-            ("codec.channels", &c.channels),
-            ("codec.upsample_rates", &c.upsample_rates),
-            ("codec.residual_dilations", &c.residual_dilations),
-            ("codec.kernel_size", &vec![c.kernel_size]),
+            ("codec.channels", c.channels.as_slice()),
+            ("codec.upsample_rates", c.upsample_rates.as_slice()),
+            ("codec.residual_dilations", c.residual_dilations.as_slice()),
+            ("codec.kernel_size", std::slice::from_ref(&c.kernel_size)),
         ] {
             if values.len() > MAX_LAYERS {
                 return bad(
