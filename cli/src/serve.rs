@@ -61,9 +61,17 @@ pub struct ServeArgs {
     /// MiB; the least recently used are dropped first and compile again when next needed.
     #[arg(long, default_value_t = STEP_CACHE_BYTES >> 20, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
     step_cache_mib: u64,
+    /// Longest a client may take to send a request's headers or its body, and longest a
+    /// connection may stay idle between requests, in seconds (1 to 3600).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    client_timeout: u64,
+    /// Client connections open at once; later clients wait to be accepted (1 to 65536).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections: u64,
 }
 
-async fn shutdown_signal() {
+/// Resolves at the next SIGINT (Ctrl-C) or SIGTERM.
+async fn stop_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -80,6 +88,22 @@ async fn shutdown_signal() {
     {
         let _ = interrupt.await;
     }
+}
+
+/// The exit status of a server stopped by a second signal (128 + SIGINT, as shells report
+/// an interrupted program).
+const FORCED_EXIT: i32 = 130;
+
+/// Resolves at the first stop signal, so the server stops gracefully; a second signal ends
+/// the process at once, cutting off the requests in flight.
+async fn shutdown_signal() {
+    stop_signal().await;
+    eprintln!("drama serve: stopping: finishing the requests in flight; interrupt again to stop at once");
+    tokio::spawn(async {
+        stop_signal().await;
+        eprintln!("drama serve: stopped at once; requests in flight were cut off");
+        std::process::exit(FORCED_EXIT);
+    });
 }
 
 /// Runs `drama serve`.
@@ -116,6 +140,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout),
         max_input_chars: args.max_input_chars,
         step_cache_bytes: args.step_cache_mib << 20,
+        client_timeout: Duration::from_secs(args.client_timeout),
+        max_connections: usize::try_from(args.max_connections)?,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(serve(

@@ -77,18 +77,24 @@ fn error(e: &ApiError) -> Response<Body> {
     response
 }
 
-async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
-    Limited::new(request.into_body(), limit)
-        .collect()
+/// Reads a request's body, at most `limit` bytes, within the client timeout.
+async fn read_body(state: &State, request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+    let timeout = state.config.client_timeout;
+    let collected = tokio::time::timeout(timeout, Limited::new(request.into_body(), limit).collect())
         .await
-        .map(|collected| collected.to_bytes())
-        .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                ApiError::status(413, format!("the body is larger than {limit} bytes"))
-            } else {
-                ApiError::status(400, format!("the body could not be read: {e}"))
-            }
-        })
+        .map_err(|_| {
+            ApiError::status(
+                408,
+                format!("the body did not arrive within {} s", timeout.as_secs_f64()),
+            )
+        })?;
+    collected.map(|collected| collected.to_bytes()).map_err(|e| {
+        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            ApiError::status(413, format!("the body is larger than {limit} bytes"))
+        } else {
+            ApiError::status(400, format!("the body could not be read: {e}"))
+        }
+    })
 }
 
 fn content_type_is(request: &Request<Incoming>, accepted: &[&str]) -> bool {
@@ -240,7 +246,7 @@ async fn save_voice(state: Arc<State>, request: Request<Incoming>) -> Result<Res
     ) {
         return Err(ApiError::status(415, "send the reference recording as audio/wav"));
     }
-    let wav = read_body(request, 32 << 20).await?.to_vec();
+    let wav = read_body(&state, request, 32 << 20).await?.to_vec();
     let (reply, answer) = oneshot::channel();
     state.send(Command::SaveVoice { wav, reply })?;
     let id = answer
@@ -270,7 +276,7 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     if !content_type_is(&request, &["application/json"]) {
         return Err(ApiError::status(415, "the body must be application/json"));
     }
-    let body = read_body(request, state.config.max_body).await?;
+    let body = read_body(&state, request, state.config.max_body).await?;
     let policy = Policy {
         allow_request_gamma: state.config.allow_request_gamma,
         max_audio_tokens: state.default_max_audio_tokens,
@@ -389,7 +395,30 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     Ok(response)
 }
 
-/// Accepts connections until `shutdown`, then waits for the open ones to finish.
+/// An open client connection: its place among `max_connections`, counted in the metrics
+/// while it lasts.
+struct Connection {
+    _place: tokio::sync::OwnedSemaphorePermit,
+    metrics: Arc<Metrics>,
+}
+
+impl Connection {
+    fn open(place: tokio::sync::OwnedSemaphorePermit, metrics: Arc<Metrics>) -> Connection {
+        metrics.open_connections.fetch_add(1, Ordering::SeqCst);
+        Connection { _place: place, metrics }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.metrics.open_connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Accepts connections until `shutdown`, then waits for the open ones to finish. At most
+/// `max_connections` are open at once (later clients wait in the listen backlog), and each
+/// closes when its client takes longer than the client timeout to send a request's headers
+/// (or to start the next request).
 pub async fn listen(
     state: Arc<State>,
     on_listening: impl FnOnce(SocketAddr),
@@ -404,21 +433,30 @@ pub async fn listen(
             .local_addr()
             .map_err(|source| ServerError::Bind { addr, source })?,
     );
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(state.config.client_timeout);
+    let places = Arc::new(tokio::sync::Semaphore::new(state.config.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
+        let place = tokio::select! {
+            place = places.clone().acquire_owned() => place.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                let open = Connection::open(place, state.metrics.clone());
                 let state = state.clone();
                 let service = hyper::service::service_fn(move |request| {
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(route(state, request).await) }
                 });
-                let connection = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-                let watched = graceful.watch(connection);
+                let watched = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
                 tokio::spawn(async move {
                     let _ = watched.await;
+                    drop(open);
                 });
             }
             () = &mut shutdown => break,

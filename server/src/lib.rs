@@ -50,6 +50,12 @@ pub struct ServerConfig {
     /// Bytes of compiled step shapes kept beyond the one in use (see
     /// [`drama_engine::session::Session::set_step_cache_budget`]).
     pub step_cache_bytes: u64,
+    /// Longest a client may take to send a request's headers, or its body, and longest a
+    /// connection may stay idle between requests; then the connection is closed (or, for a
+    /// body, answered 408).
+    pub client_timeout: Duration,
+    /// Connections open at once; beyond them, new clients wait to be accepted.
+    pub max_connections: usize,
 }
 
 /// Why the service stopped abnormally.

@@ -18,6 +18,8 @@ pub struct Metrics {
     pub compiled_steps: AtomicU64,
     /// The bytes of their buffers.
     pub compiled_step_bytes: AtomicU64,
+    /// Client connections open now.
+    pub open_connections: AtomicU64,
     first_audio: Mutex<Summary>,
     real_time_factor: Mutex<Summary>,
 }
@@ -62,6 +64,7 @@ impl Metrics {
                 "drama_compiled_step_bytes",
                 self.compiled_step_bytes.load(Ordering::SeqCst),
             ),
+            ("drama_open_connections", self.open_connections.load(Ordering::SeqCst)),
         ] {
             out.push_str(&format!("# TYPE {name} gauge\n{name} {value}\n"));
         }

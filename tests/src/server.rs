@@ -3,7 +3,8 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::drama_binary;
 
@@ -12,6 +13,8 @@ pub struct Server {
     child: Option<Child>,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// What the server has written to stderr after its listening line.
+    stderr: Arc<Mutex<String>>,
 }
 
 /// An HTTP answer: status, headers (lowercase names) and body.
@@ -66,10 +69,19 @@ impl Server {
             }
         };
         // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let drained = stderr.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let mut text = drained.lock().expect("stderr lock");
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
         let server = Server {
             child: Some(child),
             base,
+            stderr,
         };
         for _ in 0..200 {
             if server.get("/ready").status == 200 {
@@ -137,10 +149,60 @@ impl Server {
         response.into_body().into_reader()
     }
 
+    /// The address to open raw TCP connections to (`127.0.0.1:PORT`).
+    pub fn address(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+
+    /// Sends a signal (`INT`, `TERM`...) to the server.
+    pub fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("running");
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill -{name} failed");
+    }
+
+    /// Waits until the server's stderr (after its listening line) contains `text`; false
+    /// if it does not within `limit`.
+    pub fn wait_for_stderr(&self, text: &str, limit: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if self.stderr().contains(text) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// What the server has written to stderr after its listening line.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().expect("stderr lock").clone()
+    }
+
+    /// The server's exit code if it exits within `limit` (`Some(None)`: killed by a
+    /// signal); `None` if it still runs.
+    pub fn exit_within(&mut self, limit: Duration) -> Option<Option<i32>> {
+        let child = self.child.as_mut().expect("running");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("the server can be waited for") {
+                self.child = None;
+                return Some(status.code());
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends SIGTERM and returns the exit code.
     pub fn terminate(mut self) -> Option<i32> {
+        self.signal("TERM");
         let mut child = self.child.take().expect("running");
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
         child.wait().expect("the server exits").code()
     }
 

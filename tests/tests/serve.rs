@@ -462,3 +462,137 @@ fn a_worker_that_fails_to_start_stops_the_service() {
     assert!(!status.success(), "{err}");
     assert!(err.contains("KV cache of 1000000 lanes"), "{err}");
 }
+
+/// Sends `bytes` on a fresh connection and returns what comes back until the server closes
+/// it (or 60 s pass).
+fn raw_exchange(address: &str, bytes: &[u8]) -> String {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    stream.write_all(bytes).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A client that does not finish its headers within `--client-timeout` loses its connection
+/// (without an answer), one that does not finish its body gets 408 naming the wait, and
+/// beyond `--max-connections` a client waits to be accepted rather than being refused: here
+/// the one place is held by a stalled client until its timeout frees it.
+#[test]
+fn slow_clients_time_out_and_connections_are_capped() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let s = setup(59);
+    let server = Server::start(
+        &s.checkpoint,
+        &s.data,
+        &[
+            "--client-timeout",
+            "2",
+            "--max-connections",
+            "1",
+            "--gamma",
+            "1",
+            "--max-lanes",
+            "1",
+        ],
+    );
+    let mut stalled = std::net::TcpStream::connect(server.address()).unwrap();
+    stalled.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    let answer = raw_exchange(
+        server.address(),
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let waited = start.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        waited > Duration::from_millis(1500) && waited < Duration::from_secs(30),
+        "the second client waited {waited:?}, not about the first one's 2 s timeout"
+    );
+    let mut rest = Vec::new();
+    let _ = stalled.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    let start = Instant::now();
+    let answer = raw_exchange(
+        server.address(),
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"input\":",
+    );
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("the body did not arrive within 2 s"), "{answer}");
+    assert!(start.elapsed() > Duration::from_millis(1500), "{:?}", start.elapsed());
+    // Only the connection asking for the metrics is open once the others are gone.
+    let mut open = f64::NAN;
+    for _ in 0..100 {
+        open = server.metric("drama_open_connections");
+        if open == 1.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(open, 1.0);
+    assert_eq!(server.terminate(), Some(0));
+}
+
+/// A first interrupt stops the server gracefully, waiting for the requests in flight (here
+/// a stalled one, for up to its 600 s); a second one stops it at once, with status 130.
+#[test]
+fn a_second_interrupt_stops_the_server_at_once() {
+    use std::io::Write;
+    use std::time::Duration;
+    let s = setup(61);
+    let mut server = Server::start(
+        &s.checkpoint,
+        &s.data,
+        &[
+            "--request-timeout",
+            "600",
+            "--client-timeout",
+            "600",
+            "--gamma",
+            "1",
+            "--max-lanes",
+            "1",
+        ],
+    );
+    let mut stalled = std::net::TcpStream::connect(server.address()).unwrap();
+    stalled
+        .write_all(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    // Accepted: open beside the connection asking for the metric.
+    let mut accepted = false;
+    for _ in 0..200 {
+        accepted = server.metric("drama_open_connections") == 2.0;
+        if accepted {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(accepted, "the stalled connection was never accepted");
+    server.signal("INT");
+    assert!(
+        server.wait_for_stderr("interrupt again to stop at once", Duration::from_secs(30)),
+        "{}",
+        server.stderr()
+    );
+    assert_eq!(
+        server.exit_within(Duration::from_secs(1)),
+        None,
+        "the first interrupt waits"
+    );
+    server.signal("INT");
+    let code = server
+        .exit_within(Duration::from_secs(30))
+        .expect("the server still runs 30 s after a second interrupt");
+    assert_eq!(code, Some(130));
+    assert!(
+        server.wait_for_stderr("stopped at once", Duration::from_secs(5)),
+        "{}",
+        server.stderr()
+    );
+    drop(stalled);
+}
