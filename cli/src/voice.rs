@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use drama_engine::tower::VoiceTower;
 use drama_engine::voice::{prefix_from_wav, voice_file_bytes};
 
 use crate::checkpoint_arg::CheckpointArg;
@@ -28,8 +29,8 @@ pub struct VoiceArgs {
 pub fn run(args: VoiceArgs) -> Result<()> {
     let checkpoint = args.checkpoint.open()?;
     let bytes = std::fs::read(&args.wav).with_context(|| format!("reading {}", args.wav.display()))?;
-    let prefix = prefix_from_wav(&bytes, &checkpoint, args.gpu.open()?)
-        .with_context(|| format!("voice {}", args.wav.display()))?;
+    let tower = VoiceTower::new(args.gpu.open()?, &checkpoint)?;
+    let prefix = prefix_from_wav(&bytes, &tower).with_context(|| format!("voice {}", args.wav.display()))?;
     drama_engine::files::write_atomically(&args.out, &voice_file_bytes(&prefix, &checkpoint)?)
         .with_context(|| format!("writing {}", args.out.display()))?;
     println!("wrote voice for {} to {}", checkpoint.provenance, args.out.display());

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use drama_engine::checkpoint::Checkpoint;
 use drama_engine::gpu::Gpu;
+use drama_engine::tower::VoiceTower;
 use drama_engine::voice::{prefix_from_wav, read_voice_file};
 
 /// The [P, H] voice prefix of `path`, chosen by its extension.
@@ -14,7 +15,7 @@ pub fn load_voice(path: &Path, checkpoint: &Checkpoint, gpu: &Arc<Gpu>) -> Resul
     let extension = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     let prefix = match extension.as_deref() {
         Some("safetensors") => read_voice_file(&bytes, checkpoint),
-        Some("wav") => prefix_from_wav(&bytes, checkpoint, gpu.clone()),
+        Some("wav") => VoiceTower::new(gpu.clone(), checkpoint).and_then(|tower| prefix_from_wav(&bytes, &tower)),
         _ => bail!(
             "voice {}: expected a .wav recording or a .safetensors voice file",
             path.display()

@@ -27,8 +27,9 @@ use crate::weights::GpuWeights;
 pub struct Engine {
     /// The device.
     pub gpu: Arc<Gpu>,
-    /// The checkpoint (weights stay memory-mapped for the CPU-side parts).
-    pub checkpoint: Checkpoint,
+    /// The checkpoint (weights stay memory-mapped for the CPU-side parts); shared with
+    /// whatever else reads it beside the engine, such as a service's voice encoder.
+    pub checkpoint: Arc<Checkpoint>,
     /// What the graph builder needs.
     pub spec: ModelSpec,
     /// Weights on the GPU.
@@ -46,7 +47,7 @@ impl Engine {
         Ok(Engine {
             spec,
             gpu,
-            checkpoint,
+            checkpoint: Arc::new(checkpoint),
             weights,
         })
     }

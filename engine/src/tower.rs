@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use drama_kernels::{ElementwiseParams, Kernel, NormParams};
 
+use crate::checkpoint::config::VoiceTowerConfig;
 use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
 use crate::exec::{LinearIo, linear_launches};
@@ -31,6 +32,7 @@ pub struct VoiceTower {
     ffn: usize,
     n_mels: usize,
     eps: f32,
+    config: VoiceTowerConfig,
 }
 
 impl VoiceTower {
@@ -61,8 +63,14 @@ impl VoiceTower {
             ffn: c.voice_tower.ffn,
             n_mels: c.voice_tower.n_mels,
             eps: c.rms_norm_eps as f32,
+            config: c.voice_tower.clone(),
             gpu,
         })
+    }
+
+    /// The tower's configuration (its sample rate and log-mel front end).
+    pub fn config(&self) -> &VoiceTowerConfig {
+        &self.config
     }
 
     fn linear(

@@ -8,6 +8,7 @@ use crate::audio::AudioError;
 use crate::checkpoint::Checkpoint;
 use crate::error::EngineError;
 use crate::numerics::float_values;
+use crate::tower::VoiceTower;
 
 /// The `format` metadata value of a voice file.
 pub const VOICE_FORMAT: &str = "drama-voice";
@@ -66,8 +67,25 @@ pub fn voice_file_bytes(prefix: &[f32], checkpoint: &Checkpoint) -> Result<Vec<u
         ("format".to_string(), VOICE_FORMAT.to_string()),
         ("checkpoint".to_string(), checkpoint.manifest_digest.clone()),
     ]);
-    safetensors::serialize([(PREFIX_TENSOR, view)], Some(metadata))
-        .map_err(|e| EngineError::Input(format!("voice file: {e}")))
+    let bytes = safetensors::serialize([(PREFIX_TENSOR, view)], Some(metadata))
+        .map_err(|e| EngineError::Input(format!("voice file: {e}")))?;
+    Ok(with_sorted_header(bytes))
+}
+
+/// `bytes` (a safetensors file) with its JSON header's keys sorted. safetensors writes its
+/// metadata map in the order of a randomly keyed hash map, so the same prefix would make
+/// different bytes (and a different saved voice id) from run to run. The sorted header has
+/// the same length, so the offsets and the padding after it stand.
+fn with_sorted_header(mut bytes: Vec<u8>) -> Vec<u8> {
+    let length = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header = &bytes[8..8 + length];
+    let json = header.trim_ascii_end();
+    let value: serde_json::Value = serde_json::from_slice(json).expect("safetensors writes JSON");
+    // serde_json's maps keep their keys sorted.
+    let sorted = serde_json::to_vec(&value).expect("a JSON value serializes");
+    assert_eq!(sorted.len(), json.len(), "compact JSON of the same content");
+    bytes[8..8 + sorted.len()].copy_from_slice(&sorted);
+    bytes
 }
 
 /// The longest reference recording a voice is made from, in seconds. The tower averages
@@ -76,13 +94,9 @@ pub fn voice_file_bytes(prefix: &[f32], checkpoint: &Checkpoint) -> Result<Vec<u
 pub const MAX_REFERENCE_SECONDS: u32 = 60;
 
 /// The voice prefix of a reference recording: WAV bytes downmixed, resampled to the tower's
-/// rate, turned into log-mel frames and encoded by the voice tower on the GPU. A recording
-/// longer than [`MAX_REFERENCE_SECONDS`] is refused before any of that work.
-pub fn prefix_from_wav(
-    bytes: &[u8],
-    checkpoint: &Checkpoint,
-    gpu: std::sync::Arc<crate::gpu::Gpu>,
-) -> Result<Vec<f32>, EngineError> {
+/// rate, turned into log-mel frames and encoded by `tower` on the GPU. A recording longer
+/// than [`MAX_REFERENCE_SECONDS`] is refused before any of that work.
+pub fn prefix_from_wav(bytes: &[u8], tower: &VoiceTower) -> Result<Vec<f32>, EngineError> {
     let pcm = crate::audio::read_wav(bytes)?;
     let seconds = pcm.frames as f64 / f64::from(pcm.sample_rate);
     if seconds > f64::from(MAX_REFERENCE_SECONDS) {
@@ -93,8 +107,42 @@ pub fn prefix_from_wav(
         .into());
     }
     let mono = crate::audio::downmix(&pcm);
-    let tower_config = &checkpoint.config.voice_tower;
+    let tower_config = tower.config();
     let samples = crate::audio::resample(&mono, pcm.sample_rate, tower_config.sample_rate)?;
     let mel = crate::audio::log_mel(&samples, tower_config)?;
-    crate::tower::VoiceTower::new(gpu, checkpoint)?.encode(&mel.values, mel.frames)
+    tower.encode(&mel.values, mel.frames)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each metadata map has fresh hash keys, so without sorting two of sixteen serializations
+    /// would almost surely order `format` and `checkpoint` differently.
+    #[test]
+    fn a_prefix_always_makes_the_same_voice_file() {
+        let prefix = [0.5f32, -1.25, 3.0, 7.5e-3];
+        let metadata = |i: usize| {
+            HashMap::from([
+                ("format".to_string(), VOICE_FORMAT.to_string()),
+                ("checkpoint".to_string(), format!("{i:064x}")),
+            ])
+        };
+        let files: Vec<Vec<u8>> = (0..16)
+            .map(|_| {
+                let view = safetensors::tensor::TensorView::new(Dtype::F32, vec![2, 2], bytemuck::cast_slice(&prefix))
+                    .unwrap();
+                with_sorted_header(safetensors::serialize([(PREFIX_TENSOR, view)], Some(metadata(7))).unwrap())
+            })
+            .collect();
+        assert!(files.iter().all(|f| *f == files[0]));
+        let (_, read) = safetensors::SafeTensors::read_metadata(&files[0]).unwrap();
+        let info = read.metadata().clone().unwrap();
+        assert_eq!(info, metadata(7));
+        let tensors = safetensors::SafeTensors::deserialize(&files[0]).unwrap();
+        let tensor = tensors.tensor(PREFIX_TENSOR).unwrap();
+        assert_eq!(tensor.data(), bytemuck::cast_slice::<f32, u8>(&prefix));
+        let header = String::from_utf8_lossy(&files[0][8..]);
+        assert!(header.starts_with(r#"{"__metadata__":{"checkpoint":"#), "{header}");
+    }
 }

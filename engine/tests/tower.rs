@@ -22,6 +22,19 @@ fn tower_matches_reference() {
             .collect();
         let tower = VoiceTower::new(shared_gpu(), &checkpoint).unwrap();
         let got = tower.encode(&mel, frames).unwrap();
+        // A tower encodes the same frames to the same bits every time, as a fresh one does.
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(
+            bits(&tower.encode(&mel, frames).unwrap()),
+            bits(&got),
+            "a second encode differs"
+        );
+        let fresh = VoiceTower::new(shared_gpu(), &checkpoint).unwrap();
+        assert_eq!(
+            bits(&fresh.encode(&mel, frames).unwrap()),
+            bits(&got),
+            "a fresh tower differs"
+        );
         let mel64: Vec<f64> = mel.iter().map(|&v| f64::from(v)).collect();
         let want = encode(&checkpoint, &mel64, frames, Rounding::Contract);
         assert_eq!(got.len(), want.len());

@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -24,8 +24,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{ApiError, Policy, ResponseFormat, StreamFormat, parse_speech};
 use crate::metrics::Metrics;
+use crate::uploads::{MAX_UPLOAD_BYTES, MAX_UPLOADS, Upload};
 use crate::voices::VoiceStore;
-use crate::worker::{Command, Outcome, SpeakJob};
+use crate::worker::{Outcome, SpeakJob};
 use crate::{ServerConfig, ServerError};
 
 /// A response body. A streamed one fails (and hyper aborts the connection, so the client
@@ -44,10 +45,11 @@ pub struct State {
     pub store: Arc<VoiceStore>,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<AtomicBool>,
-    /// The worker's command channel; taken when shutdown begins, so the worker ends once its
+    /// The worker's job channel; taken when shutdown begins, so the worker ends once its
     /// work is done even while connections linger.
-    pub commands: Mutex<Option<std::sync::mpsc::Sender<Command>>>,
-    pub in_flight: AtomicUsize,
+    pub commands: Mutex<Option<std::sync::mpsc::Sender<SpeakJob>>>,
+    /// The voice encoder's channel; taken when shutdown begins, like `commands`.
+    pub uploads: Mutex<Option<std::sync::mpsc::Sender<Upload>>>,
 }
 
 fn full(bytes: impl Into<Bytes>) -> Body {
@@ -176,17 +178,15 @@ fn failure(outcome: Result<Outcome, oneshot::error::RecvError>) -> Option<ApiErr
     }
 }
 
-impl State {
-    fn send(&self, command: Command) -> Result<(), ApiError> {
-        let shutting_down = || ApiError::status(503, "the engine is shutting down");
-        self.commands
-            .lock()
-            .expect("command lock")
-            .as_ref()
-            .ok_or_else(shutting_down)?
-            .send(command)
-            .map_err(|_| shutting_down())
-    }
+/// Sends `message` on the channel in `slot`; 503 once shutdown has taken it.
+fn send<T>(slot: &Mutex<Option<std::sync::mpsc::Sender<T>>>, message: T) -> Result<(), ApiError> {
+    let shutting_down = || ApiError::status(503, "the engine is shutting down");
+    slot.lock()
+        .expect("channel lock")
+        .as_ref()
+        .ok_or_else(shutting_down)?
+        .send(message)
+        .map_err(|_| shutting_down())
 }
 
 async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
@@ -246,12 +246,18 @@ async fn save_voice(state: Arc<State>, request: Request<Incoming>) -> Result<Res
     ) {
         return Err(ApiError::status(415, "send the reference recording as audio/wav"));
     }
-    let wav = read_body(&state, request, 32 << 20).await?.to_vec();
+    let _place = Place::take(&state.metrics, |m| &m.voice_uploads, MAX_UPLOADS).ok_or_else(|| {
+        ApiError::status(
+            429,
+            format!("{MAX_UPLOADS} voice uploads are already being received or encoded; retry later"),
+        )
+    })?;
+    let wav = read_body(&state, request, MAX_UPLOAD_BYTES).await?.to_vec();
     let (reply, answer) = oneshot::channel();
-    state.send(Command::SaveVoice { wav, reply })?;
+    send(&state.uploads, Upload { wav, reply })?;
     let id = answer
         .await
-        .map_err(|_| ApiError::status(503, "the engine stopped"))??;
+        .map_err(|_| ApiError::status(503, "the voice encoder stopped"))??;
     Ok(json(201, serde_json::json!({"id": id, "object": "voice"})))
 }
 
@@ -263,12 +269,30 @@ fn random_seed() -> u64 {
     nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// Releases a request's place in flight when dropped.
-struct InFlight(Arc<State>);
+/// A request's place among those a limit admits at once (the gauge `counter` picks out of
+/// the metrics counts them), released when dropped.
+struct Place {
+    metrics: Arc<Metrics>,
+    counter: fn(&Metrics) -> &AtomicU64,
+}
 
-impl Drop for InFlight {
+impl Place {
+    /// Takes a place if fewer than `limit` are taken.
+    fn take(metrics: &Arc<Metrics>, counter: fn(&Metrics) -> &AtomicU64, limit: usize) -> Option<Place> {
+        if counter(metrics).fetch_add(1, Ordering::SeqCst) >= limit as u64 {
+            counter(metrics).fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Place {
+            metrics: metrics.clone(),
+            counter,
+        })
+    }
+}
+
+impl Drop for Place {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        (self.counter)(&self.metrics).fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -303,14 +327,8 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         .config
         .queue
         .saturating_add((state.config.max_lanes / Batcher::lanes_needed(gamma)).max(1));
-    if state.in_flight.fetch_add(1, Ordering::SeqCst) >= limit {
-        state.in_flight.fetch_sub(1, Ordering::SeqCst);
-        return Err(ApiError::status(
-            429,
-            "every lane is busy and the queue is full; retry later",
-        ));
-    }
-    let guard = InFlight(state.clone());
+    let guard = Place::take(&state.metrics, |m| &m.requests_in_flight, limit)
+        .ok_or_else(|| ApiError::status(429, "every lane is busy and the queue is full; retry later"))?;
     let text = state.clone();
     let input = speech.input.clone();
     let segments = tokio::task::spawn_blocking(move || text.text.segments(&input, budget))
@@ -334,14 +352,17 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     let (accepted, accepted_answer) = oneshot::channel();
     let (chunks, mut chunk_receiver) = mpsc::unbounded_channel();
     let (done, done_answer) = oneshot::channel();
-    state.send(Command::Speak(SpeakJob {
-        request,
-        voice: speech.voice.clone(),
-        accepted,
-        chunks,
-        done,
-        deadline: Instant::now() + state.config.request_timeout,
-    }))?;
+    send(
+        &state.commands,
+        SpeakJob {
+            request,
+            voice: speech.voice.clone(),
+            accepted,
+            chunks,
+            done,
+            deadline: Instant::now() + state.config.request_timeout,
+        },
+    )?;
     accepted_answer
         .await
         .map_err(|_| ApiError::status(503, "the engine stopped"))??;
@@ -463,9 +484,10 @@ pub async fn listen(
         }
     }
     drop(listener);
-    // New requests on open connections get 503 from here on; the worker finishes what it
-    // holds and ends.
-    state.commands.lock().expect("command lock").take();
+    // New requests on open connections get 503 from here on; the worker and the voice
+    // encoder finish what they hold and end.
+    state.commands.lock().expect("channel lock").take();
+    state.uploads.lock().expect("channel lock").take();
     let limit = state.config.request_timeout + std::time::Duration::from_secs(5);
     drop(state);
     let _ = tokio::time::timeout(limit, graceful.shutdown()).await;

@@ -7,10 +7,12 @@
 //!
 //! The GPU work runs on one worker thread ([`worker`]) that batches every running request
 //! into shared steps; each response is bit-identical to the same request served alone.
+//! Voice uploads are encoded on a thread of their own ([`uploads`]) beside it.
 
 pub mod api;
 mod http;
 pub mod metrics;
+mod uploads;
 pub mod voices;
 mod worker;
 
@@ -102,6 +104,7 @@ pub async fn serve(
     let metrics = Arc::new(metrics::Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let (commands, receiver) = std::sync::mpsc::channel();
+    let (upload_sender, upload_receiver) = std::sync::mpsc::channel();
     let state = Arc::new(http::State {
         text,
         provenance: engine.checkpoint.provenance.to_string(),
@@ -114,8 +117,15 @@ pub async fn serve(
         metrics: metrics.clone(),
         ready: ready.clone(),
         commands: std::sync::Mutex::new(Some(commands)),
-        in_flight: std::sync::atomic::AtomicUsize::new(0),
+        uploads: std::sync::Mutex::new(Some(upload_sender)),
     });
+    let encoder = {
+        let (gpu, checkpoint, store) = (engine.gpu.clone(), engine.checkpoint.clone(), store.clone());
+        std::thread::Builder::new()
+            .name("drama-voices".into())
+            .spawn(move || uploads::run(gpu, checkpoint, store, upload_receiver))
+            .map_err(|e| ServerError::Engine(e.to_string()))?
+    };
     let capacity = c.max_position_embeddings;
     let worker_config = config.clone();
     // Dropped when the worker returns or panics: a worker that ends on its own (a failed
@@ -135,11 +145,16 @@ pub async fn serve(
         }
     };
     let result = http::listen(state, on_listening, stop).await;
-    // The command sender is gone: the worker drains and ends.
+    // The job sender is gone: the worker drains and ends.
     let worker_result = tokio::task::spawn_blocking(move || worker.join())
         .await
         .map_err(|e| ServerError::Engine(e.to_string()))?
         .map_err(|_| ServerError::Engine("the GPU worker panicked".into()))?;
+    // So is the upload sender: the encoder finishes the upload it holds and ends.
+    tokio::task::spawn_blocking(move || encoder.join())
+        .await
+        .map_err(|e| ServerError::Engine(e.to_string()))?
+        .map_err(|_| ServerError::Engine("the voice encoder panicked".into()))?;
     result?;
     worker_result.map_err(ServerError::Engine)
 }

@@ -20,6 +20,10 @@ pub struct Metrics {
     pub compiled_step_bytes: AtomicU64,
     /// Client connections open now.
     pub open_connections: AtomicU64,
+    /// Speech requests admitted whose job has not ended (running, queued or being tokenized).
+    pub requests_in_flight: AtomicU64,
+    /// Voice uploads being received or encoded.
+    pub voice_uploads: AtomicU64,
     first_audio: Mutex<Summary>,
     real_time_factor: Mutex<Summary>,
 }
@@ -65,6 +69,11 @@ impl Metrics {
                 self.compiled_step_bytes.load(Ordering::SeqCst),
             ),
             ("drama_open_connections", self.open_connections.load(Ordering::SeqCst)),
+            (
+                "drama_requests_in_flight",
+                self.requests_in_flight.load(Ordering::SeqCst),
+            ),
+            ("drama_voice_uploads", self.voice_uploads.load(Ordering::SeqCst)),
         ] {
             out.push_str(&format!("# TYPE {name} gauge\n{name} {value}\n"));
         }

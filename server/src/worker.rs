@@ -9,10 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use drama_engine::batch::{Batcher, JobId};
-use drama_engine::error::EngineError;
 use drama_engine::session::Engine;
 use drama_engine::synth::{Stop, SynthesisRequest, SynthesisStats};
-use drama_engine::voice::prefix_from_wav;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ServerConfig;
@@ -40,19 +38,6 @@ pub struct SpeakJob {
 /// it failed (a step's error, which fails every job of the step).
 pub type Outcome = Result<SynthesisStats, String>;
 
-/// Work for the GPU thread.
-pub enum Command {
-    /// Synthesize.
-    Speak(SpeakJob),
-    /// Encode a WAV into a saved voice; answers its id.
-    SaveVoice {
-        /// The WAV bytes.
-        wav: Vec<u8>,
-        /// The id, or why not.
-        reply: oneshot::Sender<Result<String, ApiError>>,
-    },
-}
-
 /// A job waiting for lanes.
 struct Queued {
     request: SynthesisRequest,
@@ -76,7 +61,7 @@ pub fn run(
     store: Arc<VoiceStore>,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
-    commands: std::sync::mpsc::Receiver<Command>,
+    jobs: std::sync::mpsc::Receiver<SpeakJob>,
 ) -> Result<(), String> {
     let mut batcher = Batcher::new(&engine, config.max_lanes, capacity).map_err(|e| e.to_string())?;
     batcher.set_step_cache_budget(config.step_cache_bytes);
@@ -95,19 +80,19 @@ pub fn run(
     let mut running: HashMap<JobId, Running> = HashMap::new();
     let mut open = true;
     while open || !waiting.is_empty() || !running.is_empty() {
-        // Take every command; block only when there is nothing else to do.
+        // Take every new job; block only when there is nothing else to do.
         loop {
-            let command = if running.is_empty() && waiting.is_empty() && open {
-                match commands.recv() {
-                    Ok(c) => c,
+            let job = if running.is_empty() && waiting.is_empty() && open {
+                match jobs.recv() {
+                    Ok(job) => job,
                     Err(_) => {
                         open = false;
                         break;
                     }
                 }
             } else {
-                match commands.try_recv() {
-                    Ok(c) => c,
+                match jobs.try_recv() {
+                    Ok(job) => job,
                     Err(std::sync::mpsc::TryRecvError::Empty) => break,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                         open = false;
@@ -115,50 +100,29 @@ pub fn run(
                     }
                 }
             };
-            match command {
-                Command::Speak(job) => {
-                    let SpeakJob {
-                        mut request,
-                        voice,
-                        accepted,
-                        chunks,
-                        done,
-                        deadline,
-                    } = job;
-                    let checked = resolve_voice(&voice, &store, &engine).and_then(|prefix| {
-                        request.prefix = prefix;
-                        batcher
-                            .check(&request)
-                            .map_err(|e| ApiError::invalid("input", e.to_string()))
-                    });
-                    let ok = checked.is_ok();
-                    let _ = accepted.send(checked);
-                    if ok {
-                        waiting.push_back(Queued {
-                            request,
-                            chunks,
-                            done,
-                            deadline,
-                        });
-                    }
-                }
-                Command::SaveVoice { wav, reply } => {
-                    let saved = prefix_from_wav(&wav, &engine.checkpoint, engine.gpu.clone())
-                        .map_err(|e| {
-                            // The recording's fault, or the server's (the GPU, the tower).
-                            let status = match e {
-                                EngineError::Audio(_) | EngineError::Input(_) => 400,
-                                _ => 500,
-                            };
-                            ApiError::status(status, e.to_string())
-                        })
-                        .and_then(|prefix| {
-                            store
-                                .save(&prefix, &engine.checkpoint)
-                                .map_err(|e| ApiError::status(500, e))
-                        });
-                    let _ = reply.send(saved);
-                }
+            let SpeakJob {
+                mut request,
+                voice,
+                accepted,
+                chunks,
+                done,
+                deadline,
+            } = job;
+            let checked = resolve_voice(&voice, &store, &engine).and_then(|prefix| {
+                request.prefix = prefix;
+                batcher
+                    .check(&request)
+                    .map_err(|e| ApiError::invalid("input", e.to_string()))
+            });
+            let ok = checked.is_ok();
+            let _ = accepted.send(checked);
+            if ok {
+                waiting.push_back(Queued {
+                    request,
+                    chunks,
+                    done,
+                    deadline,
+                });
             }
         }
         // Forget waiting jobs whose client left (they would hold memory and queue places).

@@ -596,3 +596,65 @@ fn a_second_interrupt_stops_the_server_at_once() {
     );
     drop(stalled);
 }
+
+/// Polls a gauge of `server` until it reads `value`; false if it does not within 10 s.
+fn gauge_reaches(server: &Server, name: &str, value: f64) -> bool {
+    for _ in 0..500 {
+        if server.metric(name) == value {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+/// Voice uploads are encoded beside synthesis, at most two received or encoding at once: a
+/// third while two bodies are still arriving gets 429 naming the uploads, and once those
+/// clients leave an upload is saved (and the same recording again gets the same id).
+#[test]
+fn voice_uploads_are_limited_and_encoded_beside_synthesis() {
+    use std::io::Write;
+    let s = setup(67);
+    let server = Server::start(&s.checkpoint, &s.data, &["--gamma", "1", "--max-lanes", "1"]);
+    let partial: &[u8] =
+        b"POST /v1/voices HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\nContent-Length: 100000\r\n\r\nRIFF";
+    let arriving: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(server.address()).unwrap();
+            stream.write_all(partial).unwrap();
+            stream
+        })
+        .collect();
+    assert!(gauge_reaches(&server, "drama_voice_uploads", 2.0));
+    let wav = sine_wav(&s.data.with_extension("ref.wav"), 16_000, 1.5, 0.05);
+    let refused = server.post("/v1/voices", "audio/wav", &wav);
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    let message = refused.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("2 voice uploads are already being received or encoded"),
+        "{message}"
+    );
+    drop(arriving);
+    assert!(gauge_reaches(&server, "drama_voice_uploads", 0.0));
+    // Speech runs while the upload encodes; both succeed.
+    let speech = {
+        let base = server.base.clone();
+        std::thread::spawn(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+            agent
+                .post(format!("{base}/v1/audio/speech"))
+                .header("content-type", "application/json")
+                .send(request("Spoken beside an upload.", 5).to_string())
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    let saved = server.post("/v1/voices", "audio/wav", &wav);
+    assert_eq!(saved.status, 201, "{}", String::from_utf8_lossy(&saved.body));
+    assert_eq!(speech.join().unwrap(), 200);
+    let again = server.post("/v1/voices", "audio/wav", &wav);
+    assert_eq!(again.json()["id"], saved.json()["id"]);
+    assert_eq!(server.terminate(), Some(0));
+}
