@@ -1,7 +1,8 @@
 //! A minimal Hugging Face hub on 127.0.0.1 for `drama fetch` tests: it serves one checkpoint
 //! directory as `plotarmordev/drama-3-NVFP4-Pruned` at one revision, speaking just the
 //! requests hf-hub's blocking client makes (the revision listing and ranged `resolve`
-//! downloads). It can misbehave on purpose: cut a file off midway, or serve altered bytes.
+//! downloads). It can misbehave on purpose: cut a file off midway, stall in one, or serve
+//! altered bytes.
 //! Raw HTTP/1.1 over `std::net`, so a test controls every byte that goes out.
 
 use std::collections::BTreeMap;
@@ -22,6 +23,9 @@ pub enum Fault {
     Tampered(String),
     /// The revision listing reports this commit instead of the requested one.
     ServesCommit(String),
+    /// Announces the full length of this file, sends half of it, then sends nothing more
+    /// until the client goes away.
+    Stalls(String),
 }
 
 /// A running fake hub; stops when dropped.
@@ -30,6 +34,7 @@ pub struct FakeHub {
     pub endpoint: String,
     stop: Arc<AtomicBool>,
     address: std::net::SocketAddr,
+    repo: Arc<Repo>,
 }
 
 struct Repo {
@@ -37,6 +42,8 @@ struct Repo {
     revision: String,
     files: BTreeMap<String, Vec<u8>>,
     fault: Fault,
+    /// Set once a `Stalls` file's download has stalled.
+    stalled: AtomicBool,
 }
 
 impl FakeHub {
@@ -53,18 +60,20 @@ impl FakeHub {
             revision: revision.to_string(),
             files,
             fault,
+            stalled: AtomicBool::new(false),
         });
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        let served = repo.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 if stopping.load(Ordering::SeqCst) {
                     break;
                 }
                 let Ok(stream) = stream else { continue };
-                let repo = repo.clone();
+                let repo = served.clone();
                 std::thread::spawn(move || {
                     let _ = serve(stream, &repo);
                 });
@@ -74,7 +83,13 @@ impl FakeHub {
             endpoint: format!("http://{address}"),
             stop,
             address,
+            repo,
         }
+    }
+
+    /// Whether a `Stalls` download has reached its stall.
+    pub fn stalled(&self) -> bool {
+        self.repo.stalled.load(Ordering::SeqCst)
     }
 }
 
@@ -154,6 +169,14 @@ fn serve(mut stream: TcpStream, repo: &Repo) -> std::io::Result<()> {
         stream.write_all(&body[..body.len() / 2])?;
         stream.flush()?;
         return stream.shutdown(std::net::Shutdown::Both);
+    }
+    if repo.fault == Fault::Stalls(file.to_string()) && body.len() > 1 {
+        write_head(&mut stream, "206 Partial Content", &headers)?;
+        stream.write_all(&body[..body.len() / 2])?;
+        stream.flush()?;
+        repo.stalled.store(true, Ordering::SeqCst);
+        // Returns when the client closes the connection.
+        return reader.read_line(&mut String::new()).map(drop);
     }
     write_head(&mut stream, "206 Partial Content", &headers)?;
     stream.write_all(body)

@@ -1,6 +1,7 @@
 //! `drama fetch` end to end against a fake hub on 127.0.0.1 serving a generated checkpoint
-//! under the pinned name: success, a download cut off midway, a wrong revision, a commit
-//! other than the pin, a tampered file, and an existing modified directory.
+//! under the pinned name: success, a download cut off midway, a fetch killed midway, a wrong
+//! revision, a commit other than the pin, a tampered file, and an existing modified
+//! directory.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,16 +33,21 @@ fn setup() -> Setup {
     }
 }
 
-/// Runs `drama fetch --dir <dir>` against `hub`; returns (exit code, stdout, stderr).
-fn fetch(setup: &Setup, hub: &FakeHub, dir: &Path) -> (Option<i32>, String, String) {
-    let out = Command::new(drama_binary())
+/// `drama fetch --dir <dir>` against `hub`, not started yet.
+fn fetch_command(setup: &Setup, hub: &FakeHub, dir: &Path) -> Command {
+    let mut command = Command::new(drama_binary());
+    command
         .args(["fetch", "--dir", dir.to_str().unwrap()])
         .env("HF_ENDPOINT", &hub.endpoint)
         .env("HF_HOME", &setup.home)
         .env_remove("HF_TOKEN")
-        .env("NO_PROXY", "127.0.0.1")
-        .output()
-        .unwrap();
+        .env("NO_PROXY", "127.0.0.1");
+    command
+}
+
+/// Runs `drama fetch --dir <dir>` against `hub`; returns (exit code, stdout, stderr).
+fn fetch(setup: &Setup, hub: &FakeHub, dir: &Path) -> (Option<i32>, String, String) {
+    let out = fetch_command(setup, hub, dir).output().unwrap();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -50,10 +56,12 @@ fn fetch(setup: &Setup, hub: &FakeHub, dir: &Path) -> (Option<i32>, String, Stri
 }
 
 fn leftovers(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect()
+        .collect();
+    names.sort();
+    names
 }
 
 #[test]
@@ -103,6 +111,45 @@ fn a_download_cut_off_midway_leaves_nothing_behind() {
         "staging left behind: {:?}",
         leftovers(&s.work)
     );
+}
+
+/// A fetch killed midway (SIGKILL: no chance to clean up) leaves its staging directory; the
+/// next fetch to the same target removes it, and one left by an older version (no lock
+/// file), but not one whose lock a running fetch holds, and succeeds.
+#[test]
+fn a_killed_fetch_is_cleaned_up_by_the_next() {
+    let s = setup();
+    let target = s.work.join("ckpt");
+    let stalling = FakeHub::start(
+        &s.source,
+        PINNED_REPO,
+        PINNED_REVISION,
+        Fault::Stalls("model-00001-of-00002.safetensors".into()),
+    );
+    let mut killed = fetch_command(&s, &stalling, &target)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !stalling.stalled() {
+        assert!(start.elapsed().as_secs() < 120, "the download never reached the stall");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let stem = format!(".ckpt.fetch-{}", killed.id());
+    assert_eq!(leftovers(&s.work), [stem.clone(), format!("{stem}.lock")]);
+    // A running fetch's staging (its lock held, here by this test) and an older version's.
+    let live = s.work.join(".ckpt.fetch-1");
+    std::fs::create_dir_all(live.join("checkpoint")).unwrap();
+    let lock = std::fs::File::create(s.work.join(".ckpt.fetch-1.lock")).unwrap();
+    lock.lock().unwrap();
+    std::fs::create_dir_all(s.work.join(".ckpt.fetch-2/checkpoint")).unwrap();
+    let hub = FakeHub::start(&s.source, PINNED_REPO, PINNED_REVISION, Fault::None);
+    let (code, _, stderr) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(leftovers(&s.work), [".ckpt.fetch-1", ".ckpt.fetch-1.lock", "ckpt"]);
 }
 
 #[test]

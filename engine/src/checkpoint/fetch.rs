@@ -3,6 +3,7 @@
 //! Files go to a hidden staging directory beside the target; only after `SHA256SUMS` and
 //! the whole contract check pass is the staging directory renamed into place. An existing
 //! target is never modified: if it verifies it is used as it is, otherwise it is refused.
+//! What a killed fetch left staged is removed by the next fetch to the same target.
 
 use std::path::{Path, PathBuf};
 
@@ -107,16 +108,16 @@ pub fn fetch(request: &FetchRequest) -> Result<Fetched, FetchError> {
             }),
         };
     }
-    let staging = staging_dir(&request.dir)?;
-    let result = download_into(request, &staging).and_then(|()| {
-        let checkpoint_dir = staging.join("checkpoint");
+    let staging = Staging::create(&request.dir)?;
+    let result = download_into(request, &staging.dir).and_then(|()| {
+        let checkpoint_dir = staging.dir.join("checkpoint");
         Checkpoint::open(&checkpoint_dir, provenance.clone()).map_err(FetchError::Refused)?;
         std::fs::rename(&checkpoint_dir, &request.dir).map_err(|e| FetchError::Io {
             path: request.dir.clone(),
             source: e,
         })
     });
-    let _ = std::fs::remove_dir_all(&staging);
+    drop(staging);
     result?;
     let checkpoint = Checkpoint::open(&request.dir, provenance).map_err(FetchError::Refused)?;
     Ok(Fetched {
@@ -125,26 +126,80 @@ pub fn fetch(request: &FetchRequest) -> Result<Fetched, FetchError> {
     })
 }
 
-/// A fresh hidden directory beside `target`, so the final rename stays on one file system.
-fn staging_dir(target: &Path) -> Result<PathBuf, FetchError> {
-    let parent = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
+/// A fresh hidden directory beside the target (so the final rename stays on one file
+/// system), `.NAME.fetch-PID`, with a lock file beside it, `.NAME.fetch-PID.lock`, that this
+/// process holds locked until it removes both. A staging directory whose lock nobody holds
+/// (or that has none) was left by a fetch that was killed; the next fetch removes it.
+struct Staging {
+    dir: PathBuf,
+    lock_path: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl Staging {
+    fn create(target: &Path) -> Result<Staging, FetchError> {
+        let parent = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| FetchError::Io { path, source }
+        };
+        std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+        let name = target
+            .file_name()
+            .map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
+        let prefix = format!(".{name}.fetch-");
+        remove_abandoned(&parent, &prefix);
+        let stem = format!("{prefix}{}", std::process::id());
+        // The lock first, the directory second (and removed in the other order), so that a
+        // staging directory without a lock file never belongs to a running fetch.
+        let lock_path = parent.join(format!("{stem}.lock"));
+        let lock = std::fs::File::create(&lock_path).map_err(io(&lock_path))?;
+        lock.lock().map_err(io(&lock_path))?;
+        let dir = parent.join(stem);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("checkpoint")).map_err(io(&dir))?;
+        Ok(Staging {
+            dir,
+            lock_path,
+            _lock: lock,
+        })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(&self.lock_path);
+    }
+}
+
+/// Removes the staging directories (and lock files) under `parent` named `prefix...` that
+/// no running fetch holds: those whose lock this process can take, and those without one.
+fn remove_abandoned(parent: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
     };
-    std::fs::create_dir_all(&parent).map_err(|e| FetchError::Io {
-        path: parent.clone(),
-        source: e,
-    })?;
-    let name = target
-        .file_name()
-        .map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
-    let staging = parent.join(format!(".{name}.fetch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&staging);
-    std::fs::create_dir_all(staging.join("checkpoint")).map_err(|e| FetchError::Io {
-        path: staging.clone(),
-        source: e,
-    })?;
-    Ok(staging)
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let path = entry.path();
+        if let Some(stem) = name.strip_suffix(".lock") {
+            let Ok(lock) = std::fs::OpenOptions::new().write(true).open(&path) else {
+                continue;
+            };
+            if lock.try_lock().is_ok() {
+                let _ = std::fs::remove_dir_all(parent.join(stem));
+                let _ = std::fs::remove_file(&path);
+            }
+        } else if path.is_dir() && !parent.join(format!("{name}.lock")).exists() {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
 }
 
 /// Downloads `SHA256SUMS`, then exactly the files it lists, into `staging/checkpoint`.
