@@ -20,7 +20,8 @@ pub struct Metrics {
     pub compiled_step_bytes: AtomicU64,
     /// Client connections open now.
     pub open_connections: AtomicU64,
-    /// Speech requests admitted whose job has not ended (running, queued or being tokenized).
+    /// Speech requests holding a place in flight: being tokenized, queued or running (a
+    /// streamed one until its job ends, whatever its client has still to read).
     pub requests_in_flight: AtomicU64,
     /// Voice uploads being received or encoded.
     pub voice_uploads: AtomicU64,

@@ -125,12 +125,8 @@ pub fn run(
                 });
             }
         }
-        // Forget waiting jobs whose client left (they would hold memory and queue places).
-        let before = waiting.len();
-        waiting.retain(|job| !job.chunks.is_closed());
-        metrics
-            .cancellations
-            .fetch_add((before - waiting.len()) as u64, Ordering::SeqCst);
+        let abandoned = drop_abandoned(&mut waiting);
+        metrics.cancellations.fetch_add(abandoned as u64, Ordering::SeqCst);
         // Admit waiting jobs, in order, while their lanes are free.
         while let Some(job) = waiting.front() {
             let needed = Batcher::lanes_needed(job.request.gamma);
@@ -212,6 +208,14 @@ pub fn run(
     Ok(())
 }
 
+/// Drops the waiting jobs whose client has left (they would hold memory and queue places),
+/// keeping the others in order; returns how many went.
+fn drop_abandoned(waiting: &mut VecDeque<Queued>) -> usize {
+    let before = waiting.len();
+    waiting.retain(|job| !job.chunks.is_closed());
+    before - waiting.len()
+}
+
 fn resolve_voice(voice: &VoiceChoice, store: &VoiceStore, engine: &Engine) -> Result<Option<Vec<f32>>, ApiError> {
     match voice {
         VoiceChoice::Default => Ok(None),
@@ -220,5 +224,56 @@ fn resolve_voice(voice: &VoiceChoice, store: &VoiceStore, engine: &Engine) -> Re
             Some(Err(e)) => Err(ApiError::invalid("voice", format!("voice {id} cannot be used: {e}"))),
             None => Err(ApiError::invalid("voice", format!("unknown voice {id:?}"))),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use drama_engine::sampling::SamplingParams;
+    use drama_engine::synth::GuidanceMode;
+
+    use super::*;
+
+    fn queued(seed: u64) -> (Queued, mpsc::UnboundedReceiver<Vec<f32>>) {
+        let (chunks, receiver) = mpsc::unbounded_channel();
+        let request = SynthesisRequest {
+            segments: vec![vec![3, 1, 4]],
+            prefix: None,
+            gamma: 1.0,
+            guidance: GuidanceMode::Paired,
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed,
+            },
+            max_audio_tokens: 8,
+        };
+        let (done, _) = oneshot::channel();
+        let job = Queued {
+            request,
+            chunks,
+            done,
+            deadline: Instant::now(),
+        };
+        (job, receiver)
+    }
+
+    /// Waiting jobs whose client went away (their chunk receiver dropped with the response)
+    /// leave the queue; the others stay, in their order.
+    #[test]
+    fn waiting_jobs_whose_client_left_are_dropped_in_order() {
+        let seeds: Vec<u64> = (0..6).map(|i| 1000 + 7 * i).collect();
+        let (jobs, mut receivers): (VecDeque<Queued>, Vec<_>) = seeds.iter().map(|&s| queued(s)).unzip();
+        let mut waiting = jobs;
+        assert_eq!(drop_abandoned(&mut waiting), 0);
+        let left = [1usize, 4, 5];
+        for &i in left.iter().rev() {
+            drop(receivers.remove(i));
+        }
+        assert_eq!(drop_abandoned(&mut waiting), 3);
+        let kept: Vec<u64> = waiting.iter().map(|j| j.request.sampling.seed).collect();
+        assert_eq!(kept, [seeds[0], seeds[2], seeds[3]]);
+        assert_eq!(drop_abandoned(&mut waiting), 0);
     }
 }

@@ -658,3 +658,54 @@ fn voice_uploads_are_limited_and_encoded_beside_synthesis() {
     assert_eq!(again.json()["id"], saved.json()["id"]);
     assert_eq!(server.terminate(), Some(0));
 }
+
+/// Opens a speech request on a raw connection (so that the test decides when its client
+/// goes away) and sends it whole.
+fn raw_speech(address: &str, request: &Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = request.to_string();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    stream
+}
+
+/// A request waiting for a lane whose client goes away leaves the queue at once, whole or
+/// streamed, while the request holding the lane runs on; it is never admitted.
+#[test]
+fn a_waiting_request_whose_client_leaves_is_dropped_from_the_queue() {
+    let s = setup(71);
+    let server = Server::start(&s.checkpoint, &s.data, &["--gamma", "1", "--max-lanes", "1"]);
+    // Twelve sentences, synthesized one after another, hold the lane for a while.
+    let holder = request(&"Hold the lane for a while. ".repeat(12), 4);
+    for (round, format) in ["audio", "none"].iter().enumerate() {
+        let running = raw_speech(server.address(), &holder);
+        assert!(gauge_reaches(&server, "drama_active_lanes", 1.0));
+        let mut waiter = request("I wait in line.", 9);
+        if *format == "audio" {
+            waiter["stream_format"] = json!("audio");
+        }
+        let waiting = raw_speech(server.address(), &waiter);
+        assert!(gauge_reaches(&server, "drama_queue_depth", 1.0));
+        drop(waiting);
+        let cancelled = (2 * round + 1) as f64;
+        assert!(gauge_reaches(&server, "drama_cancellations_total", cancelled));
+        // Read in one answer: the holder still runs, nothing waits.
+        let text = String::from_utf8(server.get("/metrics").body).unwrap();
+        for line in [
+            "drama_queue_depth 0",
+            "drama_active_lanes 1",
+            "drama_requests_in_flight 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+        drop(running);
+        assert!(gauge_reaches(&server, "drama_cancellations_total", cancelled + 1.0));
+        assert!(gauge_reaches(&server, "drama_active_lanes", 0.0));
+    }
+    assert_eq!(server.terminate(), Some(0));
+}
