@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{ApiError, Policy, ResponseFormat, StreamFormat, parse_speech};
 use crate::metrics::Metrics;
+use crate::stall::WriteStallLimit;
 use crate::uploads::{MAX_UPLOAD_BYTES, MAX_UPLOADS, Upload};
 use crate::voices::VoiceStore;
 use crate::worker::{Outcome, SpeakJob};
@@ -439,7 +440,7 @@ impl Drop for Connection {
 /// Accepts connections until `shutdown`, then waits for the open ones to finish. At most
 /// `max_connections` are open at once (later clients wait in the listen backlog), and each
 /// closes when its client takes longer than the client timeout to send a request's headers
-/// (or to start the next request).
+/// (or to start the next request), or leaves a response unread that long.
 pub async fn listen(
     state: Arc<State>,
     on_listening: impl FnOnce(SocketAddr),
@@ -454,9 +455,10 @@ pub async fn listen(
             .local_addr()
             .map_err(|source| ServerError::Bind { addr, source })?,
     );
+    let client_timeout = state.config.client_timeout;
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(state.config.client_timeout);
+        .header_read_timeout(client_timeout);
     let places = Arc::new(tokio::sync::Semaphore::new(state.config.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -474,7 +476,8 @@ pub async fn listen(
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(route(state, request).await) }
                 });
-                let watched = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                let io = TokioIo::new(WriteStallLimit::new(stream, client_timeout));
+                let watched = graceful.watch(http.serve_connection(io, service));
                 tokio::spawn(async move {
                     let _ = watched.await;
                     drop(open);

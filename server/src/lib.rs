@@ -12,6 +12,7 @@
 pub mod api;
 mod http;
 pub mod metrics;
+mod stall;
 mod uploads;
 pub mod voices;
 mod worker;
@@ -52,8 +53,9 @@ pub struct ServerConfig {
     /// Bytes of compiled step shapes kept beyond the one in use (see
     /// [`drama_engine::session::Session::set_step_cache_budget`]).
     pub step_cache_bytes: u64,
-    /// Longest a client may take to send a request's headers, or its body, and longest a
-    /// connection may stay idle between requests; then the connection is closed (or, for a
+    /// Longest a client may take to send a request's headers, or its body, longest a
+    /// connection may stay idle between requests, and longest a client may leave a response
+    /// unread once the socket's buffers are full; then the connection is closed (or, for a
     /// body, answered 408).
     pub client_timeout: Duration,
     /// Connections open at once; beyond them, new clients wait to be accepted.
