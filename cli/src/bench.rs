@@ -9,6 +9,7 @@ use drama_engine::session::Engine;
 
 use crate::checkpoint_arg::CheckpointArg;
 use crate::gpu_arg::GpuArg;
+use crate::output;
 
 /// Arguments of `drama bench`.
 #[derive(Args)]
@@ -66,6 +67,10 @@ impl From<Part> for BenchPart {
 /// Runs `drama bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
+    if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    output::check(&args.out)?;
     let checkpoint = args.checkpoint.open()?;
     let engine = Engine::load(args.gpu.open()?, checkpoint)?;
     let options = BenchOptions {
@@ -87,11 +92,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         env!("DRAMA_COMMIT"),
         &mut |stage| eprintln!("bench: {stage}"),
     )?;
-    if let Some(parent) = args.out.parent() {
-        std::fs::create_dir_all(parent).ok();
-    }
-    drama_engine::files::write_atomically(&args.out, serde_json::to_string_pretty(&report)?.as_bytes())
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    output::write(&args.out, serde_json::to_string_pretty(&report)?.as_bytes())?;
     eprintln!("roofline {:.0} GB/s", report.roofline.gb_per_s);
     eprintln!(
         "launch alone: {:.2} us in a chain of dependent launches, {:.2} us of independent ones",

@@ -6,6 +6,7 @@ mod fetch;
 mod fixture;
 mod gpu_arg;
 mod graph;
+mod output;
 mod serve;
 mod synth;
 mod trace;

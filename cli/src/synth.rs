@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use drama_engine::audio::wav::{write_wav_f32, write_wav_pcm16};
+use drama_engine::guidance::check_gamma;
 use drama_engine::sampling::SamplingParams;
 use drama_engine::session::Engine;
 use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
@@ -15,6 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::checkpoint_arg::CheckpointArg;
 use crate::gpu_arg::GpuArg;
+use crate::output;
 use crate::voice_arg::load_voice;
 
 /// Sample formats of the output WAV.
@@ -93,6 +95,19 @@ pub fn run(args: SynthArgs) -> Result<()> {
         (None, Some(path)) => std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
         (None, None) => bail!("give --text or --text-file"),
     };
+    let to_stdout = args.out.as_os_str() == "-";
+    if !to_stdout {
+        output::check(&args.out)?;
+    }
+    check_gamma(args.gamma)?;
+    let seed = args.seed.unwrap_or_else(random_seed);
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed,
+    };
+    sampling.validate()?;
     let opening = Instant::now();
     let checkpoint = args.checkpoint.open()?;
     let opened = opening.elapsed();
@@ -107,7 +122,6 @@ pub fn run(args: SynthArgs) -> Result<()> {
     )
     .with_context(|| format!("--max-audio-tokens {max_audio_tokens} leaves no room for text in the context"))?;
     let segments = front.segments(&text, budget)?;
-    let seed = args.seed.unwrap_or_else(random_seed);
     eprintln!(
         "seed: {seed}  checkpoint: {}  segments: {}",
         checkpoint.provenance,
@@ -133,12 +147,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
             Guidance::Paired => GuidanceMode::Paired,
             Guidance::Separate => GuidanceMode::Separate,
         },
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            seed,
-        },
+        sampling,
         max_audio_tokens,
     };
     let progress = if std::io::stderr().is_terminal() {
@@ -162,14 +171,13 @@ pub fn run(args: SynthArgs) -> Result<()> {
         Format::Pcm16 => write_wav_pcm16(&pcm, rate)?,
         Format::F32 => write_wav_f32(&pcm, rate)?,
     };
-    if args.out.as_os_str() == "-" {
+    if to_stdout {
         std::io::stdout()
             .lock()
             .write_all(&bytes)
             .context("writing the WAV to stdout")?;
     } else {
-        drama_engine::files::write_atomically(&args.out, &bytes)
-            .with_context(|| format!("writing {}", args.out.display()))?;
+        output::write(&args.out, &bytes)?;
     }
     let audio = stats.audio_seconds();
     let wall = stats.wall.as_secs_f64();

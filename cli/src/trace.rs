@@ -10,6 +10,7 @@ use drama_engine::voice::read_voice_file;
 
 use crate::checkpoint_arg::CheckpointArg;
 use crate::gpu_arg::GpuArg;
+use crate::output;
 
 /// Guidance lane modes.
 #[derive(Clone, Copy, ValueEnum)]
@@ -47,6 +48,7 @@ pub struct TraceArgs {
 
 /// Runs `drama trace`.
 pub fn run(args: TraceArgs) -> Result<()> {
+    output::check(&args.out)?;
     let checkpoint = args.checkpoint.open()?;
     let prefix = match &args.voice {
         Some(path) => {
@@ -67,8 +69,7 @@ pub fn run(args: TraceArgs) -> Result<()> {
         },
     };
     let traced = trace(&engine, &request)?;
-    drama_engine::files::write_atomically(&args.out, &traced.to_safetensors()?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    output::write(&args.out, &traced.to_safetensors()?)?;
     println!("wrote {} tensors to {}", traced.tensors.len(), args.out.display());
     Ok(())
 }

@@ -9,6 +9,7 @@ use drama_engine::voice::{prefix_from_wav, voice_file_bytes};
 
 use crate::checkpoint_arg::CheckpointArg;
 use crate::gpu_arg::GpuArg;
+use crate::output;
 
 /// Arguments of `drama voice`.
 #[derive(Args)]
@@ -27,12 +28,12 @@ pub struct VoiceArgs {
 
 /// Runs `drama voice`.
 pub fn run(args: VoiceArgs) -> Result<()> {
+    output::check(&args.out)?;
     let checkpoint = args.checkpoint.open()?;
     let bytes = std::fs::read(&args.wav).with_context(|| format!("reading {}", args.wav.display()))?;
     let tower = VoiceTower::new(args.gpu.open()?, &checkpoint)?;
     let prefix = prefix_from_wav(&bytes, &tower).with_context(|| format!("voice {}", args.wav.display()))?;
-    drama_engine::files::write_atomically(&args.out, &voice_file_bytes(&prefix, &checkpoint)?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    output::write(&args.out, &voice_file_bytes(&prefix, &checkpoint)?)?;
     println!("wrote voice for {} to {}", checkpoint.provenance, args.out.display());
     Ok(())
 }

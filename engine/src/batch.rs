@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::checkpoint::names;
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
-use crate::guidance::mix;
+use crate::guidance::{check_gamma, mix};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::{Engine, Row, RowSource, Session, StepCacheUsage};
 use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats, TimeSplit};
@@ -199,9 +199,7 @@ impl<'e> Batcher<'e> {
         if request.segments.is_empty() || request.segments.iter().any(Vec::is_empty) {
             return Err(EngineError::Input("nothing to say: the text has no tokens".into()));
         }
-        if !request.gamma.is_finite() {
-            return Err(EngineError::Input(format!("gamma {} is not finite", request.gamma)));
-        }
+        check_gamma(request.gamma)?;
         if request.max_audio_tokens == 0 {
             return Err(EngineError::Input("max_audio_tokens must be at least 1".into()));
         }

@@ -8,6 +8,41 @@ use std::path::Path;
 /// an interrupted write leaves behind ends in it.
 pub const TEMPORARY_SUFFIX: &str = ".tmp";
 
+/// Checks, before any work whose result goes to `path`, that [`write_atomically`] can write
+/// there: `path` is not a folder and its folder exists and takes new files.
+pub fn check_writable(path: &Path) -> std::io::Result<()> {
+    if path.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "it is a folder; name a file",
+        ));
+    }
+    if std::fs::symlink_metadata(path).is_ok_and(|meta| !meta.file_type().is_file()) {
+        return std::fs::OpenOptions::new().append(true).open(path).map(drop);
+    }
+    let dir = folder_of(path);
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("the folder {} does not exist", dir.display()),
+        ));
+    }
+    tempfile::Builder::new()
+        .prefix(".")
+        .suffix(TEMPORARY_SUFFIX)
+        .tempfile_in(dir)
+        .map(drop)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("the folder {} takes no new file: {e}", dir.display())))
+}
+
+/// The folder a file `path` lies in.
+fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
 /// Writes `bytes` to `path` through a temporary file in the same folder, synced, then renamed
 /// over `path` (and on Unix the folder synced, so that the rename itself is durable). A path
 /// that names something other than a regular file (a device such as `/dev/null`, a pipe, a
@@ -16,10 +51,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if std::fs::symlink_metadata(path).is_ok_and(|meta| !meta.file_type().is_file()) {
         return std::fs::write(path, bytes);
     }
-    let dir = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
+    let dir = folder_of(path);
     let mut file = tempfile::Builder::new()
         .prefix(".")
         .suffix(TEMPORARY_SUFFIX)
@@ -62,6 +94,36 @@ mod tests {
         write_atomically(&link, b"new").unwrap();
         assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
         assert_eq!(std::fs::read(&target).unwrap(), b"new");
+    }
+
+    #[test]
+    fn check_writable_names_what_is_wrong_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("out.wav");
+        check_writable(&file).unwrap();
+        assert!(!file.exists());
+        std::fs::write(&file, b"old").unwrap();
+        check_writable(&file).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"old");
+        let folder = check_writable(dir.path()).unwrap_err();
+        assert_eq!(folder.kind(), std::io::ErrorKind::IsADirectory);
+        assert!(folder.to_string().contains("it is a folder"), "{folder}");
+        let missing = dir.path().join("nowhere").join("out.wav");
+        let error = check_writable(&missing).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!(
+                "the folder {} does not exist",
+                missing.parent().unwrap().display()
+            )),
+            "{error}"
+        );
+        #[cfg(unix)]
+        check_writable(Path::new("/dev/null")).unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("out.wav")]);
     }
 
     #[test]

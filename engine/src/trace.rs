@@ -8,7 +8,7 @@ use safetensors::Dtype;
 use crate::checkpoint::names;
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
-use crate::guidance::mix;
+use crate::guidance::{check_gamma, mix};
 use crate::session::{Engine, Row, RowSource, Session};
 
 /// How the two guidance lanes run.
@@ -67,9 +67,7 @@ pub fn trace(engine: &Engine, request: &TraceRequest<'_>) -> Result<Trace, Engin
             c.speech.audio_codes
         )));
     }
-    if !(request.gamma.is_finite()) {
-        return Err(EngineError::Input(format!("gamma {} is not finite", request.gamma)));
-    }
+    check_gamma(request.gamma)?;
     let p = c.speech.voice_prefix_len;
     let v = c.speech.audio_vocab_size;
     let mut audio = vec![c.speech.audio_bos() as u32];

@@ -201,4 +201,30 @@ fn synth_refusals_name_the_problem() {
         "{err}"
     );
     assert!(!out.exists(), "a refused request wrote output");
+    // Outputs that cannot be written, and bad settings, are refused before the checkpoint
+    // is loaded (its summary line never comes), not after the synthesis.
+    let nowhere = s.root.join("no-such-folder").join("x.wav");
+    for (out, extra, names) in [
+        (nowhere.as_path(), &[][..], "the folder"),
+        (s.root.as_path(), &[][..], "it is a folder"),
+        (out.as_path(), &["--gamma", "inf"][..], "gamma inf is not finite"),
+        (out.as_path(), &["--temperature", "NaN"][..], "temperature NaN"),
+    ] {
+        let (code, err) = synth(&s, out, extra);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains(names), "{err}");
+        assert!(!err.contains("checkpoint opened"), "refused only after loading: {err}");
+    }
+    let (code, _, err) = drama_text(&[
+        "voice",
+        "--checkpoint",
+        &s.checkpoint,
+        "--wav",
+        "ref.wav",
+        "-o",
+        s.root.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("it is a folder"), "{err}");
+    assert!(!nowhere.parent().unwrap().exists() && !out.exists());
 }
