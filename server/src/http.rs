@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::api::{ApiError, Policy, ResponseFormat, StreamFormat, parse_speech};
 use crate::metrics::Metrics;
 use crate::stall::WriteStallLimit;
+use crate::unread::{Chunk, Held, check_room};
 use crate::uploads::{MAX_UPLOAD_BYTES, MAX_UPLOADS, Upload};
 use crate::voices::VoiceStore;
 use crate::worker::{Outcome, SpeakJob};
@@ -116,28 +117,36 @@ fn content_type_is(request: &Request<Incoming>, accepted: &[&str]) -> bool {
 /// event carrying the body an error response would have (SSE) or a failed body, which makes
 /// hyper abort the transfer so that the client cannot take it for a finished one. `place`
 /// (the request's place in flight) is released when the job ends, not when the client has
-/// read the last of its audio. Call within a tokio runtime.
+/// read the last of its audio; each chunk stays counted as unread audio (see `unread`) until
+/// its bytes are written. Call within a tokio runtime.
 fn streamed_body(
     header: Vec<u8>,
-    chunks: mpsc::UnboundedReceiver<Vec<f32>>,
+    chunks: mpsc::UnboundedReceiver<Chunk>,
     done: oneshot::Receiver<Outcome>,
     place: impl Send + Sync + 'static,
     sse: bool,
 ) -> Body {
-    let frame = move |bytes: Vec<u8>| -> Bytes {
+    let frame = move |bytes: Vec<u8>| -> Vec<u8> {
         if sse {
             let audio = base64::engine::general_purpose::STANDARD.encode(&bytes);
-            Bytes::from(format!(
+            format!(
                 "event: speech.audio.delta\ndata: {}\n\n",
                 serde_json::json!({"type": "speech.audio.delta", "audio": audio})
-            ))
+            )
+            .into_bytes()
         } else {
-            Bytes::from(bytes)
+            bytes
         }
     };
-    let first = (!header.is_empty()).then(|| frame(header));
-    let chunks = futures_util::stream::unfold(chunks, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
-        .map(move |chunk| frame(encode_samples(&chunk, SampleFormat::Pcm16)));
+    let first = (!header.is_empty()).then(|| Bytes::from(frame(header)));
+    // Each chunk stays counted as unread until hyper has written (and dropped) its bytes.
+    let chunks = futures_util::stream::unfold(chunks, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) }).map(
+        move |chunk| {
+            chunk
+                .held
+                .attach(frame(encode_samples(&chunk.pcm, SampleFormat::Pcm16)))
+        },
+    );
     let (ended, outcome) = oneshot::channel();
     tokio::spawn(async move {
         let outcome = done.await;
@@ -328,6 +337,7 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         .config
         .queue
         .saturating_add((state.config.max_lanes / Batcher::lanes_needed(gamma)).max(1));
+    check_room(&state.metrics)?;
     let guard = Place::take(&state.metrics, |m| &m.requests_in_flight, limit)
         .ok_or_else(|| ApiError::status(429, "every lane is busy and the queue is full; retry later"))?;
     let text = state.clone();
@@ -375,9 +385,10 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     let rate = state.sample_rate;
     let body: Body = match speech.stream_format {
         StreamFormat::Whole => {
-            let mut pcm = Vec::new();
+            let (mut pcm, mut held) = (Vec::new(), Held::new(0, &state.metrics));
             while let Some(chunk) = chunk_receiver.recv().await {
-                pcm.extend(chunk);
+                pcm.extend(chunk.pcm);
+                held.absorb(chunk.held);
             }
             if let Some(failure) = failure(done_answer.await) {
                 return Err(failure);
@@ -387,7 +398,7 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
                 ResponseFormat::Pcm => encode_samples(&pcm, SampleFormat::Pcm16),
             };
             drop(guard);
-            full(bytes)
+            full(held.attach(bytes))
         }
         StreamFormat::Audio | StreamFormat::Sse => {
             let header = match speech.response_format {
@@ -536,8 +547,9 @@ mod tests {
     /// whether it released its place.
     fn stream(pcm: &[f32], outcome: Option<Outcome>, sse: bool) -> (String, Vec<u8>, Option<String>, bool) {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let metrics = Arc::new(Metrics::default());
         let (chunks, chunk_receiver) = mpsc::unbounded_channel();
-        chunks.send(pcm.to_vec()).unwrap();
+        chunks.send(Chunk::new(pcm.to_vec(), &metrics)).unwrap();
         drop(chunks);
         let (done, done_answer) = oneshot::channel();
         match outcome {
@@ -558,6 +570,7 @@ mod tests {
                 }
             }
         });
+        assert_eq!(metrics.unread_audio_bytes.load(Ordering::SeqCst), 0);
         (
             String::from_utf8_lossy(&bytes).into_owned(),
             bytes,
@@ -612,28 +625,33 @@ mod tests {
 
     /// A streamed request's place in flight is released when its job ends, while its client
     /// has not read a byte yet (a listener playing the audio in real time would otherwise
-    /// hold it for the audio's length); the body still carries every chunk and the end.
+    /// hold it for the audio's length); the body still carries every chunk and the end, and
+    /// its audio counts as unread until the body yields it.
     #[test]
     fn a_streamed_body_releases_its_place_when_the_job_ends_not_when_it_is_read() {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let unread = || metrics.unread_audio_bytes.load(Ordering::SeqCst);
         let (chunks, chunk_receiver) = mpsc::unbounded_channel();
         let (done, done_answer) = oneshot::channel();
         let place = Arc::new(());
-        let pcm = [0.25f32, -0.5, 0.75];
+        let pcm = random_pcm(5);
         runtime.block_on(async {
             let mut body = streamed_body(Vec::new(), chunk_receiver, done_answer, place.clone(), false);
-            chunks.send(pcm.to_vec()).unwrap();
+            chunks.send(Chunk::new(pcm.clone(), &metrics)).unwrap();
             drop(chunks);
             tokio::task::yield_now().await;
             assert_eq!(Arc::strong_count(&place), 2, "held while the job runs");
             done.send(Ok(stats(Stop::Finished))).unwrap();
             tokio::task::yield_now().await;
             assert_eq!(Arc::strong_count(&place), 1, "released when the job ends");
+            assert_eq!(unread(), 20, "the unread audio stays counted");
             let mut bytes = Vec::new();
             while let Some(frame) = body.frame().await {
                 bytes.extend_from_slice(&frame.unwrap().into_data().unwrap());
             }
             assert_eq!(bytes, encode_samples(&pcm, SampleFormat::Pcm16));
+            assert_eq!(unread(), 0, "written audio is no longer counted");
         });
     }
 }

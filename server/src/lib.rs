@@ -13,6 +13,7 @@ pub mod api;
 mod http;
 pub mod metrics;
 mod stall;
+mod unread;
 mod uploads;
 pub mod voices;
 mod worker;

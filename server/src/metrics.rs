@@ -25,6 +25,9 @@ pub struct Metrics {
     pub requests_in_flight: AtomicU64,
     /// Voice uploads being received or encoded.
     pub voice_uploads: AtomicU64,
+    /// Audio produced for responses and not yet written to their clients, in bytes (see
+    /// `unread`).
+    pub unread_audio_bytes: AtomicU64,
     first_audio: Mutex<Summary>,
     real_time_factor: Mutex<Summary>,
 }
@@ -75,6 +78,10 @@ impl Metrics {
                 self.requests_in_flight.load(Ordering::SeqCst),
             ),
             ("drama_voice_uploads", self.voice_uploads.load(Ordering::SeqCst)),
+            (
+                "drama_unread_audio_bytes",
+                self.unread_audio_bytes.load(Ordering::SeqCst),
+            ),
         ] {
             out.push_str(&format!("# TYPE {name} gauge\n{name} {value}\n"));
         }

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::ServerConfig;
 use crate::api::{ApiError, VoiceChoice};
 use crate::metrics::Metrics;
+use crate::unread::Chunk;
 use crate::voices::VoiceStore;
 
 /// A speech job handed to the worker.
@@ -27,7 +28,7 @@ pub struct SpeakJob {
     /// Answered once the job is queued (Ok) or refused (unknown voice...).
     pub accepted: oneshot::Sender<Result<(), ApiError>>,
     /// PCM chunks as they are produced.
-    pub chunks: mpsc::UnboundedSender<Vec<f32>>,
+    pub chunks: mpsc::UnboundedSender<Chunk>,
     /// How the job ended.
     pub done: oneshot::Sender<Outcome>,
     /// When to give up.
@@ -41,13 +42,13 @@ pub type Outcome = Result<SynthesisStats, String>;
 /// A job waiting for lanes.
 struct Queued {
     request: SynthesisRequest,
-    chunks: mpsc::UnboundedSender<Vec<f32>>,
+    chunks: mpsc::UnboundedSender<Chunk>,
     done: oneshot::Sender<Outcome>,
     deadline: Instant,
 }
 
 struct Running {
-    chunks: mpsc::UnboundedSender<Vec<f32>>,
+    chunks: mpsc::UnboundedSender<Chunk>,
     done: oneshot::Sender<Outcome>,
     deadline: Instant,
     lanes: usize,
@@ -135,7 +136,8 @@ pub fn run(
             }
             let job = waiting.pop_front().expect("front exists");
             let sender = job.chunks.clone();
-            let sink = Box::new(move |pcm: &[f32]| sender.send(pcm.to_vec()).is_ok());
+            let counted = metrics.clone();
+            let sink = Box::new(move |pcm: &[f32]| sender.send(Chunk::new(pcm.to_vec(), &counted)).is_ok());
             match batcher.admit(job.request, sink) {
                 Ok(id) => {
                     running.insert(
@@ -234,7 +236,7 @@ mod tests {
 
     use super::*;
 
-    fn queued(seed: u64) -> (Queued, mpsc::UnboundedReceiver<Vec<f32>>) {
+    fn queued(seed: u64) -> (Queued, mpsc::UnboundedReceiver<Chunk>) {
         let (chunks, receiver) = mpsc::unbounded_channel();
         let request = SynthesisRequest {
             segments: vec![vec![3, 1, 4]],

@@ -608,6 +608,17 @@ fn gauge_reaches(server: &Server, name: &str, value: f64) -> bool {
     false
 }
 
+/// Whether the gauge `name` goes above `value` within ten seconds.
+fn gauge_exceeds(server: &Server, name: &str, value: f64) -> bool {
+    (0..500).any(|_| {
+        let above = server.metric(name) > value;
+        if !above {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        above
+    })
+}
+
 /// Voice uploads are encoded beside synthesis, at most two received or encoding at once: a
 /// third while two bodies are still arriving gets 429 naming the uploads, and once those
 /// clients leave an upload is saved (and the same recording again gets the same id).
@@ -675,7 +686,8 @@ fn raw_speech(address: &str, request: &Value) -> std::net::TcpStream {
 }
 
 /// A request waiting for a lane whose client goes away leaves the queue at once, whole or
-/// streamed, while the request holding the lane runs on; it is never admitted.
+/// streamed, while the request holding the lane runs on; it is never admitted. The audio
+/// the holder made counts as unread until its client goes too.
 #[test]
 fn a_waiting_request_whose_client_leaves_is_dropped_from_the_queue() {
     let s = setup(71);
@@ -703,9 +715,12 @@ fn a_waiting_request_whose_client_leaves_is_dropped_from_the_queue() {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }
+        // The holder's audio so far waits for its client, counted as unread until it goes.
+        assert!(gauge_exceeds(&server, "drama_unread_audio_bytes", 0.0));
         drop(running);
         assert!(gauge_reaches(&server, "drama_cancellations_total", cancelled + 1.0));
         assert!(gauge_reaches(&server, "drama_active_lanes", 0.0));
+        assert!(gauge_reaches(&server, "drama_unread_audio_bytes", 0.0));
     }
     assert_eq!(server.terminate(), Some(0));
 }
