@@ -1,6 +1,8 @@
 //! Voice files: a voice prefix saved for reuse (contract section 7), tied to one checkpoint.
 
 use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
 
 use safetensors::Dtype;
 
@@ -28,7 +30,7 @@ pub fn read_voice_file(bytes: &[u8], checkpoint: &Checkpoint) -> Result<Vec<f32>
         Some(digest) if *digest == checkpoint.manifest_digest => {}
         Some(digest) => {
             return Err(bad(format!(
-                "made for checkpoint {digest}, not this one ({}); make it again with `drama voice`",
+                "made for checkpoint {digest}, not this one ({}); make it again from its reference recording",
                 checkpoint.manifest_digest
             )));
         }
@@ -54,6 +56,29 @@ pub fn read_voice_file(bytes: &[u8], checkpoint: &Checkpoint) -> Result<Vec<f32>
         return Err(bad(format!("prefix element {i} is not finite")));
     }
     Ok(values)
+}
+
+/// The largest safetensors header a voice file is read with (its own is under 200 bytes).
+const MAX_VOICE_HEADER: u64 = 1 << 16;
+
+/// The checkpoint digest the voice file at `path` was made for, read from its header alone;
+/// `None` when the file cannot be read or is not a voice file.
+pub fn voice_file_checkpoint(path: &Path) -> Option<String> {
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut length = [0u8; 8];
+    file.read_exact(&mut length).ok()?;
+    let length = u64::from_le_bytes(length);
+    if length > MAX_VOICE_HEADER {
+        return None;
+    }
+    let mut header = vec![0u8; length as usize];
+    file.read_exact(&mut header).ok()?;
+    let header: serde_json::Value = serde_json::from_slice(header.trim_ascii_end()).ok()?;
+    let metadata = header.get("__metadata__")?;
+    if metadata.get("format")?.as_str()? != VOICE_FORMAT {
+        return None;
+    }
+    Some(metadata.get("checkpoint")?.as_str()?.to_string())
 }
 
 /// Serializes a [P, H] prefix as an F32 voice file for `checkpoint`.
@@ -144,5 +169,39 @@ mod tests {
         assert_eq!(tensor.data(), bytemuck::cast_slice::<f32, u8>(&prefix));
         let header = String::from_utf8_lossy(&files[0][8..]);
         assert!(header.starts_with(r#"{"__metadata__":{"checkpoint":"#), "{header}");
+    }
+
+    /// The digest is read from the header alone; files that are not voice files give none.
+    #[test]
+    fn a_voice_files_checkpoint_is_read_from_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let digest = format!("{nanos:064x}");
+        let prefix = [0.25f32, -2.0];
+        let file = |format: &str| {
+            let metadata = HashMap::from([
+                ("format".to_string(), format.to_string()),
+                ("checkpoint".to_string(), digest.clone()),
+            ]);
+            let view =
+                safetensors::tensor::TensorView::new(Dtype::F32, vec![1, 2], bytemuck::cast_slice(&prefix)).unwrap();
+            safetensors::serialize([(PREFIX_TENSOR, view)], Some(metadata)).unwrap()
+        };
+        let voice = dir.path().join("voice.safetensors");
+        std::fs::write(&voice, file(VOICE_FORMAT)).unwrap();
+        assert_eq!(voice_file_checkpoint(&voice), Some(digest.clone()));
+        let other = dir.path().join("other.safetensors");
+        std::fs::write(&other, file("something-else")).unwrap();
+        assert_eq!(voice_file_checkpoint(&other), None);
+        let truncated = dir.path().join("truncated.safetensors");
+        std::fs::write(&truncated, &file(VOICE_FORMAT)[..20]).unwrap();
+        assert_eq!(voice_file_checkpoint(&truncated), None);
+        let huge = dir.path().join("huge.safetensors");
+        std::fs::write(&huge, u64::MAX.to_le_bytes()).unwrap();
+        assert_eq!(voice_file_checkpoint(&huge), None);
+        assert_eq!(voice_file_checkpoint(&dir.path().join("missing")), None);
     }
 }

@@ -10,6 +10,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use drama_engine::audio::{SampleFormat, encode_samples, streaming_wav_header, write_wav_pcm16};
 use drama_engine::batch::Batcher;
+use drama_engine::checkpoint::Checkpoint;
 use drama_engine::sampling::SamplingParams;
 use drama_engine::synth::{Stop, SynthesisRequest};
 use drama_engine::text::TextFrontEnd;
@@ -45,6 +46,8 @@ pub struct State {
     pub default_max_audio_tokens: usize,
     pub config: ServerConfig,
     pub store: Arc<VoiceStore>,
+    /// The checkpoint served, which saved voices must have been made for.
+    pub checkpoint: Arc<Checkpoint>,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<AtomicBool>,
     /// The worker's job channel; taken when shutdown begins, so the worker ends once its
@@ -225,7 +228,7 @@ async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> 
         (Method::GET, "/v1/voices") => {
             let data: Vec<serde_json::Value> = state
                 .store
-                .list()
+                .list(&state.checkpoint)
                 .into_iter()
                 .map(|id| serde_json::json!({"id": id, "object": "voice"}))
                 .collect();
@@ -340,16 +343,22 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     check_room(&state.metrics)?;
     let guard = Place::take(&state.metrics, |m| &m.requests_in_flight, limit)
         .ok_or_else(|| ApiError::status(429, "every lane is busy and the queue is full; retry later"))?;
-    let text = state.clone();
-    let input = speech.input.clone();
-    let segments = tokio::task::spawn_blocking(move || text.text.segments(&input, budget))
-        .await
-        .map_err(|e| ApiError::status(500, format!("tokenizing the input failed: {e}")))?
-        .map_err(|e| ApiError::invalid("input", e.to_string()))?;
+    let shared = state.clone();
+    let (input, voice) = (speech.input.clone(), speech.voice.clone());
+    let (prefix, segments) = tokio::task::spawn_blocking(move || {
+        let prefix = shared.store.prefix_for(&voice, &shared.checkpoint)?;
+        let segments = shared
+            .text
+            .segments(&input, budget)
+            .map_err(|e| ApiError::invalid("input", e.to_string()))?;
+        Ok::<_, ApiError>((prefix, segments))
+    })
+    .await
+    .map_err(|e| ApiError::status(500, format!("preparing the request failed: {e}")))??;
     let seed = speech.seed.unwrap_or_else(random_seed);
     let request = SynthesisRequest {
         segments,
-        prefix: None,
+        prefix,
         gamma,
         guidance: state.config.guidance,
         sampling: SamplingParams {
@@ -367,7 +376,6 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         &state.commands,
         SpeakJob {
             request,
-            voice: speech.voice.clone(),
             accepted,
             chunks,
             done,

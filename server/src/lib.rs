@@ -117,6 +117,7 @@ pub async fn serve(
         default_max_audio_tokens: c.speech.max_audio_tokens,
         config: config.clone(),
         store: store.clone(),
+        checkpoint: engine.checkpoint.clone(),
         metrics: metrics.clone(),
         ready: ready.clone(),
         commands: std::sync::Mutex::new(Some(commands)),
@@ -138,7 +139,7 @@ pub async fn serve(
         .name("drama-gpu".into())
         .spawn(move || {
             let _alive = worker_alive;
-            worker::run(engine, worker_config, capacity, store, metrics, ready, receiver)
+            worker::run(engine, worker_config, capacity, metrics, ready, receiver)
         })
         .map_err(|e| ServerError::Engine(e.to_string()))?;
     let stop = async move {

@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 
 use drama_engine::checkpoint::Checkpoint;
 use drama_engine::files::{TEMPORARY_SUFFIX, write_atomically};
-use drama_engine::voice::{read_voice_file, voice_file_bytes};
+use drama_engine::voice::{read_voice_file, voice_file_bytes, voice_file_checkpoint};
 use sha2::{Digest, Sha256};
+
+use crate::api::{ApiError, VoiceChoice};
 
 /// The voice store.
 pub struct VoiceStore {
@@ -55,8 +57,25 @@ impl VoiceStore {
         Some(read_voice_file(&bytes, checkpoint).map_err(|e| e.to_string()))
     }
 
-    /// Ids of every saved voice, sorted.
-    pub fn list(&self) -> Vec<String> {
+    /// The voice prefix a request asked for (`None`: the default voice), or why it cannot
+    /// be used.
+    pub fn prefix_for(&self, choice: &VoiceChoice, checkpoint: &Checkpoint) -> Result<Option<Vec<f32>>, ApiError> {
+        match choice {
+            VoiceChoice::Default => Ok(None),
+            VoiceChoice::Saved(id) => match self.load(id, checkpoint) {
+                Some(Ok(prefix)) => Ok(Some(prefix)),
+                Some(Err(e)) => Err(ApiError::invalid(
+                    "voice",
+                    format!("voice {id} cannot be used: {e}; upload its reference recording again (POST /v1/voices)"),
+                )),
+                None => Err(ApiError::invalid("voice", format!("unknown voice {id:?}"))),
+            },
+        }
+    }
+
+    /// Ids of the saved voices made for `checkpoint`, sorted (those of other checkpoints
+    /// sharing the data directory are left out).
+    pub fn list(&self, checkpoint: &Checkpoint) -> Vec<String> {
         let mut ids: Vec<String> = std::fs::read_dir(&self.dir)
             .into_iter()
             .flatten()
@@ -67,7 +86,10 @@ impl VoiceStore {
                     .strip_suffix(".safetensors")
                     .map(str::to_string)
             })
-            .filter(|id| valid_id(id))
+            .filter(|id| {
+                valid_id(id)
+                    && voice_file_checkpoint(&self.path(id)).is_some_and(|digest| digest == checkpoint.manifest_digest)
+            })
             .collect();
         ids.sort();
         ids

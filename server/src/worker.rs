@@ -14,17 +14,14 @@ use drama_engine::synth::{Stop, SynthesisRequest, SynthesisStats};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ServerConfig;
-use crate::api::{ApiError, VoiceChoice};
+use crate::api::ApiError;
 use crate::metrics::Metrics;
 use crate::unread::Chunk;
-use crate::voices::VoiceStore;
 
 /// A speech job handed to the worker.
 pub struct SpeakJob {
-    /// What to synthesize (without the voice prefix, which the worker resolves).
+    /// What to synthesize, its voice prefix resolved.
     pub request: SynthesisRequest,
-    /// The voice asked for.
-    pub voice: VoiceChoice,
     /// Answered once the job is queued (Ok) or refused (unknown voice...).
     pub accepted: oneshot::Sender<Result<(), ApiError>>,
     /// PCM chunks as they are produced.
@@ -59,7 +56,6 @@ pub fn run(
     engine: Engine,
     config: ServerConfig,
     capacity: usize,
-    store: Arc<VoiceStore>,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     jobs: std::sync::mpsc::Receiver<SpeakJob>,
@@ -102,19 +98,15 @@ pub fn run(
                 }
             };
             let SpeakJob {
-                mut request,
-                voice,
+                request,
                 accepted,
                 chunks,
                 done,
                 deadline,
             } = job;
-            let checked = resolve_voice(&voice, &store, &engine).and_then(|prefix| {
-                request.prefix = prefix;
-                batcher
-                    .check(&request)
-                    .map_err(|e| ApiError::invalid("input", e.to_string()))
-            });
+            let checked = batcher
+                .check(&request)
+                .map_err(|e| ApiError::invalid("input", e.to_string()));
             let ok = checked.is_ok();
             let _ = accepted.send(checked);
             if ok {
@@ -216,17 +208,6 @@ fn drop_abandoned(waiting: &mut VecDeque<Queued>) -> usize {
     let before = waiting.len();
     waiting.retain(|job| !job.chunks.is_closed());
     before - waiting.len()
-}
-
-fn resolve_voice(voice: &VoiceChoice, store: &VoiceStore, engine: &Engine) -> Result<Option<Vec<f32>>, ApiError> {
-    match voice {
-        VoiceChoice::Default => Ok(None),
-        VoiceChoice::Saved(id) => match store.load(id, &engine.checkpoint) {
-            Some(Ok(prefix)) => Ok(Some(prefix)),
-            Some(Err(e)) => Err(ApiError::invalid("voice", format!("voice {id} cannot be used: {e}"))),
-            None => Err(ApiError::invalid("voice", format!("unknown voice {id:?}"))),
-        },
-    }
 }
 
 #[cfg(test)]

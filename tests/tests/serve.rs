@@ -139,6 +139,21 @@ fn streamed_whole_repeated_and_voices_agree() {
         (gone.status, gone.json()["error"]["param"].as_str()),
         (400, Some("voice"))
     );
+    // Another checkpoint sharing the data directory neither lists nor uses voice A.
+    assert_eq!(server.terminate(), Some(0));
+    let other = s.data.parent().unwrap().join("other");
+    drama_fixtures::write_preset("tiny", 42, &other).unwrap();
+    let server = Server::start(&other, &s.data, &[]);
+    assert_eq!(server.get("/v1/voices").json()["data"], json!([]));
+    r["voice"] = json!(a);
+    let foreign = server.speech(&r);
+    let error = &foreign.json()["error"];
+    assert_eq!((foreign.status, error["param"].as_str()), (400, Some("voice")));
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("made for checkpoint") && message.contains("POST /v1/voices"),
+        "{message}"
+    );
 }
 
 #[test]
