@@ -2,6 +2,7 @@
 
 use drama_engine::checkpoint::{Checkpoint, Provenance};
 use drama_engine::text::TextFrontEnd;
+use rand_core::Rng;
 
 fn front() -> (tempfile::TempDir, TextFrontEnd) {
     let dir = tempfile::tempdir().unwrap();
@@ -43,4 +44,97 @@ fn segments_follow_sentences_and_the_budget() {
     assert!(err.contains("supercalifragilistic"), "{err}");
     let err = front.segments("  \n ", 10).unwrap_err().to_string();
     assert!(err.contains("empty"), "{err}");
+}
+
+/// The splitting rule done the plain way: every piece appended to the segment being filled
+/// and the whole segment tokenized again, closed when the piece does not fit.
+fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Vec<Vec<u32>>> {
+    let fits = |candidate: &str| {
+        let ids = front.encode(candidate.trim()).unwrap();
+        (ids.len() <= budget).then_some(ids)
+    };
+    let mut sentences = Vec::new();
+    let mut rest = text;
+    while let Some(end) = rest
+        .char_indices()
+        .find(|&(at, c)| {
+            matches!(c, '.' | '!' | '?' | ';' | '\n')
+                && rest[at + c.len_utf8()..].chars().next().is_none_or(char::is_whitespace)
+        })
+        .map(|(at, c)| at + c.len_utf8())
+    {
+        let tail = rest[end..].len() - rest[end..].trim_start().len();
+        sentences.push(&rest[..end + tail]);
+        rest = &rest[end + tail..];
+    }
+    if !rest.is_empty() {
+        sentences.push(rest);
+    }
+    let (mut segments, mut current, mut current_ids) = (Vec::new(), String::new(), Vec::new());
+    let close = |segments: &mut Vec<Vec<u32>>, current: &mut String, ids: &mut Vec<u32>| {
+        if !current.trim().is_empty() {
+            segments.push(std::mem::take(ids));
+        }
+        current.clear();
+    };
+    for sentence in sentences {
+        let pieces: Vec<&str> = if fits(sentence).is_some() {
+            vec![sentence]
+        } else {
+            close(&mut segments, &mut current, &mut current_ids);
+            sentence.split_inclusive(char::is_whitespace).collect()
+        };
+        for piece in pieces {
+            let joined = format!("{current}{piece}");
+            if let Some(ids) = fits(&joined) {
+                (current, current_ids) = (joined, ids);
+                continue;
+            }
+            close(&mut segments, &mut current, &mut current_ids);
+            current_ids = fits(piece)?;
+            current = piece.to_string();
+        }
+    }
+    close(&mut segments, &mut current, &mut current_ids);
+    Some(segments)
+}
+
+#[test]
+fn segments_match_plain_greedy_packing_on_random_text() {
+    let (_dir, front) = front();
+    let mut rng = drama_engine::test_support::rng("segments_match_plain_greedy_packing_on_random_text");
+    let words = [
+        "the",
+        "thin",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "supercalifragilistic",
+        "3.14",
+        "é",
+        "tea",
+        "then",
+    ];
+    let ends = [" ", " ", " ", "  ", ". ", "! ", "? ", "; ", "\n", ".\n\n", ","];
+    let mut refused = 0;
+    for case in 0..300 {
+        let length = 1 + rng.next_u32() as usize % 80;
+        let mut text = String::new();
+        for _ in 0..length {
+            text += words[rng.next_u32() as usize % words.len()];
+            text += ends[rng.next_u32() as usize % ends.len()];
+        }
+        let budget = 3 + rng.next_u32() as usize % 40;
+        let want = greedy_segments(&front, &text, budget);
+        match front.segments(&text, budget) {
+            Ok(got) => assert_eq!(Some(got), want, "case {case}, budget {budget}: {text:?}"),
+            Err(e) => {
+                assert_eq!(want, None, "case {case}, budget {budget}: {text:?}: {e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused < 300, "some texts must fit");
 }
