@@ -140,8 +140,6 @@ pub fn prefix_from_wav(bytes: &[u8], tower: &VoiceTower) -> Result<Vec<f32>, Eng
 
 #[cfg(test)]
 mod tests {
-    use rand_core::Rng;
-
     use super::*;
 
     /// Each metadata map has fresh hash keys, so without sorting two of sixteen serializations
