@@ -1,7 +1,7 @@
 //! `drama fetch` end to end against a fake hub on 127.0.0.1 serving a generated checkpoint
 //! under the pinned name: success, a download cut off midway, a fetch killed midway, a wrong
-//! revision, a commit other than the pin, a tampered file, and an existing modified
-//! directory.
+//! revision, a commit other than the pin, a tampered file, an existing modified directory,
+//! and valid checkpoints at the target that this pin did not fetch.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -222,5 +222,37 @@ fn an_existing_modified_directory_is_refused_not_repaired() {
         std::fs::read_to_string(&tokenizer).unwrap(),
         "{}",
         "the directory was modified"
+    );
+}
+
+#[test]
+fn a_valid_checkpoint_not_fetched_from_the_pin_is_not_labelled_pinned() {
+    let s = setup();
+    let hub = FakeHub::start(&s.source, PINNED_REPO, PINNED_REVISION, Fault::None);
+    // A generated checkpoint placed at the target by hand.
+    let placed = s.work.join("placed");
+    drama_fixtures::write_preset("tiny", 12, &placed).unwrap();
+    let before = leftovers(&placed);
+    let (code, _, stderr) = fetch(&s, &hub, &placed);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("not one fetched from")
+            && stderr.contains(".drama-fetched.json")
+            && stderr.contains(&format!("--checkpoint {}", placed.display())),
+        "{stderr}"
+    );
+    assert_eq!(leftovers(&placed), before, "the directory was modified");
+    // A fetched directory whose files were replaced by another checkpoint's, record kept.
+    let target = s.work.join("ckpt");
+    assert_eq!(fetch(&s, &hub, &target).0, Some(0));
+    assert!(target.join(".drama-fetched.json").is_file());
+    for name in before {
+        std::fs::copy(placed.join(&name), target.join(&name)).unwrap();
+    }
+    let (code, _, stderr) = fetch(&s, &hub, &target);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("not one fetched from") && stderr.contains("manifest_sha256"),
+        "{stderr}"
     );
 }

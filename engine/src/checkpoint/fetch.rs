@@ -4,6 +4,11 @@
 //! the whole contract check pass is the staging directory renamed into place. An existing
 //! target is never modified: if it verifies it is used as it is, otherwise it is refused.
 //! What a killed fetch left staged is removed by the next fetch to the same target.
+//!
+//! A fetched directory holds a hidden record, [`FETCH_RECORD`], of the repository, revision
+//! and manifest digest it was fetched for (hidden entries are outside the manifest's
+//! coverage). An existing target is labelled pinned only when its record names the pin and
+//! its verified files' manifest; any other valid checkpoint there is refused, not relabelled.
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +29,20 @@ pub enum FetchError {
         dir: PathBuf,
         /// The verification failure.
         reason: CheckpointError,
+    },
+    /// The target is a valid checkpoint but not one fetched for this pin.
+    #[error(
+        "{dir} holds a valid checkpoint, but not one fetched from {repo}@{revision} ({reason}); to use it as a local checkpoint give --checkpoint {dir}, or remove it to fetch the pinned one"
+    )]
+    NotFetched {
+        /// The target directory.
+        dir: PathBuf,
+        /// The repository asked for.
+        repo: String,
+        /// The revision asked for.
+        revision: String,
+        /// What its fetch record lacks or says.
+        reason: String,
     },
     /// The hub could not be reached or refused a request.
     #[error("downloading {what} from {endpoint}: {message}")]
@@ -97,21 +116,25 @@ pub fn fetch(request: &FetchRequest) -> Result<Fetched, FetchError> {
         revision: request.revision.clone(),
     };
     if request.dir.exists() {
-        return match Checkpoint::open(&request.dir, provenance) {
-            Ok(checkpoint) => Ok(Fetched {
-                checkpoint,
-                downloaded: false,
-            }),
-            Err(reason) => Err(FetchError::ExistingInvalid {
-                dir: request.dir.clone(),
-                reason,
-            }),
-        };
+        let checkpoint = Checkpoint::open(&request.dir, provenance).map_err(|reason| FetchError::ExistingInvalid {
+            dir: request.dir.clone(),
+            reason,
+        })?;
+        check_record(request, &checkpoint)?;
+        return Ok(Fetched {
+            checkpoint,
+            downloaded: false,
+        });
     }
     let staging = Staging::create(&request.dir)?;
     let result = download_into(request, &staging.dir).and_then(|()| {
         let checkpoint_dir = staging.dir.join("checkpoint");
-        Checkpoint::open(&checkpoint_dir, provenance.clone()).map_err(FetchError::Refused)?;
+        let checkpoint = Checkpoint::open(&checkpoint_dir, provenance.clone()).map_err(FetchError::Refused)?;
+        let record = checkpoint_dir.join(FETCH_RECORD);
+        std::fs::write(&record, fetch_record(request, &checkpoint.manifest_digest)).map_err(|e| FetchError::Io {
+            path: record,
+            source: e,
+        })?;
         std::fs::rename(&checkpoint_dir, &request.dir).map_err(|e| FetchError::Io {
             path: request.dir.clone(),
             source: e,
@@ -124,6 +147,51 @@ pub fn fetch(request: &FetchRequest) -> Result<Fetched, FetchError> {
         checkpoint,
         downloaded: true,
     })
+}
+
+/// The hidden file in a fetched directory recording what it was fetched for.
+pub const FETCH_RECORD: &str = ".drama-fetched.json";
+
+/// The fetch record of `request`'s pin for a checkpoint whose manifest has `manifest_digest`.
+fn fetch_record(request: &FetchRequest, manifest_digest: &str) -> String {
+    serde_json::json!({
+        "repo": request.repo,
+        "revision": request.revision,
+        "manifest_sha256": manifest_digest,
+    })
+    .to_string()
+}
+
+/// Refuses an existing, verified target whose fetch record is missing or is not the one
+/// this request would have written for its files.
+fn check_record(request: &FetchRequest, checkpoint: &Checkpoint) -> Result<(), FetchError> {
+    let not_fetched = |reason: String| FetchError::NotFetched {
+        dir: request.dir.clone(),
+        repo: request.repo.clone(),
+        revision: request.revision.clone(),
+        reason,
+    };
+    let found = match std::fs::read_to_string(request.dir.join(FETCH_RECORD)) {
+        Ok(found) => found,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_fetched(format!("it has no {FETCH_RECORD}")));
+        }
+        Err(e) => return Err(not_fetched(format!("its {FETCH_RECORD} cannot be read: {e}"))),
+    };
+    let found: serde_json::Value = serde_json::from_str(&found)
+        .map_err(|e| not_fetched(format!("its {FETCH_RECORD} is not a fetch record: {e}")))?;
+    let expected: serde_json::Value =
+        serde_json::from_str(&fetch_record(request, &checkpoint.manifest_digest)).expect("a record is JSON");
+    for field in ["repo", "revision", "manifest_sha256"] {
+        if found.get(field) != expected.get(field) {
+            return Err(not_fetched(format!(
+                "its {FETCH_RECORD} gives {field} {}, where this pin and its files give {}",
+                found.get(field).unwrap_or(&serde_json::Value::Null),
+                expected[field]
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A fresh hidden directory beside the target (so the final rename stays on one file
