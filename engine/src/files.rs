@@ -44,7 +44,9 @@ fn folder_of(path: &Path) -> &Path {
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same folder, synced, then renamed
-/// over `path` (and on Unix the folder synced, so that the rename itself is durable). A path
+/// over `path` (and on Unix the folder synced, so that the rename itself is durable). The
+/// file gets the modes a plain write would give it: those of the file it replaces, or the
+/// umask's for a new one. A path
 /// that names something other than a regular file (a device such as `/dev/null`, a pipe, a
 /// link) is written through in place: renaming over it would replace it.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -52,10 +54,16 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         return std::fs::write(path, bytes);
     }
     let dir = folder_of(path);
-    let mut file = tempfile::Builder::new()
-        .prefix(".")
-        .suffix(TEMPORARY_SUFFIX)
-        .tempfile_in(dir)?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".").suffix(TEMPORARY_SUFFIX);
+    // The modes a plain write gives: those of the file replaced, else 0o666 less the umask
+    // (tempfile's default, 0o600, would hide a new WAV from everyone else).
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let mut file = builder.tempfile_in(dir)?;
+    if let Ok(replaced) = std::fs::metadata(path) {
+        file.as_file().set_permissions(replaced.permissions())?;
+    }
     file.write_all(bytes)?;
     file.as_file().sync_all()?;
     file.persist(path).map_err(|e| e.error)?;
@@ -81,6 +89,26 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("out.wav")]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn modes_are_those_of_a_plain_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain.wav");
+        std::fs::write(&plain, b"plain").unwrap();
+        let fresh = dir.path().join("fresh.wav");
+        write_atomically(&fresh, b"new").unwrap();
+        assert_eq!(mode(&fresh), mode(&plain), "a new file gets the umask's modes");
+        for kept in [0o640, 0o604, 0o755] {
+            let replaced = dir.path().join(format!("replaced-{kept:o}.wav"));
+            std::fs::write(&replaced, b"old").unwrap();
+            std::fs::set_permissions(&replaced, std::fs::Permissions::from_mode(kept)).unwrap();
+            write_atomically(&replaced, b"new").unwrap();
+            assert_eq!(mode(&replaced), kept, "a replaced file keeps its modes");
+        }
     }
 
     #[cfg(unix)]
