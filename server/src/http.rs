@@ -128,6 +128,7 @@ fn streamed_body(
     done: oneshot::Receiver<Outcome>,
     place: impl Send + Sync + 'static,
     sse: bool,
+    metrics: Arc<Metrics>,
 ) -> Body {
     let frame = move |bytes: Vec<u8>| -> Vec<u8> {
         if sse {
@@ -163,7 +164,11 @@ fn streamed_body(
             Ok(Ok(stats)) => stats.tokens,
             _ => 0,
         };
-        match (failure(outcome), sse) {
+        let failure = failure(outcome);
+        if failure.is_some() {
+            metrics.failed_streams.fetch_add(1, Ordering::SeqCst);
+        }
+        match (failure, sse) {
             (None, true) => Ok(Bytes::from(format!(
                 "event: speech.audio.done\ndata: {}\n\n",
                 serde_json::json!({"type": "speech.audio.done", "usage": {"audio_tokens": tokens}})
@@ -416,7 +421,7 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
                 ResponseFormat::Pcm => Vec::new(),
             };
             let sse = speech.stream_format == StreamFormat::Sse;
-            streamed_body(header, chunk_receiver, done_answer, guard, sse)
+            streamed_body(header, chunk_receiver, done_answer, guard, sse, state.metrics.clone())
         }
     };
     let mut response = Response::new(body);
@@ -560,6 +565,7 @@ mod tests {
         chunks.send(Chunk::new(pcm.to_vec(), &metrics)).unwrap();
         drop(chunks);
         let (done, done_answer) = oneshot::channel();
+        let fails = !matches!(&outcome, Some(Ok(stats)) if stats.stop == Stop::Finished);
         match outcome {
             Some(outcome) => done.send(outcome).unwrap(),
             None => drop(done),
@@ -567,7 +573,14 @@ mod tests {
         let place = Arc::new(());
         let (mut bytes, mut failed) = (Vec::new(), None);
         runtime.block_on(async {
-            let mut body = streamed_body(Vec::new(), chunk_receiver, done_answer, place.clone(), sse);
+            let mut body = streamed_body(
+                Vec::new(),
+                chunk_receiver,
+                done_answer,
+                place.clone(),
+                sse,
+                metrics.clone(),
+            );
             while let Some(frame) = body.frame().await {
                 match frame {
                     Ok(frame) => bytes.extend_from_slice(&frame.into_data().unwrap()),
@@ -579,6 +592,8 @@ mod tests {
             }
         });
         assert_eq!(metrics.unread_audio_bytes.load(Ordering::SeqCst), 0);
+        let failures = metrics.failed_streams.load(Ordering::SeqCst);
+        assert_eq!(failures, u64::from(fails), "drama_failed_streams_total");
         (
             String::from_utf8_lossy(&bytes).into_owned(),
             bytes,
@@ -645,7 +660,14 @@ mod tests {
         let place = Arc::new(());
         let pcm = random_pcm(5);
         runtime.block_on(async {
-            let mut body = streamed_body(Vec::new(), chunk_receiver, done_answer, place.clone(), false);
+            let mut body = streamed_body(
+                Vec::new(),
+                chunk_receiver,
+                done_answer,
+                place.clone(),
+                false,
+                metrics.clone(),
+            );
             chunks.send(Chunk::new(pcm.clone(), &metrics)).unwrap();
             drop(chunks);
             tokio::task::yield_now().await;

@@ -14,6 +14,9 @@ pub struct Metrics {
     pub active_lanes: AtomicU64,
     /// Jobs cancelled (client gone or time limit).
     pub cancellations: AtomicU64,
+    /// Streamed responses that began with status 200 and then failed (the job's error, its
+    /// time limit, or the engine stopping), which `responses` counts as 200.
+    pub failed_streams: AtomicU64,
     /// Compiled step shapes the batcher's session keeps.
     pub compiled_steps: AtomicU64,
     /// The bytes of their buffers.
@@ -85,10 +88,13 @@ impl Metrics {
         ] {
             out.push_str(&format!("# TYPE {name} gauge\n{name} {value}\n"));
         }
-        out.push_str(&format!(
-            "# TYPE drama_cancellations_total counter\ndrama_cancellations_total {}\n",
-            self.cancellations.load(Ordering::SeqCst)
-        ));
+        for (name, value) in [
+            ("drama_cancellations_total", &self.cancellations),
+            ("drama_failed_streams_total", &self.failed_streams),
+        ] {
+            let value = value.load(Ordering::SeqCst);
+            out.push_str(&format!("# TYPE {name} counter\n{name} {value}\n"));
+        }
         for (name, summary) in [
             ("drama_time_to_first_audio_seconds", &self.first_audio),
             ("drama_real_time_factor", &self.real_time_factor),
