@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use drama_engine::guidance::check_gamma;
 use drama_engine::session::{Engine, STEP_CACHE_BYTES};
 use drama_engine::synth::GuidanceMode;
 use drama_server::{ServerConfig, serve};
@@ -36,7 +37,7 @@ pub struct ServeArgs {
     /// Guidance scale of every request (1 disables guidance).
     #[arg(long, default_value_t = 1.5)]
     gamma: f32,
-    /// Let requests set `gamma` (in (0, 10]).
+    /// Let requests set `gamma` (in (0, 10], as `--gamma`).
     #[arg(long)]
     allow_request_gamma: bool,
     /// Lanes decoded together; a guided request takes two.
@@ -109,10 +110,7 @@ async fn shutdown_signal() {
 /// Runs `drama serve`.
 pub fn run(args: ServeArgs) -> Result<()> {
     anyhow::ensure!(args.max_lanes >= 1, "--max-lanes must be at least 1");
-    anyhow::ensure!(
-        args.gamma.is_finite() && args.gamma > 0.0,
-        "--gamma must be a positive number"
-    );
+    check_gamma(args.gamma).context("--gamma")?;
     anyhow::ensure!(
         args.gamma == 1.0 || args.max_lanes >= 2,
         "guidance needs --max-lanes of at least 2"

@@ -3,12 +3,16 @@
 
 use crate::error::EngineError;
 
-/// Checks a guidance scale: any finite one (1 disables guidance).
+/// The largest guidance scale accepted, by the CLI and the server alike: the recipe's is
+/// 1.5, and far past it the mix amplifies rounding noise (at 1e30 it overflows to NaN).
+pub const MAX_GAMMA: f32 = 10.0;
+
+/// Checks a guidance scale: in (0, [`MAX_GAMMA`]] (1 disables guidance).
 pub fn check_gamma(gamma: f32) -> Result<(), EngineError> {
-    if gamma.is_finite() {
+    if gamma > 0.0 && gamma <= MAX_GAMMA {
         Ok(())
     } else {
-        Err(EngineError::Input(format!("gamma {gamma} is not finite")))
+        Err(EngineError::Input(format!("gamma {gamma} must be in (0, {MAX_GAMMA}]")))
     }
 }
 

@@ -10,6 +10,10 @@ use rand_core::{Rng, SeedableRng};
 
 use crate::error::EngineError;
 
+/// The highest temperature accepted, by the CLI and the server alike (beyond it the
+/// distribution is all but uniform).
+pub const MAX_TEMPERATURE: f32 = 10.0;
+
 /// Sampling settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {
@@ -37,9 +41,9 @@ impl SamplingParams {
 
     /// Checks the settings; the error names the field.
     pub fn validate(&self) -> Result<(), EngineError> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+        if !(0.0..=MAX_TEMPERATURE).contains(&self.temperature) {
             return Err(EngineError::Input(format!(
-                "temperature {} must be a finite number >= 0",
+                "temperature {} must be in [0, {MAX_TEMPERATURE}]",
                 self.temperature
             )));
         }

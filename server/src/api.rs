@@ -1,6 +1,8 @@
 //! The request and error formats of the HTTP API (OpenAI-compatible `/v1/audio/speech`),
 //! validated field by field: every refusal names the field at fault.
 
+use drama_engine::guidance::{MAX_GAMMA, check_gamma};
+use drama_engine::sampling::MAX_TEMPERATURE;
 use serde_json::{Value, json};
 
 /// The model name requests must give.
@@ -208,8 +210,11 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
         return Err(ApiError::invalid("speed", "only speed 1.0 is supported"));
     }
     let temperature = number(&body, "temperature")?.unwrap_or(1.0);
-    if !(0.0..=10.0).contains(&temperature) {
-        return Err(ApiError::invalid("temperature", "`temperature` must be in [0, 10]"));
+    if !(0.0..=f64::from(MAX_TEMPERATURE)).contains(&temperature) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("`temperature` must be in [0, {MAX_TEMPERATURE}]"),
+        ));
     }
     // Checked as the f32 the sampler gets (1e-50 is 0 there).
     let top_p = number(&body, "top_p")?.unwrap_or(1.0) as f32;
@@ -235,8 +240,11 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
                 "this server does not accept `gamma` (start it with --allow-request-gamma)",
             ));
         }
-        Some(g) if !(g > 0.0 && g <= 10.0) => return Err(ApiError::invalid("gamma", "`gamma` must be in (0, 10]")),
-        Some(g) => Some(g as f32),
+        Some(g) => {
+            check_gamma(g as f32)
+                .map_err(|_| ApiError::invalid("gamma", format!("`gamma` must be in (0, {MAX_GAMMA}]")))?;
+            Some(g as f32)
+        }
     };
     Ok(SpeechRequest {
         input: input.to_string(),

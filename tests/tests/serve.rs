@@ -288,6 +288,13 @@ fn refusals_have_the_right_status_and_name_the_field() {
     let (code, _, err) = drama_tests::drama_text(&["serve", "--checkpoint", checkpoint, "--step-cache-mib", "1048577"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--step-cache-mib"), "{err}");
+    // A guidance scale a request could not ask for is refused at start too.
+    let (code, _, err) = drama_tests::drama_text(&["serve", "--checkpoint", checkpoint, "--gamma", "50"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--gamma") && err.contains("gamma 50 must be in (0, 10]"),
+        "{err}"
+    );
     let server = Server::start(
         &s.checkpoint,
         &s.data,

@@ -207,8 +207,19 @@ fn synth_refusals_name_the_problem() {
     for (out, extra, names) in [
         (nowhere.as_path(), &[][..], "the folder"),
         (s.root.as_path(), &[][..], "it is a folder"),
-        (out.as_path(), &["--gamma", "inf"][..], "gamma inf is not finite"),
+        (out.as_path(), &["--gamma", "inf"][..], "gamma inf must be in (0, 10]"),
+        (
+            out.as_path(),
+            &["--gamma", "1e30"][..],
+            "gamma 1000000000000000000000000000000 must be in (0, 10]",
+        ),
+        (out.as_path(), &["--gamma", "0"][..], "gamma 0 must be in (0, 10]"),
         (out.as_path(), &["--temperature", "NaN"][..], "temperature NaN"),
+        (
+            out.as_path(),
+            &["--temperature", "11"][..],
+            "temperature 11 must be in [0, 10]",
+        ),
     ] {
         let (code, err) = synth(&s, out, extra);
         assert_eq!(code, Some(1), "{err}");
