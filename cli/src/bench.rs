@@ -66,13 +66,11 @@ impl From<Part> for BenchPart {
 
 /// Runs `drama bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
-    anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
     if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     output::check(&args.out)?;
     let checkpoint = args.checkpoint.open()?;
-    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
     let options = BenchOptions {
         repeats: args.repeats,
         context: args.context,
@@ -85,6 +83,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             args.only.iter().map(|&part| part.into()).collect()
         },
     };
+    options.check(checkpoint.config.max_position_embeddings)?;
+    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
     let report = run_bench(
         &engine,
         &options,

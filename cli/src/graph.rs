@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
+use drama_engine::session::MAX_LANES;
 use drama_engine::spec::{CheckpointNames, model_spec};
 use drama_graph::drama3::{StepShape, build};
 use drama_graph::dump::dump;
@@ -40,13 +41,22 @@ pub struct GraphArgs {
 
 /// Runs `drama graph`.
 pub fn run(args: GraphArgs) -> Result<()> {
-    anyhow::ensure!(args.lanes >= 1, "--lanes must be at least 1");
+    anyhow::ensure!(
+        (1..=MAX_LANES).contains(&args.lanes),
+        "--lanes must be in 1..={MAX_LANES}"
+    );
     let checkpoint = args.checkpoint.open()?;
     let c = &checkpoint.config;
+    let capacity = args.capacity.unwrap_or(c.max_position_embeddings);
+    anyhow::ensure!(
+        (1..=c.max_position_embeddings).contains(&capacity),
+        "--capacity must be in 1..={} (max_position_embeddings)",
+        c.max_position_embeddings
+    );
     let shape = StepShape {
         rows: args.lanes,
         lanes: args.lanes,
-        capacity: args.capacity.unwrap_or(c.max_position_embeddings),
+        capacity,
         prefix_rows: args.lanes * c.speech.voice_prefix_len,
         trace: false,
         concurrent_launches: args.gpu.backend().runs_launches_concurrently(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use drama_engine::guidance::check_gamma;
-use drama_engine::session::{Engine, STEP_CACHE_BYTES};
+use drama_engine::session::{Engine, MAX_LANES, STEP_CACHE_BYTES};
 use drama_engine::synth::GuidanceMode;
 use drama_server::{ServerConfig, serve};
 
@@ -109,7 +109,10 @@ async fn shutdown_signal() {
 
 /// Runs `drama serve`.
 pub fn run(args: ServeArgs) -> Result<()> {
-    anyhow::ensure!(args.max_lanes >= 1, "--max-lanes must be at least 1");
+    anyhow::ensure!(
+        (1..=MAX_LANES).contains(&args.max_lanes),
+        "--max-lanes must be in 1..={MAX_LANES}"
+    );
     check_gamma(args.gamma).context("--gamma")?;
     anyhow::ensure!(
         args.gamma == 1.0 || args.max_lanes >= 2,

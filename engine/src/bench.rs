@@ -43,6 +43,36 @@ pub struct BenchOptions {
     pub parts: Vec<BenchPart>,
 }
 
+impl BenchOptions {
+    /// Refuses options no run could measure, naming the one at fault, before any work:
+    /// no repeats, or decode steps whose positions would not fit a lane of
+    /// `max_positions`.
+    pub fn check(&self, max_positions: usize) -> Result<(), EngineError> {
+        if self.repeats == 0 {
+            return Err(EngineError::Input("repeats must be at least 1".into()));
+        }
+        if self.parts.contains(&BenchPart::Decode) {
+            self.decode_capacity(max_positions)?;
+        }
+        Ok(())
+    }
+
+    /// Positions per lane the decode-step sessions hold: the context, a step per repeat,
+    /// and five more (warm-up, the trace and the profile).
+    fn decode_capacity(&self, max_positions: usize) -> Result<usize, EngineError> {
+        self.context
+            .checked_add(self.repeats)
+            .and_then(|n| n.checked_add(5))
+            .filter(|&n| n <= max_positions)
+            .ok_or_else(|| {
+                EngineError::Input(format!(
+                    "decode steps at context {} with {} repeats need more than the {max_positions} positions a lane holds",
+                    self.context, self.repeats
+                ))
+            })
+    }
+}
+
 /// A part of the suite that a run may leave out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -647,8 +677,8 @@ pub fn decode_step(
     launch: &LaunchCost,
 ) -> Result<StepResult, EngineError> {
     let c = &engine.checkpoint.config;
+    let capacity = options.decode_capacity(c.max_position_embeddings)?;
     let steps = options.repeats + 3;
-    let capacity = options.context + steps + 2;
     let mut session = Session::new(engine, lanes, capacity)?;
     let null = engine.checkpoint.float_tensor(crate::checkpoint::names::NULL_PREFIX);
     for lane in (1..lanes).step_by(2) {
@@ -936,6 +966,7 @@ pub fn run(
     commit: &str,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchReport, EngineError> {
+    options.check(engine.checkpoint.config.max_position_embeddings)?;
     let gpu = &engine.gpu;
     let wanted = |part: BenchPart| options.parts.contains(&part);
     progress("roofline");

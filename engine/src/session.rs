@@ -215,6 +215,10 @@ impl std::ops::AddAssign for ForwardSplit {
     }
 }
 
+/// The most lanes a session takes: far past what a real model's KV caches leave room for,
+/// it keeps every size computed from the lane count well inside 64 bits.
+pub const MAX_LANES: usize = 4096;
+
 impl<'e> Session<'e> {
     /// A session of `lanes` lanes with room for `capacity` positions each.
     pub fn new(engine: &'e Engine, lanes: usize, capacity: usize) -> Result<Self, EngineError> {
@@ -224,6 +228,11 @@ impl<'e> Session<'e> {
                 "a session needs at least one lane and one position".into(),
             ));
         }
+        if lanes > MAX_LANES {
+            return Err(EngineError::Input(format!(
+                "{lanes} lanes are more than the {MAX_LANES} a session takes"
+            )));
+        }
         if capacity > c.max_position_embeddings {
             return Err(EngineError::Input(format!(
                 "capacity {capacity} exceeds max_position_embeddings {}",
@@ -231,13 +240,16 @@ impl<'e> Session<'e> {
             )));
         }
         let gpu = &engine.gpu;
-        let cache_bytes = (lanes * capacity * c.num_key_value_heads * c.head_dim * 4) as u64;
-        if cache_bytes > gpu.caps.max_storage_binding {
-            return Err(EngineError::Unsupported(format!(
-                "a KV cache of {lanes} lanes x {capacity} positions needs {cache_bytes} bytes per layer, above the device's storage-binding limit of {}",
-                gpu.caps.max_storage_binding
-            )));
-        }
+        let cache_bytes = [lanes, capacity, c.num_key_value_heads, c.head_dim, 4]
+            .into_iter()
+            .try_fold(1u64, |bytes, n| bytes.checked_mul(n as u64))
+            .filter(|&bytes| bytes <= gpu.caps.max_storage_binding)
+            .ok_or_else(|| {
+                EngineError::Unsupported(format!(
+                    "a KV cache of {lanes} lanes x {capacity} positions per layer is above the device's storage-binding limit of {} bytes",
+                    gpu.caps.max_storage_binding
+                ))
+            })?;
         let mut states = HashMap::new();
         for i in 0..c.num_hidden_layers {
             for which in ["k_cache", "v_cache"] {

@@ -169,6 +169,13 @@ fn a_step_larger_than_the_device_allows_runs_as_several_forwards() {
     .unwrap();
     let limited = Engine::load(Arc::new(limited), fixture.open()).unwrap();
     let plain = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    for (lanes, names) in [
+        (usize::MAX, "more than the 4096 a session takes"),
+        (drama_engine::session::MAX_LANES, "storage-binding limit of 16384 bytes"),
+    ] {
+        let err = Session::new(&limited, lanes, 32).err().unwrap().to_string();
+        assert!(err.contains(names), "{err}");
+    }
     let mut session = Session::new(&limited, 2, 32).unwrap();
     let most = session.max_step_rows().unwrap();
     let p = limited.checkpoint.config.speech.voice_prefix_len;

@@ -114,3 +114,35 @@ fn bench_refuses_a_part_it_does_not_know() {
     assert!(err.contains("'roofs'") && err.contains("--only"), "{err}");
     assert!(!out.exists());
 }
+
+#[test]
+fn bench_refuses_decode_steps_past_the_context_before_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", 3, &checkpoint).unwrap();
+    let out = dir.path().join("bench.json");
+    let huge = u64::MAX.to_string();
+    for (flags, names) in [
+        (
+            ["--context", huge.as_str()],
+            "decode steps at context 18446744073709551615",
+        ),
+        (["--repeats", huge.as_str()], "with 18446744073709551615 repeats"),
+        (["--repeats", "0"], "repeats must be at least 1"),
+    ] {
+        let mut args = vec![
+            "bench",
+            "--checkpoint",
+            checkpoint.to_str().unwrap(),
+            "--only",
+            "decode",
+        ];
+        args.extend(flags);
+        args.extend(["--out", out.to_str().unwrap()]);
+        let (code, _, err) = drama_text(&args);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains(names), "{err}");
+        assert!(!err.contains("bench: roofline"), "refused only after starting: {err}");
+        assert!(!out.exists());
+    }
+}

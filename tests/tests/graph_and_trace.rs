@@ -58,9 +58,17 @@ fn graph_dumps_text_json_and_dot() {
     let (code, dot, _) = drama_text(&["graph", "--checkpoint", c, "--format", "dot"]);
     assert_eq!(code, Some(0));
     assert!(dot.starts_with("digraph drama {") && dot.contains("->"));
-    let (code, _, err) = drama_text(&["graph", "--checkpoint", c, "--lanes", "0"]);
-    assert_eq!(code, Some(1));
-    assert!(err.contains("--lanes"), "{err}");
+    let huge = u64::MAX.to_string();
+    for (flag, value, names) in [
+        ("--lanes", "0", "--lanes must be in 1..=4096"),
+        ("--lanes", huge.as_str(), "--lanes must be in 1..=4096"),
+        ("--capacity", "0", "--capacity must be in 1..="),
+        ("--capacity", huge.as_str(), "(max_position_embeddings)"),
+    ] {
+        let (code, _, err) = drama_text(&["graph", "--checkpoint", c, flag, value]);
+        assert_eq!(code, Some(1), "{flag} {value}: {err}");
+        assert!(err.contains(names), "{err}");
+    }
 }
 
 #[test]

@@ -288,6 +288,11 @@ fn refusals_have_the_right_status_and_name_the_field() {
     let (code, _, err) = drama_tests::drama_text(&["serve", "--checkpoint", checkpoint, "--step-cache-mib", "1048577"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--step-cache-mib"), "{err}");
+    // So are more lanes than a session takes.
+    let huge = u64::MAX.to_string();
+    let (code, _, err) = drama_tests::drama_text(&["serve", "--checkpoint", checkpoint, "--max-lanes", &huge]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--max-lanes must be in 1..=4096"), "{err}");
     // A guidance scale a request could not ask for is refused at start too.
     let (code, _, err) = drama_tests::drama_text(&["serve", "--checkpoint", checkpoint, "--gamma", "50"]);
     assert_eq!(code, Some(1), "{err}");
