@@ -459,7 +459,7 @@ fn a_stalled_connection_does_not_hold_up_shutdown() {
     drop(stalled);
 }
 
-/// A GPU worker that cannot start (here: KV caches for a million lanes, past the device's
+/// A GPU worker that cannot start (here: KV caches for 4096 lanes, past the device's
 /// binding limit) stops the service with its error and a non-zero exit, instead of leaving
 /// a listener that answers 503 forever.
 #[test]
@@ -468,7 +468,7 @@ fn a_worker_that_fails_to_start_stops_the_service() {
     let mut child = std::process::Command::new(drama_tests::drama_binary())
         .args(["serve", "--checkpoint", s.checkpoint.to_str().unwrap()])
         .args(["--data-dir", s.data.to_str().unwrap(), "--addr", "127.0.0.1:0"])
-        .args(["--max-lanes", "1000000"])
+        .args(["--max-lanes", "4096"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -487,7 +487,7 @@ fn a_worker_that_fails_to_start_stops_the_service() {
     let mut err = String::new();
     child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(!status.success(), "{err}");
-    assert!(err.contains("KV cache of 1000000 lanes"), "{err}");
+    assert!(err.contains("KV cache of 4096 lanes"), "{err}");
 }
 
 /// Sends `bytes` on a fresh connection and returns what comes back until the server closes
