@@ -46,9 +46,9 @@ fn folder_of(path: &Path) -> &Path {
 /// Writes `bytes` to `path` through a temporary file in the same folder, synced, then renamed
 /// over `path` (and on Unix the folder synced, so that the rename itself is durable). The
 /// file gets the modes a plain write would give it: those of the file it replaces, or the
-/// umask's for a new one. A path
-/// that names something other than a regular file (a device such as `/dev/null`, a pipe, a
-/// link) is written through in place: renaming over it would replace it.
+/// umask's for a new one. A path that names something other than a regular file (a device
+/// such as `/dev/null`, a pipe, a link) is written through in place: renaming over it would
+/// replace it.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if std::fs::symlink_metadata(path).is_ok_and(|meta| !meta.file_type().is_file()) {
         return std::fs::write(path, bytes);

@@ -131,9 +131,11 @@ pub fn fetch(request: &FetchRequest) -> Result<Fetched, FetchError> {
         let checkpoint_dir = staging.dir.join("checkpoint");
         let checkpoint = Checkpoint::open(&checkpoint_dir, provenance.clone()).map_err(FetchError::Refused)?;
         let record = checkpoint_dir.join(FETCH_RECORD);
-        std::fs::write(&record, fetch_record(request, &checkpoint.manifest_digest)).map_err(|e| FetchError::Io {
-            path: record,
-            source: e,
+        std::fs::write(&record, fetch_record(request, &checkpoint.manifest_digest).to_string()).map_err(|e| {
+            FetchError::Io {
+                path: record,
+                source: e,
+            }
         })?;
         std::fs::rename(&checkpoint_dir, &request.dir).map_err(|e| FetchError::Io {
             path: request.dir.clone(),
@@ -153,13 +155,12 @@ pub fn fetch(request: &FetchRequest) -> Result<Fetched, FetchError> {
 pub const FETCH_RECORD: &str = ".drama-fetched.json";
 
 /// The fetch record of `request`'s pin for a checkpoint whose manifest has `manifest_digest`.
-fn fetch_record(request: &FetchRequest, manifest_digest: &str) -> String {
+fn fetch_record(request: &FetchRequest, manifest_digest: &str) -> serde_json::Value {
     serde_json::json!({
         "repo": request.repo,
         "revision": request.revision,
         "manifest_sha256": manifest_digest,
     })
-    .to_string()
 }
 
 /// Refuses an existing, verified target whose fetch record is missing or is not the one
@@ -180,8 +181,7 @@ fn check_record(request: &FetchRequest, checkpoint: &Checkpoint) -> Result<(), F
     };
     let found: serde_json::Value = serde_json::from_str(&found)
         .map_err(|e| not_fetched(format!("its {FETCH_RECORD} is not a fetch record: {e}")))?;
-    let expected: serde_json::Value =
-        serde_json::from_str(&fetch_record(request, &checkpoint.manifest_digest)).expect("a record is JSON");
+    let expected = fetch_record(request, &checkpoint.manifest_digest);
     for field in ["repo", "revision", "manifest_sha256"] {
         if found.get(field) != expected.get(field) {
             return Err(not_fetched(format!(
