@@ -482,20 +482,22 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
 fn an_oversized_step_is_refused_not_a_panic() {
     let f = Fixture::preset("tiny", 2);
     let engine = Engine::load(shared_gpu(), f.open()).unwrap();
-    // 16400 lanes x 4 prefix rows = 65600 rows: routing and attention launch a workgroup row
-    // per token row (a step this large runs its routed experts over blocks of up to
-    // EXPERT_GROUP_SLOTS slots, fewer rows than slots).
-    let lanes = 16400;
+    // The most lanes a session takes, 17 text rows each: 69632 rows, past 65535. Routing and
+    // attention launch a workgroup row per token row (a step this large runs its routed
+    // experts over blocks of up to EXPERT_GROUP_SLOTS slots, fewer rows than slots).
+    let lanes = drama_engine::session::MAX_LANES;
+    let per_lane = 17;
+    assert!(lanes * per_lane > 65535);
     let rows: Vec<Row> = (0..lanes)
         .flat_map(|lane| {
-            (0..4).map(move |pos| Row {
-                source: RowSource::Prefix(pos),
+            (0..per_lane).map(move |pos| Row {
+                source: RowSource::Text(1 + pos as u32),
                 lane,
                 pos,
             })
         })
         .collect();
-    let mut session = Session::new(&engine, lanes, 4).unwrap();
+    let mut session = Session::new(&engine, lanes, per_lane).unwrap();
     let err = session.step(&rows, false).unwrap_err().to_string();
     assert!(err.contains("max_compute_workgroups_per_dimension"), "{err}");
 }
