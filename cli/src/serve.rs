@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use drama_engine::guidance::check_gamma;
 use drama_engine::session::{Engine, MAX_LANES, STEP_CACHE_BYTES};
 use drama_engine::synth::GuidanceMode;
-use drama_server::{ServerConfig, serve};
+use drama_server::{Claimed, ServerConfig, serve};
 
 use crate::checkpoint_arg::CheckpointArg;
 use crate::gpu_arg::GpuArg;
@@ -124,8 +124,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .context("no user data directory; pass --data-dir")?
             .join("drama"),
     };
-    let checkpoint = args.checkpoint.open()?;
-    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
     let config = ServerConfig {
         addr: args.addr,
         guidance: match args.guidance {
@@ -144,15 +142,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         client_timeout: Duration::from_secs(args.client_timeout),
         max_connections: usize::try_from(args.max_connections)?,
     };
+    // The address and the data directory first: their failures are immediate, while opening
+    // the checkpoint may download it and loading the engine takes seconds.
+    let claimed = Claimed::new(&config)?;
+    let checkpoint = args.checkpoint.open()?;
+    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(serve(
-        config,
-        engine,
-        |addr| {
-            eprintln!("drama serve: listening on http://{addr}");
-        },
-        shutdown_signal(),
-    ))?;
+    eprintln!("drama serve: listening on http://{}", claimed.addr());
+    runtime.block_on(serve(config, claimed, engine, shutdown_signal()))?;
     eprintln!("drama serve: stopped");
     Ok(())
 }

@@ -15,7 +15,7 @@ pub enum EngineError {
     Gpu(#[from] GpuError),
     /// The graph could not be built (an op's inputs did not fit).
     #[error("graph: {0}")]
-    Graph(#[from] drama_graph::GraphError),
+    Graph(drama_graph::GraphError),
     /// The checkpoint is valid but this engine cannot run it on this device.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -25,4 +25,12 @@ pub enum EngineError {
     /// A request does not fit the model or the session.
     #[error("invalid input: {0}")]
     Input(String),
+}
+
+/// Not `#[from]`: that would also make the graph error the source, and a chain printed whole
+/// (`{:#}`) would name it twice.
+impl From<drama_graph::GraphError> for EngineError {
+    fn from(error: drama_graph::GraphError) -> Self {
+        Self::Graph(error)
+    }
 }

@@ -1,7 +1,6 @@
 //! Routing, request handling and response encoding.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -467,18 +466,12 @@ impl Drop for Connection {
 /// (or to start the next request), or leaves a response unread that long.
 pub async fn listen(
     state: Arc<State>,
-    on_listening: impl FnOnce(SocketAddr),
+    listener: std::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let addr = state.config.addr;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { addr, source })?;
-    on_listening(
-        listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind { addr, source })?,
-    );
+    let listener =
+        tokio::net::TcpListener::from_std(listener).map_err(|reason| ServerError::Bind { addr, reason })?;
     let client_timeout = state.config.client_timeout;
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())

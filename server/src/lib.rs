@@ -67,41 +67,71 @@ pub struct ServerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {reason}")]
     Bind {
         /// The address.
         addr: SocketAddr,
         /// The reason.
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     /// The data directory could not be used.
-    #[error("data directory {dir}: {source}")]
+    #[error("data directory {dir}: {reason}")]
     DataDir {
         /// The directory.
         dir: PathBuf,
         /// The reason.
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     /// The engine could not start serving.
     #[error("engine: {0}")]
     Engine(String),
 }
 
-/// Serves until `shutdown` resolves or the GPU worker ends (an error: it failed to start or
-/// panicked), then stops accepting, lets requests in flight finish (up to their time limit)
-/// and returns. `on_listening` receives the bound address.
+/// What the service claims from the operating system (its listening socket and its voice
+/// store), claimed before the engine loads: a busy address or an unusable data directory
+/// fails at once, not after seconds of loading weights.
+pub struct Claimed {
+    listener: std::net::TcpListener,
+    addr: SocketAddr,
+    store: voices::VoiceStore,
+}
+
+impl Claimed {
+    /// Binds `config.addr` and opens the voice store under `config.data_dir`.
+    pub fn new(config: &ServerConfig) -> Result<Self, ServerError> {
+        let addr = config.addr;
+        let bind_error = |reason| ServerError::Bind { addr, reason };
+        let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        let bound = listener.local_addr().map_err(bind_error)?;
+        let store = voices::VoiceStore::open(&config.data_dir).map_err(|reason| ServerError::DataDir {
+            dir: config.data_dir.clone(),
+            reason,
+        })?;
+        Ok(Claimed {
+            listener,
+            addr: bound,
+            store,
+        })
+    }
+
+    /// The bound address (with the port the system chose for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Serves on `claimed` until `shutdown` resolves or the GPU worker ends (an error: it failed
+/// to start or panicked), then stops accepting, lets requests in flight finish (up to their
+/// time limit) and returns. Runs inside a tokio runtime.
 pub async fn serve(
     config: ServerConfig,
+    claimed: Claimed,
     engine: Engine,
-    on_listening: impl FnOnce(SocketAddr),
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let store = Arc::new(
-        voices::VoiceStore::open(&config.data_dir).map_err(|source| ServerError::DataDir {
-            dir: config.data_dir.clone(),
-            source,
-        })?,
-    );
+    let Claimed { listener, store, .. } = claimed;
+    let store = Arc::new(store);
     let text = TextFrontEnd::load(&engine.checkpoint).map_err(|e| ServerError::Engine(e.to_string()))?;
     let c = engine.checkpoint.config.clone();
     let metrics = Arc::new(metrics::Metrics::default());
@@ -148,7 +178,7 @@ pub async fn serve(
             _ = worker_ended => {}
         }
     };
-    let result = http::listen(state, on_listening, stop).await;
+    let result = http::listen(state, listener, stop).await;
     // The job sender is gone: the worker drains and ends.
     let worker_result = tokio::task::spawn_blocking(move || worker.join())
         .await

@@ -300,6 +300,31 @@ fn refusals_have_the_right_status_and_name_the_field() {
         err.contains("--gamma") && err.contains("gamma 50 must be in (0, 10]"),
         "{err}"
     );
+    // A busy address and an unusable data directory are refused before the checkpoint is
+    // even opened (here it does not exist), naming the operating system's reason once.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_addr = busy.local_addr().unwrap().to_string();
+    let missing = s.data.join("no-checkpoint-here");
+    let missing = missing.to_str().unwrap();
+    let (code, _, err) = drama_tests::drama_text(&["serve", "--checkpoint", missing, "--addr", &busy_addr]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("cannot listen on {busy_addr}")), "{err}");
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+    let file = s.data.with_extension("file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let (code, _, err) = drama_tests::drama_text(&[
+        "serve",
+        "--checkpoint",
+        missing,
+        "--addr",
+        "127.0.0.1:0",
+        "--data-dir",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("data directory {}", file.display())), "{err}");
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+    drop(busy);
     let server = Server::start(
         &s.checkpoint,
         &s.data,

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {reason}")]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The operating system's reason.
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     /// A required file is absent.
     #[error("missing file {0}")]
@@ -120,10 +120,10 @@ pub enum CheckpointError {
 
 impl CheckpointError {
     /// Wraps an I/O error with the path it concerns.
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, reason: std::io::Error) -> Self {
         CheckpointError::Io {
             path: path.into(),
-            source,
+            reason,
         }
     }
 }

@@ -66,12 +66,12 @@ pub enum FetchError {
     #[error("the downloaded checkpoint was refused and deleted: {0}")]
     Refused(CheckpointError),
     /// Local file system trouble.
-    #[error("{path}: {source}")]
+    #[error("{path}: {reason}")]
     Io {
         /// The path.
         path: PathBuf,
         /// The operating system's reason.
-        source: std::io::Error,
+        reason: std::io::Error,
     },
 }
 
@@ -134,12 +134,12 @@ pub fn fetch(request: &FetchRequest) -> Result<Fetched, FetchError> {
         std::fs::write(&record, fetch_record(request, &checkpoint.manifest_digest).to_string()).map_err(|e| {
             FetchError::Io {
                 path: record,
-                source: e,
+                reason: e,
             }
         })?;
         std::fs::rename(&checkpoint_dir, &request.dir).map_err(|e| FetchError::Io {
             path: request.dir.clone(),
-            source: e,
+            reason: e,
         })
     });
     drop(staging);
@@ -212,7 +212,7 @@ impl Staging {
         };
         let io = |path: &Path| {
             let path = path.to_path_buf();
-            move |source| FetchError::Io { path, source }
+            move |reason| FetchError::Io { path, reason }
         };
         std::fs::create_dir_all(&parent).map_err(io(&parent))?;
         let name = target
@@ -308,17 +308,17 @@ fn download_into(request: &FetchRequest, staging: &Path) -> Result<(), FetchErro
         let cached = repo.get(name).map_err(|e| hub_error(name, e))?;
         let blob = std::fs::canonicalize(&cached).map_err(|e| FetchError::Io {
             path: cached.clone(),
-            source: e,
+            reason: e,
         })?;
         std::fs::rename(&blob, target.join(name)).map_err(|e| FetchError::Io {
             path: blob.clone(),
-            source: e,
+            reason: e,
         })
     };
     fetch_one(MANIFEST_FILE)?;
     let manifest_text = std::fs::read_to_string(target.join(MANIFEST_FILE)).map_err(|e| FetchError::Io {
         path: target.join(MANIFEST_FILE),
-        source: e,
+        reason: e,
     })?;
     let manifest = Manifest::parse(&manifest_text).map_err(FetchError::Refused)?;
     for name in manifest.digests.keys() {
