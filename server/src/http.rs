@@ -160,7 +160,7 @@ fn streamed_body(
         // A runtime shutting down drops the task: as if the worker dropped the job.
         let outcome = outcome.await.unwrap_or_else(Err);
         let tokens = match &outcome {
-            Ok(Ok(stats)) => stats.tokens,
+            Ok(Outcome::Ran(stats)) => stats.tokens,
             _ => 0,
         };
         let failure = failure(outcome);
@@ -188,9 +188,13 @@ fn streamed_body(
 /// Why a job did not finish, as the error its response reports; `None` when it did.
 fn failure(outcome: Result<Outcome, oneshot::error::RecvError>) -> Option<ApiError> {
     match outcome {
-        Ok(Ok(stats)) if stats.stop == Stop::Finished => None,
-        Ok(Ok(_)) => Some(ApiError::status(503, "the request ran past the server's time limit")),
-        Ok(Err(reason)) => Some(ApiError::status(500, format!("synthesis failed: {reason}"))),
+        Ok(Outcome::Ran(stats)) if stats.stop == Stop::Finished => None,
+        Ok(Outcome::Ran(_)) => Some(ApiError::status(503, "the request ran past the server's time limit")),
+        Ok(Outcome::ExpiredWaiting) => Some(ApiError::status(
+            503,
+            "the request waited for free lanes past the server's time limit",
+        )),
+        Ok(Outcome::Failed(reason)) => Some(ApiError::status(500, format!("synthesis failed: {reason}"))),
         Err(_) => Some(ApiError::status(500, "the engine stopped before the request finished")),
     }
 }
@@ -470,8 +474,7 @@ pub async fn listen(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let addr = state.config.addr;
-    let listener =
-        tokio::net::TcpListener::from_std(listener).map_err(|reason| ServerError::Bind { addr, reason })?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(|reason| ServerError::Bind { addr, reason })?;
     let client_timeout = state.config.client_timeout;
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
@@ -558,7 +561,7 @@ mod tests {
         chunks.send(Chunk::new(pcm.to_vec(), &metrics)).unwrap();
         drop(chunks);
         let (done, done_answer) = oneshot::channel();
-        let fails = !matches!(&outcome, Some(Ok(stats)) if stats.stop == Stop::Finished);
+        let fails = !matches!(&outcome, Some(Outcome::Ran(stats)) if stats.stop == Stop::Finished);
         match outcome {
             Some(outcome) => done.send(outcome).unwrap(),
             None => drop(done),
@@ -600,13 +603,20 @@ mod tests {
         let pcm = random_pcm(300);
         let wire = encode_samples(&pcm, SampleFormat::Pcm16);
         // Audio bytes: every sample, then a clean end or a failed body naming why.
-        let (_, bytes, failed, released) = stream(&pcm, Some(Ok(stats(Stop::Finished))), false);
+        let (_, bytes, failed, released) = stream(&pcm, Some(Outcome::Ran(stats(Stop::Finished))), false);
         assert_eq!((bytes, failed, released), (wire.clone(), None, true));
         for (outcome, why) in [
-            (Some(Ok(stats(Stop::Cancelled))), "ran past the server's time limit"),
             (
-                Some(Err("a step failed: device lost".to_string())),
+                Some(Outcome::Ran(stats(Stop::Cancelled))),
+                "ran past the server's time limit",
+            ),
+            (
+                Some(Outcome::Failed("a step failed: device lost".to_string())),
                 "synthesis failed: a step failed: device lost",
+            ),
+            (
+                Some(Outcome::ExpiredWaiting),
+                "waited for free lanes past the server's time limit",
             ),
             (None, "the engine stopped before the request finished"),
         ] {
@@ -617,7 +627,7 @@ mod tests {
         }
         // SSE: the deltas, then `speech.audio.done` or an `error` event with the error body.
         let delta = base64::engine::general_purpose::STANDARD.encode(&wire);
-        let (text, _, failed, released) = stream(&pcm, Some(Ok(stats(Stop::Finished))), true);
+        let (text, _, failed, released) = stream(&pcm, Some(Outcome::Ran(stats(Stop::Finished))), true);
         assert!(text.contains(&delta) && failed.is_none() && released);
         assert!(
             text.ends_with(
@@ -626,8 +636,9 @@ mod tests {
             "{text}"
         );
         for (outcome, code) in [
-            (Some(Ok(stats(Stop::Cancelled))), 503),
-            (Some(Err("boom".into())), 500),
+            (Some(Outcome::Ran(stats(Stop::Cancelled))), 503),
+            (Some(Outcome::ExpiredWaiting), 503),
+            (Some(Outcome::Failed("boom".into())), 500),
             (None, 500),
         ] {
             let (text, _, failed, released) = stream(&pcm, outcome, true);
@@ -665,7 +676,7 @@ mod tests {
             drop(chunks);
             tokio::task::yield_now().await;
             assert_eq!(Arc::strong_count(&place), 2, "held while the job runs");
-            done.send(Ok(stats(Stop::Finished))).unwrap();
+            done.send(Outcome::Ran(stats(Stop::Finished))).unwrap();
             tokio::task::yield_now().await;
             assert_eq!(Arc::strong_count(&place), 1, "released when the job ends");
             assert_eq!(unread(), 20, "the unread audio stays counted");

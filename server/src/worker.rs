@@ -32,9 +32,16 @@ pub struct SpeakJob {
     pub deadline: Instant,
 }
 
-/// How a job ended: its stats (stopped early if its time ran out or its client left), or why
-/// it failed (a step's error, which fails every job of the step).
-pub type Outcome = Result<SynthesisStats, String>;
+/// How a job ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// It ran: to its end, or stopped early because its time ran out or its client left.
+    Ran(SynthesisStats),
+    /// Its time ran out while it waited for lanes.
+    ExpiredWaiting,
+    /// A step failed (which fails every job of the step).
+    Failed(String),
+}
 
 /// A job waiting for lanes.
 struct Queued {
@@ -118,8 +125,8 @@ pub fn run(
                 });
             }
         }
-        let abandoned = drop_abandoned(&mut waiting);
-        metrics.cancellations.fetch_add(abandoned as u64, Ordering::SeqCst);
+        let dropped = drop_unservable(&mut waiting, Instant::now());
+        metrics.cancellations.fetch_add(dropped as u64, Ordering::SeqCst);
         // Admit waiting jobs, in order, while their lanes are free.
         while let Some(job) = waiting.front() {
             let needed = Batcher::lanes_needed(job.request.gamma);
@@ -156,7 +163,7 @@ pub fn run(
         for id in gone {
             if let (Some(stats), Some(job)) = (batcher.cancel(id), running.remove(&id)) {
                 metrics.cancellations.fetch_add(1, Ordering::SeqCst);
-                let _ = job.done.send(Ok(stats));
+                let _ = job.done.send(Outcome::Ran(stats));
             }
         }
         metrics.queue_depth.store(waiting.len() as u64, Ordering::SeqCst);
@@ -173,7 +180,7 @@ pub fn run(
                 eprintln!("drama serve: step failed: {e}");
                 for (id, job) in running.drain() {
                     batcher.cancel(id);
-                    let _ = job.done.send(Err(format!("a step failed: {e}")));
+                    let _ = job.done.send(Outcome::Failed(format!("a step failed: {e}")));
                 }
                 continue;
             }
@@ -190,7 +197,7 @@ pub fn run(
                     let first = stats.first_audio.map_or(f64::NAN, |d| d.as_secs_f64());
                     metrics.synthesis(first, stats.wall.as_secs_f64() / audio.max(1e-9));
                 }
-                let _ = job.done.send(Ok(stats));
+                let _ = job.done.send(Outcome::Ran(stats));
             }
         }
         metrics
@@ -202,11 +209,23 @@ pub fn run(
     Ok(())
 }
 
-/// Drops the waiting jobs whose client has left (they would hold memory and queue places),
-/// keeping the others in order; returns how many went.
-fn drop_abandoned(waiting: &mut VecDeque<Queued>) -> usize {
+/// Drops the waiting jobs whose client has left (they would hold memory and queue places)
+/// or whose time limit passed before `now` (answered [`Outcome::ExpiredWaiting`] at once,
+/// not when lanes free up), keeping the others in order; returns how many went.
+fn drop_unservable(waiting: &mut VecDeque<Queued>, now: Instant) -> usize {
     let before = waiting.len();
-    waiting.retain(|job| !job.chunks.is_closed());
+    let mut kept = VecDeque::with_capacity(before);
+    for job in waiting.drain(..) {
+        if job.chunks.is_closed() {
+            continue;
+        }
+        if now > job.deadline {
+            let _ = job.done.send(Outcome::ExpiredWaiting);
+            continue;
+        }
+        kept.push_back(job);
+    }
+    *waiting = kept;
     before - waiting.len()
 }
 
@@ -217,8 +236,15 @@ mod tests {
 
     use super::*;
 
-    fn queued(seed: u64) -> (Queued, mpsc::UnboundedReceiver<Chunk>) {
-        let (chunks, receiver) = mpsc::unbounded_channel();
+    /// A waiting job with its chunk and outcome receivers.
+    struct Waiting {
+        job: Queued,
+        chunks: mpsc::UnboundedReceiver<Chunk>,
+        done: oneshot::Receiver<Outcome>,
+    }
+
+    fn queued(seed: u64, deadline: Instant) -> Waiting {
+        let (chunks, chunk_receiver) = mpsc::unbounded_channel();
         let request = SynthesisRequest {
             segments: vec![vec![3, 1, 4]],
             prefix: None,
@@ -232,31 +258,62 @@ mod tests {
             },
             max_audio_tokens: 8,
         };
-        let (done, _) = oneshot::channel();
+        let (done, done_receiver) = oneshot::channel();
         let job = Queued {
             request,
             chunks,
             done,
-            deadline: Instant::now(),
+            deadline,
         };
-        (job, receiver)
+        Waiting {
+            job,
+            chunks: chunk_receiver,
+            done: done_receiver,
+        }
+    }
+
+    fn seeds(waiting: &VecDeque<Queued>) -> Vec<u64> {
+        waiting.iter().map(|j| j.request.sampling.seed).collect()
     }
 
     /// Waiting jobs whose client went away (their chunk receiver dropped with the response)
-    /// leave the queue; the others stay, in their order.
+    /// or whose time limit passed leave the queue, the expired ones answered as such; the
+    /// others stay, in their order.
     #[test]
-    fn waiting_jobs_whose_client_left_are_dropped_in_order() {
-        let seeds: Vec<u64> = (0..6).map(|i| 1000 + 7 * i).collect();
-        let (jobs, mut receivers): (VecDeque<Queued>, Vec<_>) = seeds.iter().map(|&s| queued(s)).unzip();
-        let mut waiting = jobs;
-        assert_eq!(drop_abandoned(&mut waiting), 0);
-        let left = [1usize, 4, 5];
-        for &i in left.iter().rev() {
-            drop(receivers.remove(i));
+    fn waiting_jobs_whose_client_left_or_time_ran_out_are_dropped_in_order() {
+        let start = Instant::now();
+        let second = std::time::Duration::from_secs(1);
+        // Deadlines 1..=8 s after start, in a shuffled order.
+        let deadlines = [3u64, 7, 1, 8, 5, 2, 6, 4];
+        let all: Vec<u64> = (0..8).map(|i| 1000 + 7 * i).collect();
+        let mut receivers = Vec::new();
+        let mut waiting = VecDeque::new();
+        for (&seed, &at) in all.iter().zip(&deadlines) {
+            let Waiting { job, chunks, done } = queued(seed, start + second * at as u32);
+            waiting.push_back(job);
+            receivers.push((chunks, done));
         }
-        assert_eq!(drop_abandoned(&mut waiting), 3);
-        let kept: Vec<u64> = waiting.iter().map(|j| j.request.sampling.seed).collect();
-        assert_eq!(kept, [seeds[0], seeds[2], seeds[3]]);
-        assert_eq!(drop_abandoned(&mut waiting), 0);
+        assert_eq!(drop_unservable(&mut waiting, start), 0);
+        assert_eq!(seeds(&waiting), all);
+        // Clients 1 and 4 leave; at start + 3.5 s the jobs due at 1, 2 and 3 s have expired.
+        for i in [1, 4] {
+            receivers[i].0.close();
+        }
+        let now = start + second * 7 / 2;
+        assert_eq!(drop_unservable(&mut waiting, now), 5);
+        let expected: Vec<u64> = [3usize, 6, 7].iter().map(|&i| all[i]).collect();
+        assert_eq!(seeds(&waiting), expected);
+        for (i, (_, done)) in receivers.iter_mut().enumerate() {
+            let answer = done.try_recv();
+            match (deadlines[i] <= 3, [1, 4].contains(&i)) {
+                (true, _) => assert!(matches!(answer, Ok(Outcome::ExpiredWaiting)), "job {i}: {answer:?}"),
+                (false, true) => assert!(answer.is_err(), "job {i} left: {answer:?}"),
+                (false, false) => assert!(
+                    matches!(answer, Err(oneshot::error::TryRecvError::Empty)),
+                    "job {i} waits: {answer:?}"
+                ),
+            }
+        }
+        assert_eq!(drop_unservable(&mut waiting, now), 0);
     }
 }
