@@ -51,7 +51,12 @@ fn streamed_whole_repeated_and_voices_agree() {
     let whole = server.speech(&request("Hello there. Second sentence.", 11));
     assert_eq!(whole.status, 200, "{}", String::from_utf8_lossy(&whole.body));
     assert_eq!(whole.header("x-drama-seed"), Some("11"));
-    assert!(whole.header("x-drama-checkpoint").unwrap().starts_with("local "));
+    // The checkpoint is named by its manifest digest, never by its path on the server.
+    let named = whole.header("x-drama-checkpoint").unwrap();
+    let manifest = std::fs::read(s.checkpoint.join("SHA256SUMS")).unwrap();
+    let digest = drama_engine::checkpoint::manifest::sha256_hex(&manifest);
+    assert_eq!(named, format!("local sha256:{}", &digest[..16]));
+    assert_eq!(server.get("/ready").json()["checkpoint"], named);
     let pcm = read_wav(&whole.body).unwrap();
     assert!(pcm.frames > 0 && pcm.frames.is_multiple_of(12));
     // Streamed audio: the same samples, under a header of unknown sizes.
