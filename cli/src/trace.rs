@@ -2,15 +2,15 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
 use drama_engine::session::Engine;
 use drama_engine::trace::{LaneMode, TraceRequest, trace};
-use drama_engine::voice::read_voice_file;
 
 use crate::checkpoint_arg::CheckpointArg;
 use crate::gpu_arg::GpuArg;
 use crate::output;
+use crate::voice_arg::load_voice;
 
 /// Guidance lane modes.
 #[derive(Clone, Copy, ValueEnum)]
@@ -32,7 +32,8 @@ pub struct TraceArgs {
     /// Audio codes after audio_bos, comma-separated.
     #[arg(long, value_delimiter = ',')]
     codes: Vec<u32>,
-    /// Voice file (`.safetensors` from `drama voice`); default: the checkpoint's default prefix.
+    /// Reference voice: a WAV recording or a voice file from `drama voice` (.safetensors);
+    /// default: the checkpoint's default prefix.
     #[arg(long)]
     voice: Option<PathBuf>,
     /// Guidance scale; 1 traces the cond lane alone.
@@ -50,14 +51,12 @@ pub struct TraceArgs {
 pub fn run(args: TraceArgs) -> Result<()> {
     output::check(&args.out)?;
     let checkpoint = args.checkpoint.open()?;
+    let gpu = args.gpu.open()?;
     let prefix = match &args.voice {
-        Some(path) => {
-            let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            Some(read_voice_file(&bytes, &checkpoint)?)
-        }
+        Some(path) => Some(load_voice(path, &checkpoint, &gpu)?),
         None => None,
     };
-    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
+    let engine = Engine::load(gpu, checkpoint)?;
     let request = TraceRequest {
         text: &args.text_ids,
         codes: &args.codes,

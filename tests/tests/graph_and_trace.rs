@@ -124,6 +124,61 @@ fn trace_paired_equals_separate_and_refuses_bad_codes() {
     assert!(err.contains("code 64"), "{err}");
 }
 
+/// `trace --voice` takes a WAV recording as `synth` does: the same tensors as the voice file
+/// `drama voice` makes from it, others than the default prefix's; another kind of file is
+/// refused naming the kinds it takes.
+#[test]
+fn trace_takes_a_recording_or_its_voice_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    drama_fixtures::write_preset("tiny", 9, &ckpt).unwrap();
+    let c = ckpt.to_str().unwrap();
+    let recording = dir.path().join("ref.wav");
+    let samples: Vec<f32> = (0..9000).map(|i| 0.3 * (i as f32 * 0.021).sin()).collect();
+    std::fs::write(&recording, drama_engine::audio::write_wav_pcm16(&samples, 16000).unwrap()).unwrap();
+    let voice = dir.path().join("voice.safetensors");
+    let (code, _, err) = drama_text(&[
+        "voice",
+        "--checkpoint",
+        c,
+        "--wav",
+        recording.to_str().unwrap(),
+        "-o",
+        voice.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let trace = |voice: Option<&Path>, out: &str| {
+        let out = dir.path().join(out);
+        let mut args = vec!["trace", "--checkpoint", c, "--text-ids", "5,17", "--codes", "3,9"];
+        args.extend(["--out", out.to_str().unwrap()]);
+        if let Some(voice) = voice {
+            args.extend(["--voice", voice.to_str().unwrap()]);
+        }
+        let (code, _, err) = drama_text(&args);
+        assert_eq!(code, Some(0), "{err}");
+        tensors(&out)
+    };
+    let from_recording = trace(Some(&recording), "r.safetensors");
+    assert_eq!(from_recording, trace(Some(&voice), "v.safetensors"));
+    assert_ne!(from_recording, trace(None, "d.safetensors"), "the voice must matter");
+    let text = dir.path().join("voice.txt");
+    std::fs::write(&text, b"not a voice").unwrap();
+    let out = dir.path().join("t.safetensors");
+    let (code, _, err) = drama_text(&[
+        "trace",
+        "--checkpoint",
+        c,
+        "--text-ids",
+        "5",
+        "--voice",
+        text.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("expected a .wav recording or a .safetensors voice file"), "{err}");
+}
+
 /// Asking for a backend this machine lacks fails naming it; nothing falls back.
 #[cfg(not(target_vendor = "apple"))]
 #[test]
