@@ -92,6 +92,8 @@ fn fetch_downloads_verifies_and_labels_pinned() {
     assert!(stdout.contains("already present, verified"), "{stdout}");
 }
 
+/// A failed download leaves nothing: no partial checkpoint, no staging directory, and none of
+/// the directories the fetch created to hold its target.
 #[test]
 fn a_download_cut_off_midway_leaves_nothing_behind() {
     let s = setup();
@@ -101,7 +103,8 @@ fn a_download_cut_off_midway_leaves_nothing_behind() {
         PINNED_REVISION,
         Fault::CutOff("model-00001-of-00002.safetensors".into()),
     );
-    let target = s.work.join("ckpt");
+    // Into directories that do not exist yet: they go too.
+    let target = s.work.join("a").join("b").join("ckpt");
     let (code, _, stderr) = fetch(&s, &hub, &target);
     assert_eq!(code, Some(1), "a truncated download was accepted");
     assert!(stderr.contains("model-00001-of-00002.safetensors"), "{stderr}");

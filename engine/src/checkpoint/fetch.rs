@@ -202,6 +202,8 @@ struct Staging {
     dir: PathBuf,
     lock_path: PathBuf,
     _lock: std::fs::File,
+    /// Directories created to hold the target, deepest first.
+    created_parents: Vec<PathBuf>,
 }
 
 impl Staging {
@@ -214,6 +216,13 @@ impl Staging {
             let path = path.to_path_buf();
             move |reason| FetchError::Io { path, reason }
         };
+        // The directories this fetch creates to hold the target, deepest first: a failed
+        // fetch removes them again (those still empty).
+        let created_parents: Vec<PathBuf> = parent
+            .ancestors()
+            .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+            .map(Path::to_path_buf)
+            .collect();
         std::fs::create_dir_all(&parent).map_err(io(&parent))?;
         let name = target
             .file_name()
@@ -233,6 +242,7 @@ impl Staging {
             dir,
             lock_path,
             _lock: lock,
+            created_parents,
         })
     }
 }
@@ -241,6 +251,10 @@ impl Drop for Staging {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_file(&self.lock_path);
+        // After a successful fetch the target keeps them from being empty.
+        for dir in &self.created_parents {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
