@@ -244,10 +244,10 @@ async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> 
         }
         (Method::DELETE, p) if p.starts_with("/v1/voices/") => {
             let id = &p["/v1/voices/".len()..];
-            if state.store.delete(id) {
-                json(200, serde_json::json!({"id": id, "deleted": true}))
-            } else {
-                error(&ApiError::status(404, format!("unknown voice {id:?}")))
+            match state.store.delete(id) {
+                Ok(true) => json(200, serde_json::json!({"id": id, "deleted": true})),
+                Ok(false) => error(&ApiError::status(404, format!("unknown voice {id:?}"))),
+                Err(e) => error(&ApiError::status(500, format!("cannot delete voice {id:?}: {e}"))),
             }
         }
         (_, "/health" | "/ready" | "/metrics" | "/v1/audio/speech" | "/v1/voices") => error(&ApiError::status(

@@ -95,8 +95,39 @@ impl VoiceStore {
         ids
     }
 
-    /// Deletes a voice; false if there was none.
-    pub fn delete(&self, id: &str) -> bool {
-        valid_id(id) && std::fs::remove_file(self.path(id)).is_ok()
+    /// Deletes a voice; false if there was none, an error if it could not be removed.
+    pub fn delete(&self, id: &str) -> std::io::Result<bool> {
+        if !valid_id(id) {
+            return Ok(false);
+        }
+        match std::fs::remove_file(self.path(id)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deleting answers whether there was a voice, and reports a removal that failed as an
+    /// error rather than as "no such voice".
+    #[test]
+    fn delete_tells_absent_from_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = VoiceStore::open(dir.path()).unwrap();
+        let (saved, blocked) = ("0123456789abcdef", "fedcba9876543210");
+        std::fs::write(store.path(saved), b"voice").unwrap();
+        assert!(store.delete(saved).unwrap());
+        assert!(!store.path(saved).exists());
+        assert!(!store.delete(saved).unwrap());
+        assert!(!store.delete("../../etc/passwd").unwrap());
+        // A directory in a voice's place cannot be removed as a file (even by root).
+        std::fs::create_dir(store.path(blocked)).unwrap();
+        std::fs::write(store.path(blocked).join("inside"), b"x").unwrap();
+        assert!(store.delete(blocked).is_err());
+        assert!(store.path(blocked).exists());
     }
 }

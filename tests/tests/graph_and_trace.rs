@@ -135,7 +135,11 @@ fn trace_takes_a_recording_or_its_voice_file() {
     let c = ckpt.to_str().unwrap();
     let recording = dir.path().join("ref.wav");
     let samples: Vec<f32> = (0..9000).map(|i| 0.3 * (i as f32 * 0.021).sin()).collect();
-    std::fs::write(&recording, drama_engine::audio::write_wav_pcm16(&samples, 16000).unwrap()).unwrap();
+    std::fs::write(
+        &recording,
+        drama_engine::audio::write_wav_pcm16(&samples, 16000).unwrap(),
+    )
+    .unwrap();
     let voice = dir.path().join("voice.safetensors");
     let (code, _, err) = drama_text(&[
         "voice",
@@ -176,7 +180,10 @@ fn trace_takes_a_recording_or_its_voice_file() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(code, Some(1));
-    assert!(err.contains("expected a .wav recording or a .safetensors voice file"), "{err}");
+    assert!(
+        err.contains("expected a .wav recording or a .safetensors voice file"),
+        "{err}"
+    );
 }
 
 /// Asking for a backend this machine lacks fails naming it; nothing falls back.
