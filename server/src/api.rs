@@ -145,15 +145,23 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
     if !body.is_object() {
         return Err(ApiError::status(400, "the body must be a JSON object"));
     }
-    match body.get("model").and_then(Value::as_str) {
-        Some(MODEL) => {}
-        Some(other) => {
+    match body.get("model") {
+        Some(Value::String(name)) if name == MODEL => {}
+        Some(Value::String(other)) => {
             return Err(ApiError::invalid(
                 "model",
                 format!("unknown model {other:?}; this server runs {MODEL:?}"),
             ));
         }
-        None => return Err(ApiError::invalid("model", format!("`model` is required (\"{MODEL}\")"))),
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("model", format!("`model` is required (\"{MODEL}\")")));
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "model",
+                format!("`model` must be the string \"{MODEL}\""),
+            ));
+        }
     }
     let input = body
         .get("input")
@@ -173,6 +181,7 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
         Some(Value::String(name)) if name == "default" => VoiceChoice::Default,
         Some(Value::String(name)) => VoiceChoice::Saved(name.clone()),
         Some(Value::Object(object)) => match object.get("id").and_then(Value::as_str) {
+            Some("default") => VoiceChoice::Default,
             Some(id) => VoiceChoice::Saved(id.to_string()),
             None => return Err(ApiError::invalid("voice", "a voice object needs a string `id`")),
         },

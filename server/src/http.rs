@@ -17,7 +17,7 @@ use drama_engine::text::text_budget;
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, oneshot};
@@ -244,20 +244,37 @@ async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> 
         }
         (Method::DELETE, p) if p.starts_with("/v1/voices/") => {
             let id = &p["/v1/voices/".len()..];
-            match state.store.delete(id) {
+            match state.store.delete(id, &state.checkpoint) {
                 Ok(true) => json(200, serde_json::json!({"id": id, "deleted": true})),
                 Ok(false) => error(&ApiError::status(404, format!("unknown voice {id:?}"))),
                 Err(e) => error(&ApiError::status(500, format!("cannot delete voice {id:?}: {e}"))),
             }
         }
-        (_, "/health" | "/ready" | "/metrics" | "/v1/audio/speech" | "/v1/voices") => error(&ApiError::status(
-            405,
-            format!("{} is not allowed on {path}", request.method()),
-        )),
-        _ => error(&ApiError::status(404, format!("no route {path}"))),
+        _ => match allowed_methods(&path) {
+            Some(allowed) => {
+                let mut response = error(&ApiError::status(
+                    405,
+                    format!("{} is not allowed on {path} (only {allowed})", request.method()),
+                ));
+                response.headers_mut().insert(ALLOW, HeaderValue::from_static(allowed));
+                response
+            }
+            None => error(&ApiError::status(404, format!("no route {path}"))),
+        },
     };
     state.metrics.response(response.status().as_u16());
     response
+}
+
+/// The methods a route takes, for a 405's `Allow` header; `None` for no route.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    match path {
+        "/health" | "/ready" | "/metrics" => Some("GET"),
+        "/v1/audio/speech" => Some("POST"),
+        "/v1/voices" => Some("GET, POST"),
+        p if p.starts_with("/v1/voices/") => Some("DELETE"),
+        _ => None,
+    }
 }
 
 async fn save_voice(state: Arc<State>, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {

@@ -73,6 +73,11 @@ impl VoiceStore {
         }
     }
 
+    /// Whether the saved voice `id` was made for `checkpoint` (read from its header).
+    fn made_for(&self, id: &str, checkpoint: &Checkpoint) -> bool {
+        voice_file_checkpoint(&self.path(id)).is_some_and(|digest| digest == checkpoint.manifest_digest)
+    }
+
     /// Ids of the saved voices made for `checkpoint`, sorted (those of other checkpoints
     /// sharing the data directory are left out).
     pub fn list(&self, checkpoint: &Checkpoint) -> Vec<String> {
@@ -86,20 +91,24 @@ impl VoiceStore {
                     .strip_suffix(".safetensors")
                     .map(str::to_string)
             })
-            .filter(|id| {
-                valid_id(id)
-                    && voice_file_checkpoint(&self.path(id)).is_some_and(|digest| digest == checkpoint.manifest_digest)
-            })
+            .filter(|id| valid_id(id) && self.made_for(id, checkpoint))
             .collect();
         ids.sort();
         ids
     }
 
-    /// Deletes a voice; false if there was none, an error if it could not be removed.
-    pub fn delete(&self, id: &str) -> std::io::Result<bool> {
-        if !valid_id(id) {
+    /// Deletes a voice made for `checkpoint`; false if there was none (another checkpoint's
+    /// voices sharing the data directory are not this service's to delete), an error if it
+    /// could not be removed.
+    pub fn delete(&self, id: &str, checkpoint: &Checkpoint) -> std::io::Result<bool> {
+        if !valid_id(id) || !self.made_for(id, checkpoint) {
             return Ok(false);
         }
+        self.remove(id)
+    }
+
+    /// Removes voice `id`'s file; false if there was none.
+    fn remove(&self, id: &str) -> std::io::Result<bool> {
         match std::fs::remove_file(self.path(id)) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -112,22 +121,21 @@ impl VoiceStore {
 mod tests {
     use super::*;
 
-    /// Deleting answers whether there was a voice, and reports a removal that failed as an
+    /// Removing answers whether there was a voice, and reports a removal that failed as an
     /// error rather than as "no such voice".
     #[test]
-    fn delete_tells_absent_from_failed() {
+    fn remove_tells_absent_from_failed() {
         let dir = tempfile::tempdir().unwrap();
         let store = VoiceStore::open(dir.path()).unwrap();
         let (saved, blocked) = ("0123456789abcdef", "fedcba9876543210");
         std::fs::write(store.path(saved), b"voice").unwrap();
-        assert!(store.delete(saved).unwrap());
+        assert!(store.remove(saved).unwrap());
         assert!(!store.path(saved).exists());
-        assert!(!store.delete(saved).unwrap());
-        assert!(!store.delete("../../etc/passwd").unwrap());
+        assert!(!store.remove(saved).unwrap());
         // A directory in a voice's place cannot be removed as a file (even by root).
         std::fs::create_dir(store.path(blocked)).unwrap();
         std::fs::write(store.path(blocked).join("inside"), b"x").unwrap();
-        assert!(store.delete(blocked).is_err());
+        assert!(store.remove(blocked).is_err());
         assert!(store.path(blocked).exists());
     }
 }

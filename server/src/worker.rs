@@ -195,7 +195,13 @@ pub fn run(
                 } else {
                     let audio = stats.audio_seconds();
                     let first = stats.first_audio.map_or(f64::NAN, |d| d.as_secs_f64());
-                    metrics.synthesis(first, stats.wall.as_secs_f64() / audio.max(1e-9));
+                    // A job that made no audio has no real-time factor (NaN: left out).
+                    let factor = if audio > 0.0 {
+                        stats.wall.as_secs_f64() / audio
+                    } else {
+                        f64::NAN
+                    };
+                    metrics.synthesis(first, factor);
                 }
                 let _ = job.done.send(Outcome::Ran(stats));
             }

@@ -159,6 +159,22 @@ fn streamed_whole_repeated_and_voices_agree() {
         message.contains("made for checkpoint") && message.contains("POST /v1/voices"),
         "{message}"
     );
+    // Nor deletes it: it is the other service's.
+    assert_eq!(server.delete(&format!("/v1/voices/{a}")).status, 404);
+    assert!(s.data.join("voices").join(format!("{a}.safetensors")).exists());
+    // `{"id": "default"}` is the default voice, as "default" is.
+    let mut by_object = request("Hello there.", 12);
+    by_object["voice"] = json!({"id": "default"});
+    let mut by_name = by_object.clone();
+    by_name["voice"] = json!("default");
+    let (object_answer, name_answer) = (server.speech(&by_object), server.speech(&by_name));
+    assert_eq!(
+        object_answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&object_answer.body)
+    );
+    assert_eq!(object_answer.body, name_answer.body);
 }
 
 #[test]
@@ -410,8 +426,24 @@ fn refusals_have_the_right_status_and_name_the_field() {
     assert!(message.contains("61.0 s is longer than the 60 s"), "{message}");
     expect(long, 400, None);
     expect(server.get("/v1/nothing"), 404, None);
-    expect(server.get("/v1/audio/speech"), 405, None);
-    assert_eq!(checks, 14);
+    // A route asked with a method it does not take: 405 naming the ones it does.
+    for (answer, allowed) in [
+        (server.get("/v1/audio/speech"), "POST"),
+        (server.delete("/v1/voices"), "GET, POST"),
+        (server.get("/v1/voices/0123456789abcdef"), "DELETE"),
+    ] {
+        assert_eq!(answer.header("allow"), Some(allowed));
+        expect(answer, 405, None);
+    }
+    // A model that is not a string is named as such.
+    let typed = server.speech(&json!({"model": 3, "input": "hi"}));
+    let message = typed.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("must be the string \"drama-3\""), "{message}");
+    expect(typed, 400, Some("model"));
+    assert_eq!(checks, 17);
     assert_eq!(server.terminate(), Some(0));
 
     // Gamma allowed: out of range is still refused, in range works.
