@@ -66,10 +66,6 @@ impl From<Part> for BenchPart {
 
 /// Runs `drama bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
-    if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    }
-    output::check(&args.out)?;
     let checkpoint = args.checkpoint.open()?;
     let options = BenchOptions {
         repeats: args.repeats,
@@ -83,7 +79,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             args.only.iter().map(|&part| part.into()).collect()
         },
     };
-    options.check(checkpoint.config.max_position_embeddings)?;
+    options.check(&checkpoint.config)?;
+    // The output's folder is made once the options hold (results go under bench/results/).
+    if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    output::check(&args.out)?;
     let engine = Engine::load(args.gpu.open()?, checkpoint)?;
     let report = run_bench(
         &engine,

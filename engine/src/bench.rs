@@ -15,7 +15,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::checkpoint::LayerMlp;
+use crate::batch::Batcher;
+use crate::checkpoint::{LayerMlp, ModelConfig};
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::exec::{LinearIo, linear_launches};
@@ -44,15 +45,36 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
-    /// Refuses options no run could measure, naming the one at fault, before any work:
-    /// no repeats, or decode steps whose positions would not fit a lane of
-    /// `max_positions`.
-    pub fn check(&self, max_positions: usize) -> Result<(), EngineError> {
+    /// Refuses options no run could measure, naming the one at fault, before any work: no
+    /// repeats, or decode steps, a prefill or a synthesis whose positions would not fit a
+    /// lane of the model `config` describes.
+    pub fn check(&self, config: &ModelConfig) -> Result<(), EngineError> {
+        let max_positions = config.max_position_embeddings;
         if self.repeats == 0 {
             return Err(EngineError::Input("repeats must be at least 1".into()));
         }
         if self.parts.contains(&BenchPart::Decode) {
             self.decode_capacity(max_positions)?;
+        }
+        if self.parts.contains(&BenchPart::Prefill) && !(1..=max_positions).contains(&self.prefill_rows) {
+            return Err(EngineError::Input(format!(
+                "prefill rows {} must be in 1..={max_positions} (the positions a lane holds)",
+                self.prefill_rows
+            )));
+        }
+        if self.parts.contains(&BenchPart::Synthesis) {
+            let needed = Batcher::positions_needed(
+                config.speech.voice_prefix_len,
+                SYNTHESIS_TEXT_TOKENS,
+                self.synthesis_tokens,
+            );
+            if self.synthesis_tokens == 0 || needed > max_positions {
+                return Err(EngineError::Input(format!(
+                    "synthesis tokens {} must be in 1..={} (with the voice prefix and the text, the positions a lane holds)",
+                    self.synthesis_tokens,
+                    max_positions.saturating_sub(needed - self.synthesis_tokens)
+                )));
+            }
         }
         Ok(())
     }
@@ -893,9 +915,12 @@ pub fn codec(engine: &Engine, options: &BenchOptions) -> Result<CodecResult, Eng
     })
 }
 
+/// Text tokens of the synthesis measurement's prompt.
+const SYNTHESIS_TEXT_TOKENS: usize = 24;
+
 /// End-to-end synthesis with guidance (paired), a fixed seed and a token cap.
 pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisResult, EngineError> {
-    let text: Vec<u32> = (0..24).map(|i| (i * 37 + 11) % 256).collect();
+    let text: Vec<u32> = (0..SYNTHESIS_TEXT_TOKENS as u32).map(|i| (i * 37 + 11) % 256).collect();
     let request = SynthesisRequest {
         segments: vec![text],
         prefix: None,
@@ -966,7 +991,7 @@ pub fn run(
     commit: &str,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchReport, EngineError> {
-    options.check(engine.checkpoint.config.max_position_embeddings)?;
+    options.check(&engine.checkpoint.config)?;
     let gpu = &engine.gpu;
     let wanted = |part: BenchPart| options.parts.contains(&part);
     progress("roofline");

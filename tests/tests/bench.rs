@@ -116,33 +116,52 @@ fn bench_refuses_a_part_it_does_not_know() {
 }
 
 #[test]
-fn bench_refuses_decode_steps_past_the_context_before_loading() {
+fn bench_refuses_parts_past_the_context_before_loading() {
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = dir.path().join("tiny");
     drama_fixtures::write_preset("tiny", 3, &checkpoint).unwrap();
-    let out = dir.path().join("bench.json");
+    // In a folder that does not exist yet: a refused run does not make it.
+    let out = dir.path().join("results").join("bench.json");
     let huge = u64::MAX.to_string();
-    for (flags, names) in [
+    for (part, flags, names) in [
         (
+            "decode",
             ["--context", huge.as_str()],
             "decode steps at context 18446744073709551615",
         ),
-        (["--repeats", huge.as_str()], "with 18446744073709551615 repeats"),
-        (["--repeats", "0"], "repeats must be at least 1"),
-    ] {
-        let mut args = vec![
-            "bench",
-            "--checkpoint",
-            checkpoint.to_str().unwrap(),
-            "--only",
+        (
             "decode",
-        ];
+            ["--repeats", huge.as_str()],
+            "with 18446744073709551615 repeats",
+        ),
+        ("decode", ["--repeats", "0"], "repeats must be at least 1"),
+        ("prefill", ["--prefill-rows", "0"], "prefill rows 0 must be in 1..="),
+        (
+            "prefill",
+            ["--prefill-rows", huge.as_str()],
+            "prefill rows 18446744073709551615",
+        ),
+        (
+            "synthesis",
+            ["--synthesis-tokens", "0"],
+            "synthesis tokens 0 must be in 1..=",
+        ),
+        (
+            "synthesis",
+            ["--synthesis-tokens", huge.as_str()],
+            "synthesis tokens 18446744073709551615",
+        ),
+    ] {
+        let mut args = vec!["bench", "--checkpoint", checkpoint.to_str().unwrap(), "--only", part];
         args.extend(flags);
         args.extend(["--out", out.to_str().unwrap()]);
         let (code, _, err) = drama_text(&args);
         assert_eq!(code, Some(1), "{err}");
         assert!(err.contains(names), "{err}");
         assert!(!err.contains("bench: roofline"), "refused only after starting: {err}");
-        assert!(!out.exists());
+        assert!(
+            !out.parent().unwrap().exists(),
+            "{part} {flags:?}: the output's folder was made"
+        );
     }
 }
