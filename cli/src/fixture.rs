@@ -11,7 +11,7 @@ pub struct FixtureArgs {
     /// Preset: tiny, tiny-sigmoid, tiny-fp8, demo or bench (about 7 GB).
     #[arg(long)]
     preset: String,
-    /// New directory to write into.
+    /// New (or empty) directory to write into.
     #[arg(long)]
     out: PathBuf,
     /// Seed of the random weights.
