@@ -120,7 +120,16 @@ pub fn run(args: SynthArgs) -> Result<()> {
         config.speech.voice_prefix_len,
         max_audio_tokens,
     )
-    .with_context(|| format!("--max-audio-tokens {max_audio_tokens} leaves no room for text in the context"))?;
+    .with_context(|| {
+        let cap = match args.max_audio_tokens {
+            Some(n) => format!("--max-audio-tokens {n}"),
+            None => format!("the checkpoint's max_audio_tokens {max_audio_tokens} (lower it with --max-audio-tokens)"),
+        };
+        format!(
+            "{cap} leaves no room for text in the context of {} positions ({} of them the voice prefix)",
+            config.max_position_embeddings, config.speech.voice_prefix_len
+        )
+    })?;
     let segments = front.segments(&text, budget)?;
     eprintln!(
         "seed: {seed}  checkpoint: {}  segments: {}",

@@ -74,6 +74,14 @@ pub fn trace(engine: &Engine, request: &TraceRequest<'_>) -> Result<Trace, Engin
     audio.extend_from_slice(request.codes);
     let cond_rows = rows(0, p, request.text, &audio);
     let s = cond_rows.len();
+    if s > c.max_position_embeddings {
+        return Err(EngineError::Input(format!(
+            "{} text tokens and {} codes make {s} positions with the voice prefix ({p}) and audio_bos, more than the {} the model holds",
+            request.text.len(),
+            request.codes.len(),
+            c.max_position_embeddings
+        )));
+    }
     let t = audio.len();
     let guided = request.gamma != 1.0;
     let null = engine.checkpoint.float_tensor(names::NULL_PREFIX);

@@ -122,6 +122,22 @@ fn trace_paired_equals_separate_and_refuses_bad_codes() {
     ]);
     assert_eq!(code, Some(1));
     assert!(err.contains("code 64"), "{err}");
+    // More positions than the model holds: named by what the user gave.
+    let many = vec!["5"; 4100].join(",");
+    let (code, _, err) = drama_text(&[
+        "trace",
+        "--checkpoint",
+        c,
+        "--text-ids",
+        &many,
+        "--out",
+        dir.path().join("y").to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("4100 text tokens and 0 codes make 4105 positions"),
+        "{err}"
+    );
 }
 
 /// `trace --voice` takes a WAV recording as `synth` does: the same tensors as the voice file
