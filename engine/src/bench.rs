@@ -63,16 +63,14 @@ impl BenchOptions {
             )));
         }
         if self.parts.contains(&BenchPart::Synthesis) {
-            let needed = Batcher::positions_needed(
-                config.speech.voice_prefix_len,
-                SYNTHESIS_TEXT_TOKENS,
-                self.synthesis_tokens,
-            );
-            if self.synthesis_tokens == 0 || needed > max_positions {
+            // Positions taken before the first audio token: the voice prefix, the text and
+            // audio_bos.
+            let before = Batcher::positions_needed(config.speech.voice_prefix_len, SYNTHESIS_TEXT_TOKENS, 0);
+            let most = max_positions.saturating_sub(before);
+            if !(1..=most).contains(&self.synthesis_tokens) {
                 return Err(EngineError::Input(format!(
-                    "synthesis tokens {} must be in 1..={} (with the voice prefix and the text, the positions a lane holds)",
-                    self.synthesis_tokens,
-                    max_positions.saturating_sub(needed - self.synthesis_tokens)
+                    "synthesis tokens {} must be in 1..={most} (with the voice prefix and the text, the positions a lane holds)",
+                    self.synthesis_tokens
                 )));
             }
         }
