@@ -219,20 +219,23 @@ pub fn run(
 /// or whose time limit passed before `now` (answered [`Outcome::ExpiredWaiting`] at once,
 /// not when lanes free up), keeping the others in order; returns how many went.
 fn drop_unservable(waiting: &mut VecDeque<Queued>, now: Instant) -> usize {
-    let before = waiting.len();
-    let mut kept = VecDeque::with_capacity(before);
-    for job in waiting.drain(..) {
-        if job.chunks.is_closed() {
+    // Runs before every step: nothing is moved or allocated unless a job goes.
+    let mut dropped = 0;
+    let mut i = 0;
+    while i < waiting.len() {
+        let job = &waiting[i];
+        let (left, expired) = (job.chunks.is_closed(), now > job.deadline);
+        if !left && !expired {
+            i += 1;
             continue;
         }
-        if now > job.deadline {
+        let job = waiting.remove(i).expect("index within the queue");
+        if !left {
             let _ = job.done.send(Outcome::ExpiredWaiting);
-            continue;
         }
-        kept.push_back(job);
+        dropped += 1;
     }
-    *waiting = kept;
-    before - waiting.len()
+    dropped
 }
 
 #[cfg(test)]
