@@ -176,16 +176,19 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
             format!("`input` is longer than {} characters", policy.max_input_chars),
         ));
     }
-    let voice = match body.get("voice") {
-        None | Some(Value::Null) => VoiceChoice::Default,
-        Some(Value::String(name)) if name == "default" => VoiceChoice::Default,
-        Some(Value::String(name)) => VoiceChoice::Saved(name.clone()),
+    // A name, or {"id": name}; "default" (or none) is the default voice either way.
+    let voice_name = match body.get("voice") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) => Some(name.as_str()),
         Some(Value::Object(object)) => match object.get("id").and_then(Value::as_str) {
-            Some("default") => VoiceChoice::Default,
-            Some(id) => VoiceChoice::Saved(id.to_string()),
+            Some(id) => Some(id),
             None => return Err(ApiError::invalid("voice", "a voice object needs a string `id`")),
         },
         Some(_) => return Err(ApiError::invalid("voice", "`voice` must be a name or {\"id\": ...}")),
+    };
+    let voice = match voice_name {
+        None | Some("default") => VoiceChoice::Default,
+        Some(id) => VoiceChoice::Saved(id.to_string()),
     };
     let response_format = match body.get("response_format") {
         None | Some(Value::Null) => ResponseFormat::Wav,
