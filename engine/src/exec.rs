@@ -5,14 +5,13 @@
 use std::collections::HashMap;
 
 use drama_graph::drama3::{STEP_INPUTS, StepShape, row_source};
-use drama_graph::ir::{LinearMember, Op, PairHalf, Projection, RouterOp, RowNorm, ValueKind};
+use drama_graph::ir::{LinearMember, Op, PairHalf, Projection, RouterOp, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
     ATTEND_COMBINES, AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS,
-    LINEAR_ROUNDS_NORMED, LinearInput, LinearParams, LinearWidth, MAX_KEPT_EXPERTS, NormParams, RouterParams,
-    WeightFormat,
+    LinearInput, LinearParams, LinearWidth, MAX_KEPT_EXPERTS, NormParams, RouterParams, WeightFormat,
 };
 
 use crate::error::EngineError;
@@ -71,9 +70,6 @@ struct Lowering<'a> {
     /// Each (row, head)'s count of finished attention chunks, zero between launches
     /// (`Kernel::Attend` with `ATTEND_COMBINES`; wgpu creates buffers zeroed).
     chunks_done: wgpu::Buffer,
-    /// The count of a launch's finished workgroups, zero between launches
-    /// (`Kernel::LinearNormed`).
-    groups_done: wgpu::Buffer,
     /// The attention launches' workgroup counts, written before each step.
     attention_grid: wgpu::Buffer,
     capacity: usize,
@@ -161,12 +157,20 @@ impl<'a> Lowering<'a> {
                 eps,
                 round_output,
             } => {
-                let norm = RowNorm {
-                    weight: weight.clone(),
+                let shape = &self.graph.value(inputs[0]).shape;
+                let params = NormParams {
+                    width: shape[1] as u32,
+                    flags: u32::from(*round_output),
                     eps: *eps,
-                    round_output: *round_output,
+                    ..Default::default()
                 };
-                self.lower_rms_norm(inputs[0], &norm, out)?;
+                let x = self.buffer(inputs[0])?;
+                self.launch(
+                    Kernel::RmsNorm,
+                    &params,
+                    &[x, &weights.vectors[weight], out],
+                    [shape[0] as u32, 1, 1],
+                )?;
             }
             Op::Linear {
                 members,
@@ -179,7 +183,6 @@ impl<'a> Lowering<'a> {
                 // its input was made visible by routing's barrier, so wgpu records none.
                 beside: _,
                 input,
-                norm,
             } => {
                 let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
                 let cache = match cache_write {
@@ -207,18 +210,7 @@ impl<'a> Lowering<'a> {
                     cache,
                     input: *input,
                 };
-                match (norm, members.as_slice()) {
-                    (None, _) => self.lower_linear(members, *in_features, io)?,
-                    (Some(norm), [member]) => {
-                        self.lower_normed_linear(member, *in_features, io, norm, [node.outputs[0], node.outputs[1]])?;
-                    }
-                    (Some(_), _) => {
-                        return Err(EngineError::Unsupported(format!(
-                            "{}: a linear that norms its rows needs one member",
-                            node.label
-                        )));
-                    }
-                }
+                self.lower_linear(members, *in_features, io)?;
             }
             Op::LinearPair {
                 first,
@@ -437,48 +429,6 @@ impl<'a> Lowering<'a> {
             column += member.out;
         }
         Ok(())
-    }
-
-    /// A linear writing the residual stream (`stream`, at `io.y`) and the RMSNorm of its rows
-    /// (`normed`): one launch whose last workgroup norms the rows when the weight is one
-    /// segment, else the linear's launches and the norm's (the same bits either way).
-    fn lower_normed_linear(
-        &mut self,
-        member: &LinearMember,
-        in_features: usize,
-        io: LinearIo<'_>,
-        norm: &RowNorm,
-        [stream, normed]: [ValueId; 2],
-    ) -> Result<(), EngineError> {
-        let weights = self.bind.weights;
-        let linear = self.uploaded_weight(&member.weight, in_features)?;
-        if linear.segments.len() > 1 {
-            self.lower_linear(std::slice::from_ref(member), in_features, io)?;
-            return self.lower_rms_norm(stream, norm, self.buffer(normed)?);
-        }
-        let norm_io = NormIo {
-            weight: &weights.vectors[&norm.weight],
-            normed: self.buffer(normed)?,
-            groups_done: &self.groups_done,
-            eps: norm.eps,
-            round: norm.round_output,
-        };
-        let launch = linear_normed_launch(self.gpu, linear, &weights.placeholder, &io, &norm_io)?;
-        self.dispatches.push(launch);
-        Ok(())
-    }
-
-    /// The RMSNorm of `x`'s rows into `out` (`Kernel::RmsNorm`).
-    fn lower_rms_norm(&mut self, x: ValueId, norm: &RowNorm, out: &wgpu::Buffer) -> Result<(), EngineError> {
-        let shape = &self.graph.value(x).shape;
-        let params = NormParams {
-            width: shape[1] as u32,
-            flags: u32::from(norm.round_output),
-            eps: norm.eps,
-            ..Default::default()
-        };
-        let resources = [self.buffer(x)?, &self.bind.weights.vectors[&norm.weight], out];
-        self.launch(Kernel::RmsNorm, &params, &resources, [shape[0] as u32, 1, 1])
     }
 
     /// The uploaded stack of `members` (a SwiGLU pair or a [`stacks`] group).
@@ -782,49 +732,6 @@ pub fn linear_launches(
         .collect()
 }
 
-/// The RMSNorm a [`linear_normed_launch`] writes of its output rows.
-pub struct NormIo<'a> {
-    /// The norm's weight (BF16).
-    pub weight: &'a wgpu::Buffer,
-    /// The normed rows [rows, width].
-    pub normed: &'a wgpu::Buffer,
-    /// A u32 count of the launch's finished workgroups: zero before the launch, and zero
-    /// again after it (the last workgroup resets it).
-    pub groups_done: &'a wgpu::Buffer,
-    /// Epsilon.
-    pub eps: f32,
-    /// Round the normed rows to BF16.
-    pub round: bool,
-}
-
-/// A dense linear of one segment writing whole rows with a residual (f32 input), whose
-/// launch's last workgroup to finish writes the RMSNorm of every row
-/// (`Kernel::LinearNormed`): the bits of its [`linear_launches`] launch and of a
-/// `Kernel::RmsNorm` launch after it. Needs storage barriers of device scope
-/// ([`crate::gpu::Capabilities::device_barriers`]).
-pub fn linear_normed_launch(
-    gpu: &Gpu,
-    linear: &GpuLinear,
-    placeholder: &wgpu::Buffer,
-    io: &LinearIo<'_>,
-    norm: &NormIo<'_>,
-) -> Result<Dispatch, EngineError> {
-    let whole_rows = linear.segments.len() == 1 && io.column == 0 && io.y_stride == linear.out;
-    if !(whole_rows && io.residual.is_some() && !io.swiglu && io.cache.is_none() && io.input == LinearInput::F32) {
-        return Err(EngineError::Unsupported(
-            "a linear that norms its rows needs one segment writing whole rows, a residual and f32 input".into(),
-        ));
-    }
-    let kernel = Kernel::LinearNormed(linear.format);
-    let mut launch = segment_launch(kernel, linear, &linear.segments[0], placeholder, io)?;
-    launch.params.norm_eps = norm.eps;
-    if norm.round {
-        launch.params.flags |= LINEAR_ROUNDS_NORMED;
-    }
-    launch.resources.extend([norm.weight, norm.normed, norm.groups_done]);
-    Ok(gpu.dispatch(kernel, &launch.params, &launch.resources, launch.grid)?)
-}
-
 /// Two BF16 linears of one segment each over the same input as one launch
 /// (`Kernel::LinearPair`): the first's workgroups, then the second's, each computing what
 /// its own [`linear_launches`] launch would.
@@ -1012,10 +919,6 @@ fn segment_launch<'a>(
     })
 }
 
-/// The bytes of the count of finished workgroups that every `Kernel::LinearNormed` launch
-/// of a step shares (one after another: each reads what the launch before it wrote).
-const GROUPS_DONE_BYTES: u64 = 4;
-
 /// The buffers a step allocates for itself: its memory plan and attention's scratch.
 struct StepBuffers {
     plan: MemoryPlan,
@@ -1087,7 +990,6 @@ impl Executable {
         let scratch = gpu.buffer("attention scratch", scratch_bytes);
         let chunks_done_bytes = (shape.rows * heads * 4) as u64;
         let chunks_done = gpu.buffer("attention chunks done", chunks_done_bytes);
-        let groups_done = gpu.buffer("linear groups done", GROUPS_DONE_BYTES);
         let attention_grid = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attention grid"),
             size: 12,
@@ -1102,7 +1004,6 @@ impl Executable {
             bind,
             scratch,
             chunks_done,
-            groups_done,
             attention_grid: attention_grid.clone(),
             capacity: shape.capacity,
             dispatches: Vec::new(),
@@ -1128,11 +1029,7 @@ impl Executable {
         let dispatches = lowering.dispatches;
         let logits_bytes = graph.value(logits).shape.iter().product::<usize>() * 4;
         let logits_readback = Readback::new(gpu, "logits", logits_bytes as u64);
-        let device_bytes = plan.buffers.iter().sum::<u64>()
-            + scratch_bytes
-            + chunks_done_bytes
-            + GROUPS_DONE_BYTES
-            + logits_bytes as u64;
+        let device_bytes = plan.buffers.iter().sum::<u64>() + scratch_bytes + chunks_done_bytes + logits_bytes as u64;
         Ok(Executable {
             graph,
             plan,

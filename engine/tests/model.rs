@@ -14,7 +14,7 @@ use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::reference::ops::Rounding;
 use drama_engine::reference::{ForcedRoutes, ReferenceModel, weights};
 use drama_engine::session::{Engine, Row, RowSource, Session};
-use drama_kernels::{Kernel, WeightFormat};
+use drama_kernels::Kernel;
 use rand_core::Rng;
 
 /// A random utterance: text ids and audio ids (audio_bos first, then codes).
@@ -413,7 +413,7 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
 /// for one that runs a launch needing no barrier beside the one before it (the projection a
 /// launch of its own beside the routed gate/up), and of steps built for one whose storage
 /// barriers have device scope as well (Vulkan's form: attention's chunks combined in its
-/// launch, the norm after attention written by o_proj's): a prompt long enough to group its experts' slots and read its linears' inputs as
+/// launch): a prompt long enough to group its experts' slots and read its linears' inputs as
 /// BF16 pairs, then one-row steps.
 #[test]
 fn serial_launch_steps_equal_concurrent_launch_steps() {
@@ -473,13 +473,7 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
     assert_eq!(count(&concurrent_kernels, Kernel::AttendCombine), layers);
     assert_eq!(count(&vulkan_kernels, Kernel::AttendCombine), 0);
     assert_eq!(count(&vulkan_kernels, Kernel::Attend), layers);
-    // o_proj's launch writes the norm after attention.
-    assert_eq!(count(&vulkan_kernels, Kernel::LinearNormed(WeightFormat::Bf16)), layers);
-    assert_eq!(
-        count(&vulkan_kernels, Kernel::RmsNorm),
-        count(&concurrent_kernels, Kernel::RmsNorm) - layers
-    );
-    assert_eq!(vulkan_kernels.len(), concurrent_kernels.len() - 2 * layers);
+    assert_eq!(vulkan_kernels.len(), concurrent_kernels.len() - layers);
 }
 
 /// A step whose launches would need more than 65535 workgroups along one dimension is

@@ -4,12 +4,12 @@
 mod common;
 
 use common::*;
-use drama_engine::exec::{LinearIo, NormIo, linear_launches, linear_normed_launch, linear_pair_launch, route_launch};
-use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32, round_to_bf16};
+use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch, route_launch};
+use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::weights::GpuLinear;
 use drama_kernels::{
     EXPERT_GROUP_SLOTS, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearInput, LinearParams,
-    LinearWidth, NormParams, RouterParams, WeightFormat,
+    LinearWidth, RouterParams, WeightFormat,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
@@ -1126,141 +1126,4 @@ fn route_beside_a_linear_gives_each_its_own_bits() {
             .contains("the linear beside routing needs one bias-free BF16 segment"),
         "{error}"
     );
-}
-
-/// A linear of `rows` rows adding its rounded outputs to `residual` (as o_proj does).
-fn residual_io<'a>(
-    x: &'a wgpu::Buffer,
-    y: &'a wgpu::Buffer,
-    residual: &'a wgpu::Buffer,
-    rows: usize,
-    width: usize,
-) -> LinearIo<'a> {
-    LinearIo {
-        residual: Some(residual),
-        ..LinearIo::plain(x, y, rows, width, true)
-    }
-}
-
-/// A linear whose launch's last workgroup norms its rows (o_proj with the norm after
-/// attention) writes exactly the bits of the linear's own launch and of the RMSNorm's launch
-/// after it, three launches in a row sharing one count of finished workgroups (which each
-/// leaves at zero), for BF16 and NVFP4 weights, one, two and five rows (three workgroup
-/// rows), rows narrower than the norm's 256 invocations and wider than its two columns per
-/// invocation; the normed rows within the FP64 reference's bound of the stream's RMSNorm. A
-/// linear without a residual is refused by name.
-#[test]
-fn linear_normed_gives_the_linears_and_the_norms_bits() {
-    let gpu = gpu();
-    let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
-    let groups_done = gpu.buffer_with("groups done", &[0; 4]);
-    for format in [WeightFormat::Bf16, WeightFormat::Nvfp4] {
-        for (case, rows) in [1usize, 2, 5].into_iter().enumerate() {
-            let mut rng = rng(&format!("linear normed {format:?} rows {rows}"));
-            let width = if case == 1 {
-                2048 + 4 * (1 + (rng.next_u32() % 64) as usize)
-            } else {
-                4 * (1 + (rng.next_u32() % 80) as usize)
-            };
-            let cols = 32 * (1 + (rng.next_u32() % 6) as usize);
-            let label = format!("linear normed {format:?} rows {rows} width {width} in {cols}");
-            let weights = random_weights(&mut rng, format, width, cols);
-            let linear = GpuLinear::one_segment(gpu, format, (width, cols), &weights.packed, &weights.scales);
-            let x = gpu.buffer_with("x", &f32_bytes(&bf16_values(&mut rng, rows * cols, 2.0)));
-            let residual = gpu.buffer_with("residual", &f32_bytes(&uniform(&mut rng, rows * width, 3.0)));
-            let norm_weight = bf16_values(&mut rng, width, 1.5);
-            let norm_weight_buffer = gpu.buffer_with("norm weight", &pack_bf16(&norm_weight));
-            let (apart_stream, apart_normed) = (
-                poisoned(gpu, "apart stream", rows * width),
-                poisoned(gpu, "apart normed", rows * width),
-            );
-            let mut apart = linear_launches(
-                gpu,
-                &linear,
-                &placeholder,
-                &residual_io(&x, &apart_stream, &residual, rows, width),
-            )
-            .unwrap();
-            let params = gpu.uniform(
-                "norm params",
-                &NormParams {
-                    width: width as u32,
-                    flags: 1,
-                    eps: 1e-6,
-                    ..Default::default()
-                },
-            );
-            apart.push(dispatch(
-                gpu,
-                Kernel::RmsNorm,
-                &[&params, &apart_stream, &norm_weight_buffer, &apart_normed],
-                [rows as u32, 1, 1],
-            ));
-            run(gpu, &apart);
-            let want_stream = bits(&gpu.read_f32(&apart_stream).unwrap());
-            let want_normed = gpu.read_f32(&apart_normed).unwrap();
-            for repeat in 0..3 {
-                let (stream, normed) = (
-                    poisoned(gpu, "stream", rows * width),
-                    poisoned(gpu, "normed", rows * width),
-                );
-                let norm = NormIo {
-                    weight: &norm_weight_buffer,
-                    normed: &normed,
-                    groups_done: &groups_done,
-                    eps: 1e-6,
-                    round: true,
-                };
-                run(
-                    gpu,
-                    &[linear_normed_launch(
-                        gpu,
-                        &linear,
-                        &placeholder,
-                        &residual_io(&x, &stream, &residual, rows, width),
-                        &norm,
-                    )
-                    .unwrap()],
-                );
-                assert_eq!(
-                    bits(&gpu.read_f32(&stream).unwrap()),
-                    want_stream,
-                    "{label}: stream, launch {repeat}"
-                );
-                assert_eq!(
-                    bits(&gpu.read_f32(&normed).unwrap()),
-                    bits(&want_normed),
-                    "{label}: normed, launch {repeat}"
-                );
-                assert_eq!(gpu.read_f32(&groups_done).unwrap()[0].to_bits(), 0, "{label}: count");
-            }
-            let stream: Vec<f64> = gpu
-                .read_f32(&apart_stream)
-                .unwrap()
-                .iter()
-                .map(|&v| f64::from(v))
-                .collect();
-            let norm_weight: Vec<f64> = norm_weight.iter().map(|&v| f64::from(v)).collect();
-            let exact = drama_engine::reference::ops::rms_norm(&stream, width, &norm_weight, 1e-6);
-            let want: Vec<f64> = exact.iter().map(|&v| f64::from(round_to_bf16(v as f32))).collect();
-            let scale: Vec<f64> = exact.iter().map(|&v| v.abs() + 1e-3 + bf16_ulp(v) / 1e-5).collect();
-            check(&format!("{label}: normed"), &want_normed, &want, &scale, 1e-5);
-        }
-    }
-    let mut rng = rng("linear normed refusal");
-    let weights = random_weights(&mut rng, WeightFormat::Bf16, 8, 32);
-    let linear = GpuLinear::one_segment(gpu, WeightFormat::Bf16, (8, 32), &weights.packed, &weights.scales);
-    let (x, y) = (gpu.buffer_with("x", &f32_bytes(&[1.0; 32])), poisoned(gpu, "y", 8));
-    let norm = NormIo {
-        weight: &placeholder,
-        normed: &y,
-        groups_done: &groups_done,
-        eps: 1e-6,
-        round: true,
-    };
-    let Err(error) = linear_normed_launch(gpu, &linear, &placeholder, &LinearIo::plain(&x, &y, 1, 8, true), &norm)
-    else {
-        panic!("a linear without a residual was launched with a norm");
-    };
-    assert!(error.to_string().contains("a residual"), "{error}");
 }

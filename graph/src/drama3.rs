@@ -8,10 +8,10 @@ use drama_kernels::{LinearInput, WeightFormat};
 use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
-use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, RowNorm, ValueId, ValueKind};
+use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
 use crate::select::{
-    GROUPED_EXPERT_ROWS, expert_width, last_chunk_combines, linear_input, norms_in_linear, pairs, routes_beside_linear,
-    shares_launch, stacks_expert_swiglu, stacks_swiglu,
+    GROUPED_EXPERT_ROWS, expert_width, last_chunk_combines, linear_input, pairs, routes_beside_linear, shares_launch,
+    stacks_expert_swiglu, stacks_swiglu,
 };
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
@@ -249,46 +249,9 @@ impl Build<'_> {
                 cache_write: None,
                 beside: false,
                 input,
-                norm: None,
             },
             &[x].into_iter().chain(residual).collect::<Vec<_>>(),
         )
-    }
-
-    /// The residual stream `stream + projection(x)` (labelled `labels[0]`) and its RMSNorm
-    /// (labelled `labels[1]` when it is a node of its own): one launch whose last workgroup
-    /// norms the rows where the step allows it ([`norms_in_linear`]), else the linear's
-    /// launch and the norm's.
-    fn projection_and_norm(
-        &mut self,
-        labels: [&str; 2],
-        x: ValueId,
-        projection: String,
-        stream: ValueId,
-        norm_weight: String,
-    ) -> Result<(ValueId, ValueId), GraphError> {
-        let width = self.spec.hidden;
-        if !norms_in_linear(self.rows, self.device_barriers) {
-            let stream = self.linear(labels[0], x, &[(projection, width, false)], true, Some(stream))?;
-            return self.norm(labels[1], Residual::Value(stream), norm_weight);
-        }
-        let op = Op::Linear {
-            members: self.members(&[(projection, width, false)]),
-            in_features: self.b_width(x),
-            round_output: true,
-            residual: true,
-            swiglu: false,
-            cache_write: None,
-            beside: false,
-            input: LinearInput::F32,
-            norm: Some(RowNorm {
-                weight: norm_weight,
-                eps: self.spec.eps,
-                round_output: true,
-            }),
-        };
-        let outputs = self.b.node(labels[0], op, &[x, stream])?;
-        Ok((outputs[0], outputs[1]))
     }
 
     /// The RMSNorm of the residual stream `x` (labelled `label` when `x` is a value), and the
@@ -423,7 +386,6 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
                 }),
                 beside: false,
                 input,
-                norm: None,
             },
             &[qkv_input, row_lane, row_pos, k_cache, v_cache],
         )?;
@@ -438,14 +400,15 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
             },
             &[qkv, row_lane, row_pos, k_cache, v_cache],
         )?;
-        // The residual stream after attention, x + o_proj(attended), and its norm.
-        let (stream, normed) = g.projection_and_norm(
-            [&at("o_proj"), &at("post_norm")],
+        // The residual stream after attention: x + o_proj(attended).
+        let stream = g.linear(
+            &at("o_proj"),
             attended,
-            l(LayerWeight::O),
-            stream,
-            l(LayerWeight::PostNorm),
+            &[(l(LayerWeight::O), h, false)],
+            true,
+            Some(stream),
         )?;
+        let (stream, normed) = g.norm(&at("post_norm"), Residual::Value(stream), l(LayerWeight::PostNorm))?;
         x = match moe {
             None => {
                 let modules = [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Dense(p)));
@@ -663,7 +626,6 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
                     cache_write: None,
                     beside: g.concurrent,
                     input,
-                    norm: None,
                 },
                 &[act],
             )?)

@@ -68,7 +68,6 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             swiglu,
             cache_write,
             input,
-            norm,
             ..
         } => {
             let cached = if cache_write.is_some() { 4 } else { 0 };
@@ -107,19 +106,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 expect(shape_of(inputs[1]) == [rows_of(x), out], || {
                     format!("the residual must be [rows, {out}]")
                 })?;
-                let stream = (vec![rows_of(x), out], DType::F32);
-                let Some(norm) = norm else {
-                    return Ok(vec![stream]);
-                };
-                expect(members.len() == 1 && *input == LinearInput::F32 && out % 4 == 0, || {
-                    "a linear that norms its rows needs one member, f32 input and rows a multiple of 4 wide".into()
-                })?;
-                let normed = if norm.round_output { DType::Bf16 } else { DType::F32 };
-                return Ok(vec![stream, (vec![rows_of(x), out], normed)]);
+                return Ok(vec![(vec![rows_of(x), out], DType::F32)]);
             }
-            expect(norm.is_none(), || {
-                "a linear that norms its rows needs a residual".into()
-            })?;
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows_of(x), out], dtype)])
         }

@@ -153,18 +153,6 @@ pub struct CacheWrite {
     pub head_dim: usize,
 }
 
-/// The RMSNorm of a linear's output rows written by the linear's own launch (see
-/// [`Op::Linear`]'s `norm`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RowNorm {
-    /// Weight tensor.
-    pub weight: String,
-    /// Epsilon.
-    pub eps: f32,
-    /// Round the normed rows to BF16 (all their consumers are linears).
-    pub round_output: bool,
-}
-
 /// The closed set of operations.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -212,12 +200,6 @@ pub enum Op {
         beside: bool,
         /// How the launch reads x: f32, or BF16 pairs ([`DType::Bf16Pairs`]).
         input: LinearInput,
-        /// `Some`: the launch's last workgroup to finish also writes the RMSNorm of every
-        /// output row, the node's second output, with the bits an [`Op::RmsNorm`] of the
-        /// first would have (one plain linear with `residual`, reading f32: the residual
-        /// stream after o_proj; needs [`crate::drama3::StepShape::device_barriers`], see
-        /// [`crate::select::norms_in_linear`]).
-        norm: Option<RowNorm>,
     },
     /// Two linears over the same input computed by one launch, each with its own weight and
     /// output: a MoE layer's router logits (with the shared expert's gate logit) and its

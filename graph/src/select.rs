@@ -61,17 +61,9 @@ pub fn last_chunk_combines(rows: usize, device_barriers: bool) -> bool {
     device_barriers && rows < GROUPED_EXPERT_ROWS
 }
 
-/// Whether a step of `rows` rows has the RMSNorm after each attention block written by the
-/// launch of its o_proj, by the last of its workgroups to finish ([`Op::Linear`]'s `norm`),
-/// on a device with `device_barriers` (see [`crate::drama3::StepShape::device_barriers`]):
-/// steps whose linears read f32 ([`linear_input`]).
-pub fn norms_in_linear(rows: usize, device_barriers: bool) -> bool {
-    device_barriers && linear_input(rows) == LinearInput::F32
-}
-
 /// Step sizes whose kernels are every step's: one per choice a step's rows make
 /// ([`expert_width`], [`routes_beside_linear`], [`GROUPED_EXPERT_ROWS`], [`linear_input`],
-/// [`last_chunk_combines`], [`norms_in_linear`]).
+/// [`last_chunk_combines`]).
 /// The engine builds their pipelines when it loads, so that no step compiles one while it
 /// runs.
 pub const PIPELINE_ROWS: [usize; 3] = [1, 8, GROUPED_EXPERT_ROWS];
@@ -130,12 +122,8 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
             members,
             cache_write,
             input,
-            norm,
             ..
         } => {
-            if norm.is_some() {
-                return members.iter().map(|m| Kernel::LinearNormed(m.format)).collect();
-            }
             let kernel = |format| Kernel::dense_linear(format, cache_write.is_some(), *input);
             if stacks(members) {
                 vec![kernel(WeightFormat::Bf16)]

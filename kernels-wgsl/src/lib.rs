@@ -261,11 +261,10 @@ impl Module {
         // The helpers a family needs besides COMMON, and its file.
         let (helpers, family) = match self {
             Module::Linear(format, width) => return linear_source(format, width),
-            // The router refers to the BF16 linear's `Params`, `linear_rows` and its
-            // `tree_reduce`.
+            // The router refers to the BF16 linear's `Params` and `linear_rows`.
             Module::Router(capacity) => {
                 return format!(
-                    "{}\nconst MAX_KEPT: u32 = {}u;\n{}",
+                    "{}\n{REDUCE}\nconst MAX_KEPT: u32 = {}u;\n{}",
                     linear_source(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
                     capacity.experts(),
                     include_str!("wgsl/router.wgsl")
@@ -293,8 +292,8 @@ impl Module {
 }
 
 /// `linear.wgsl` with the format file of `format`, which refers to the bindings and `Params`
-/// declared by linear.wgsl (WGSL allows any order at module scope), workgroups of `width`,
-/// and the tree reduction of `linear_normed`.
+/// declared by linear.wgsl (WGSL allows any order at module scope), and workgroups of
+/// `width`.
 fn linear_source(format: WeightFormat, width: LinearWidth) -> String {
     let format_source = match format {
         WeightFormat::Bf16 => include_str!("wgsl/fmt_bf16.wgsl"),
@@ -302,7 +301,7 @@ fn linear_source(format: WeightFormat, width: LinearWidth) -> String {
         WeightFormat::Fp8Block => include_str!("wgsl/fmt_fp8.wgsl"),
     };
     format!(
-        "{COMMON}\n{REDUCE}\nconst WG: u32 = {}u;\n{}\n{format_source}",
+        "{COMMON}\nconst WG: u32 = {}u;\n{}\n{format_source}",
         width.invocations(),
         include_str!("wgsl/linear.wgsl")
     )
@@ -317,10 +316,6 @@ pub enum Kernel {
     /// The dense linear of an attention layer's [q|k|v] projection, which also writes each
     /// row's keys (rotated) and values into the KV caches.
     LinearKv(WeightFormat, LinearInput),
-    /// [`Kernel::Linear`] of one weight segment writing whole rows (f32 input), whose
-    /// launch's last workgroup to finish also writes [`Kernel::RmsNorm`] of every row, with
-    /// its bits (needs device-scope storage barriers).
-    LinearNormed(WeightFormat),
     /// Two BF16 linears over the same input in one launch, each with its own weight and
     /// output (a MoE layer's router logits and its shared expert's SwiGLU).
     LinearPair(LinearInput),
@@ -399,7 +394,6 @@ impl Kernel {
             .flat_map(|&f| LinearInput::ALL.map(|i| [Kernel::Linear(f, i), Kernel::LinearKv(f, i)]))
             .flatten()
             .collect();
-        all.extend(formats.map(Kernel::LinearNormed));
         all.extend(LinearInput::ALL.map(Kernel::LinearPair));
         for width in LinearWidth::ALL {
             all.extend(
@@ -443,9 +437,7 @@ impl Kernel {
     /// The module holding this entry point.
     pub fn module(self) -> Module {
         match self {
-            Kernel::Linear(f, _) | Kernel::LinearKv(f, _) | Kernel::LinearNormed(f) => {
-                Module::Linear(f, DENSE_LINEAR_WIDTH)
-            }
+            Kernel::Linear(f, _) | Kernel::LinearKv(f, _) => Module::Linear(f, DENSE_LINEAR_WIDTH),
             Kernel::Gathered(f, width) | Kernel::GatheredGrouped(f, width) => Module::Linear(f, width),
             Kernel::LinearPair(_) => Module::Linear(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
@@ -474,7 +466,6 @@ impl Kernel {
             Kernel::Linear(_, LinearInput::Bf16Pairs) => "linear_packed",
             Kernel::LinearKv(_, LinearInput::F32) => "linear_kv",
             Kernel::LinearKv(_, LinearInput::Bf16Pairs) => "linear_kv_packed",
-            Kernel::LinearNormed(_) => "linear_normed",
             Kernel::LinearPair(LinearInput::F32) => "linear_pair",
             Kernel::LinearPair(LinearInput::Bf16Pairs) => "linear_pair_packed",
             Kernel::Gathered(..) => "gathered",
@@ -518,10 +509,6 @@ impl Kernel {
                 &[0, 1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16]
             }
             Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16],
-            // the dense linear's, then the norm's weight, its output and the launch's count
-            // of finished workgroups
-            Kernel::LinearNormed(WeightFormat::Bf16) => &[0, 1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 25, 26],
-            Kernel::LinearNormed(_) => &[0, 1, 2, 3, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 25, 26],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales, x_packed (x again)
             Kernel::Gathered(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 9],
             Kernel::Gathered(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 9],
@@ -578,7 +565,7 @@ impl Kernel {
     /// [`DENSE_LINEAR_WIDTH`], [`SHARED_LAUNCH_LINEAR_WIDTH`], or the routed experts' own.
     pub fn linear_width(self) -> Option<LinearWidth> {
         match self {
-            Kernel::Linear(..) | Kernel::LinearKv(..) | Kernel::LinearNormed(_) => Some(DENSE_LINEAR_WIDTH),
+            Kernel::Linear(..) | Kernel::LinearKv(..) => Some(DENSE_LINEAR_WIDTH),
             Kernel::LinearPair(_) | Kernel::RouteLinear(_) => Some(SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::Gathered(_, width) | Kernel::GatheredGrouped(_, width) => Some(width),
             _ => None,
@@ -605,10 +592,6 @@ impl Kernel {
 /// The flag of [`AttentionParams`] with which [`Kernel::Attend`] combines each (row,
 /// head)'s chunks itself, in the workgroup of the last chunk to finish.
 pub const ATTEND_COMBINES: u32 = 2;
-
-/// The flag of [`LinearParams`] with which [`Kernel::LinearNormed`] rounds the normed rows
-/// to BF16 (`linear.wgsl`'s ROUNDS_NORMED).
-pub const LINEAR_ROUNDS_NORMED: u32 = 16;
 
 /// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
 /// workgroup per (row, head, chunk), `[rows, heads, attention_chunks(capacity)]`.
@@ -833,9 +816,6 @@ mod tests {
                 assert_eq!(wgsl_u32(linear, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
                 assert_eq!(wgsl_u32(linear, "LANES"), format.thread_row_lanes());
                 assert_eq!(wgsl_u32(linear, "WG"), width.invocations());
-                assert_eq!(wgsl_u32(linear, "ROUNDS_NORMED"), LINEAR_ROUNDS_NORMED);
-                // `linear_normed` adds up the squares in `rms_norm`'s order.
-                assert_eq!(wgsl_u32(linear, "NORM_WG"), wgsl_u32(Module::Norm, "WG"));
             }
         }
         assert_eq!(wgsl_u32(Module::Attention, "CHUNK") as usize, ATTENTION_CHUNK);

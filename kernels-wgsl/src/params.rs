@@ -23,7 +23,7 @@ pub struct LinearParams {
     /// Gathered: one past the last.
     pub expert_end: u32,
     /// 1: add bias; 2: round output to BF16; 4: add the residual; 8: SwiGLU of stacked
-    /// [gate | up] rows; 16: `linear_normed` rounds the normed rows to BF16.
+    /// [gate | up] rows.
     pub flags: u32,
     /// Dense: NVFP4 tensor scale (1 otherwise); gathered kernels read per-expert scales.
     pub tensor_scale: f32,
@@ -44,8 +44,6 @@ pub struct LinearParams {
     pub second_y_stride: u32,
     /// `linear_pair`: the second linear's flags (as `flags`).
     pub second_flags: u32,
-    /// `linear_normed`: the norm's epsilon (flag 16 rounds the normed rows to BF16).
-    pub norm_eps: f32,
 }
 
 /// `norm.wgsl` parameters.

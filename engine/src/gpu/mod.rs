@@ -180,9 +180,8 @@ pub struct Gpu {
     polling: Mutex<()>,
 }
 
-/// The storage bindings the engine's largest kernels use (routing with the BF16 linear
-/// beside it, and an NVFP4 or FP8 linear whose last workgroup norms its rows: seventeen;
-/// Metal offers 31, lavapipe 32, NVIDIA far more).
+/// The storage bindings the engine's largest kernel uses (routing with the BF16 linear
+/// beside it: seventeen; Metal offers 31, lavapipe 32, NVIDIA far more).
 const NEEDED_STORAGE_BUFFERS: u32 = 17;
 
 impl Gpu {

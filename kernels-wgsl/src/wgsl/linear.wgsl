@@ -105,7 +105,6 @@ struct Params {
     second_out_features: u32,  // linear_pair: the second linear's weight rows,
     second_y_stride: u32,      //   its output's floats per row
     second_flags: u32,         //   and its flags (its output starts at column 0)
-    norm_eps: f32,             // linear_normed: the norm's epsilon
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -440,93 +439,6 @@ fn linear_pair_rows(wg: vec3<u32>, row_blocks: u32, t: u32, packed: bool) {
         linear_rows(wg, row_blocks, t, false, false, packed);
     } else {
         linear_rows(vec3<u32>(wg.x - p.split_groups, wg.y, wg.z), row_blocks, t, false, true, packed);
-    }
-}
-
-// `linear_normed`: `linear` of one weight segment writing whole rows (the residual stream
-// after o_proj), whose launch's last workgroup to finish then writes the RMSNorm of every
-// row (rounded to BF16 with flag ROUNDS_NORMED), as norm.wgsl's `rms_norm` would: the same bits, a
-// launch less (the norm alone cost an H200 decode step about 3 us a launch, most of it the
-// barrier before it). Each workgroup counts itself in `groups_done[0]` once its outputs are
-// written; the last sets the count back to zero for the next launch. This rests on naga's
-// SPIR-V and HLSL giving `storageBarrier` device memory scope with acquire-release
-// semantics (see attention.wgsl's `combine_if_last`); on Metal and GL steps keep the
-// norm's own launch.
-@group(0) @binding(24) var<storage, read> norm_weight: array<vec2<u32>>;
-@group(0) @binding(25) var<storage, read_write> normed: array<vec4<f32>>;
-@group(0) @binding(26) var<storage, read_write> groups_done: array<atomic<u32>>;
-var<workgroup> finished_groups: u32;
-
-// `rms_norm`'s invocations, whose order of additions the tail keeps: invocation t here
-// stands for its invocations t + j * WG.
-const NORM_WG: u32 = 256u;
-const NORM_SHARE: u32 = NORM_WG / WG;
-const ROUNDS_NORMED: u32 = 16u;
-
-@compute @workgroup_size(WG)
-fn linear_normed(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    linear_rows(wg, groups.y, t, false, false, false);
-    storageBarrier();
-    if (t == 0u) {
-        finished_groups = atomicAdd(&groups_done[0], 1u) + 1u;
-    }
-    if (workgroupUniformLoad(&finished_groups) < groups.x * groups.y * groups.z) {
-        return;
-    }
-    storageBarrier();
-    if (t == 0u) {
-        atomicStore(&groups_done[0], 0u);
-    }
-    for (var row = 0u; row < p.rows; row++) {
-        norm_row(t, row);
-    }
-}
-
-// Vec4 column `i` of row `row` of the linear's output.
-fn output_vec(row: u32, i: u32) -> vec4<f32> {
-    let at = row * p.y_stride + 4u * i;
-    return vec4<f32>(y[at], y[at + 1u], y[at + 2u], y[at + 3u]);
-}
-
-// The sum of squares `rms_norm`'s invocation `v` adds up for row `row`: its columns v,
-// v + NORM_WG, ..., in that order.
-fn norm_squares(row: u32, v: u32, columns: u32) -> f32 {
-    var sum = 0.0;
-    for (var i = v; i < columns; i += NORM_WG) {
-        let value = output_vec(row, i);
-        sum += dot(value, value);
-    }
-    return sum;
-}
-
-// Writes the RMSNorm of output row `row` to `normed` (every invocation must call it). The
-// first levels of `rms_norm`'s tree pair invocations NORM_WG / 2, ..., WG apart: those
-// additions are this invocation's own, in the tree's order, and `tree_reduce` does the rest.
-fn norm_row(t: u32, row: u32) {
-    let columns = p.y_stride / 4u;
-    var sums: array<f32, NORM_SHARE>;
-    for (var j = 0u; j < NORM_SHARE; j++) {
-        sums[j] = norm_squares(row, t + j * WG, columns);
-    }
-    for (var half = NORM_SHARE / 2u; half > 0u; half /= 2u) {
-        for (var j = 0u; j < half; j++) {
-            sums[j] = sums[j] + sums[j + half];
-        }
-    }
-    let total = tree_reduce(t, sums[0], false, WG);
-    let inv = 1.0 / sqrt(total / f32(p.y_stride) + p.norm_eps);
-    for (var i = t; i < columns; i += WG) {
-        let wv = norm_weight[i];
-        let weight = vec4<f32>(bf16_pair(wv.x), bf16_pair(wv.y));
-        var n = output_vec(row, i) * inv * weight;
-        if ((p.flags & ROUNDS_NORMED) != 0u) {
-            n = round_bf16_4(n);
-        }
-        normed[row * columns + i] = n;
     }
 }
 
