@@ -250,6 +250,7 @@ impl<'a> Lowering<'a> {
                     out,
                     &scratch,
                     &chunks_done,
+                    &scratch,
                 ];
                 // Launched over the chunks the step's rows reach (see `attention_grid`), at
                 // most the capacity's.
@@ -263,7 +264,7 @@ impl<'a> Lowering<'a> {
                 attend.indirect = Some(self.attention_grid.clone());
                 self.dispatches.push(attend);
                 if !*last_chunk_combines {
-                    let combine = [self.buffer(inputs[2])?, out, &scratch];
+                    let combine = [self.buffer(inputs[2])?, out, &scratch, &scratch];
                     self.launch(
                         Kernel::AttendCombine,
                         &params,

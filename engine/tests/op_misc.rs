@@ -201,6 +201,7 @@ fn attention_case(
                 out,
                 &scratch,
                 &chunks_done,
+                &scratch,
             ],
             [
                 rows as u32,
@@ -214,7 +215,7 @@ fn attention_case(
         dispatch(
             gpu,
             Kernel::AttendCombine,
-            &[&p, &pos_b, &out, &scratch],
+            &[&p, &pos_b, &out, &scratch, &scratch],
             [rows as u32, heads as u32, 1],
         ),
     ];

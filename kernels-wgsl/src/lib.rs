@@ -525,9 +525,10 @@ impl Kernel {
             Kernel::CombineRmsNorm => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, dst, scratch,
             // chunk counts
-            Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
-            // params, row_pos, dst, scratch
-            Kernel::AttendCombine => &[0, 2, 7, 8],
+            Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+            // params, row_pos, dst, scratch, scratch again (which `attend_combine` names but
+            // reads plainly)
+            Kernel::AttendCombine => &[0, 2, 7, 8, 10],
             // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights,
             // listed
             Kernel::Route(_) => &[17, 18, 19, 20, 21, 22, 23],
