@@ -524,7 +524,7 @@ impl Kernel {
             // shared_out, h
             Kernel::CombineRmsNorm => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, dst, scratch,
-            // chunk counts
+            // chunk counts, scratch again (which the combining workgroup reads atomically)
             Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             // params, row_pos, dst, scratch, scratch again (which `attend_combine` names but
             // reads plainly)
