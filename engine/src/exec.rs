@@ -10,8 +10,8 @@ use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
 use drama_kernels::{
-    ATTEND_COMBINES, AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS,
-    LinearInput, LinearParams, LinearWidth, MAX_KEPT_EXPERTS, NormParams, RouterParams, WeightFormat,
+    AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS, LinearInput, LinearParams,
+    LinearWidth, MAX_KEPT_EXPERTS, NormParams, RouterParams, WeightFormat,
 };
 
 use crate::error::EngineError;
@@ -68,7 +68,7 @@ struct Lowering<'a> {
     bind: &'a Bindings<'a>,
     scratch: wgpu::Buffer,
     /// Each (row, head)'s count of finished attention chunks, zero between launches
-    /// (`Kernel::Attend` with `ATTEND_COMBINES`; wgpu creates buffers zeroed).
+    /// (`Kernel::AttendAndCombine`; wgpu creates buffers zeroed).
     chunks_done: wgpu::Buffer,
     /// The attention launches' workgroup counts, written before each step.
     attention_grid: wgpu::Buffer,
@@ -235,10 +235,12 @@ impl<'a> Lowering<'a> {
                 last_chunk_combines,
             } => {
                 let rows = self.rows(inputs[0]);
-                let mut params = self.attention_params(rows, *heads, *kv_heads, *head_dim, *round_output);
-                if *last_chunk_combines {
-                    params.flags |= ATTEND_COMBINES;
-                }
+                let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, *round_output);
+                let kernel = if *last_chunk_combines {
+                    Kernel::AttendAndCombine
+                } else {
+                    Kernel::Attend
+                };
                 let (scratch, chunks_done) = (self.scratch.clone(), self.chunks_done.clone());
                 let resources = [
                     self.buffer(inputs[1])?,
@@ -255,12 +257,9 @@ impl<'a> Lowering<'a> {
                 // Launched over the chunks the step's rows reach (see `attention_grid`), at
                 // most the capacity's.
                 let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
-                let mut attend = self.gpu.dispatch(
-                    Kernel::Attend,
-                    &params,
-                    &resources,
-                    [rows as u32, *heads as u32, chunks],
-                )?;
+                let mut attend =
+                    self.gpu
+                        .dispatch(kernel, &params, &resources, [rows as u32, *heads as u32, chunks])?;
                 attend.indirect = Some(self.attention_grid.clone());
                 self.dispatches.push(attend);
                 if !*last_chunk_combines {

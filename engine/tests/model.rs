@@ -472,7 +472,8 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
     let count = |kernels: &[Kernel], kernel: Kernel| kernels.iter().filter(|&&k| k == kernel).count();
     assert_eq!(count(&concurrent_kernels, Kernel::AttendCombine), layers);
     assert_eq!(count(&vulkan_kernels, Kernel::AttendCombine), 0);
-    assert_eq!(count(&vulkan_kernels, Kernel::Attend), layers);
+    assert_eq!(count(&vulkan_kernels, Kernel::AttendAndCombine), layers);
+    assert_eq!(count(&vulkan_kernels, Kernel::Attend), 0);
     assert_eq!(vulkan_kernels.len(), concurrent_kernels.len() - layers);
 }
 

@@ -7,9 +7,7 @@ use common::*;
 use drama_engine::exec::route_launch;
 use drama_engine::numerics::round_to_bf16;
 use drama_engine::reference::ops::{self, RouterSpec};
-use drama_kernels::{
-    ATTEND_COMBINES, AttentionParams, ConvOutput, ElementwiseParams, Kernel, NormParams, RouterParams,
-};
+use drama_kernels::{AttentionParams, ConvOutput, ElementwiseParams, Kernel, NormParams, RouterParams};
 use rand_core::Rng;
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
@@ -185,13 +183,13 @@ fn attention_case(
         drama_kernels::attention_scratch_floats(rows, heads, head_dim, capacity),
     );
     let chunks_done = gpu.buffer_with("chunks done", &u32_bytes(&vec![0; rows * heads]));
-    // `attend` with the parameter block `params`, writing `out` when it combines.
-    let attend = |params: &wgpu::Buffer, out: &wgpu::Buffer| {
+    // `kernel` (`attend` alone, or combining too), writing `out` when it combines.
+    let attend = |kernel: Kernel, out: &wgpu::Buffer| {
         dispatch(
             gpu,
-            Kernel::Attend,
+            kernel,
             &[
-                params,
+                &p,
                 &lane_b,
                 &pos_b,
                 &table_b,
@@ -211,7 +209,7 @@ fn attention_case(
         )
     };
     let dispatches = [
-        attend(&p, &out),
+        attend(Kernel::Attend, &out),
         dispatch(
             gpu,
             Kernel::AttendCombine,
@@ -223,16 +221,9 @@ fn attention_case(
     let got = gpu.read_f32(&out).unwrap();
     // The one-launch form, each chunk count back at zero after every launch: the same bits,
     // launch after launch on the same counts.
-    let combining = gpu.uniform(
-        "p combining",
-        &AttentionParams {
-            flags: params.flags | ATTEND_COMBINES,
-            ..params
-        },
-    );
     for launch in 0..3 {
         let fused_out = poisoned(gpu, "fused out", rows * heads * head_dim);
-        let fused = attend(&combining, &fused_out);
+        let fused = attend(Kernel::AttendAndCombine, &fused_out);
         run(gpu, &[fused]);
         let fused_got = gpu.read_f32(&fused_out).unwrap();
         assert_eq!(bits(&fused_got), bits(&got), "{label}: one launch, launch {launch}");

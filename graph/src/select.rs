@@ -135,7 +135,7 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         Op::Attention {
             last_chunk_combines: true,
             ..
-        } => vec![Kernel::Attend],
+        } => vec![Kernel::AttendAndCombine],
         Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
         Op::Router { route, linear } => {
             let capacity = KeptCapacity::for_kept(route.kept)

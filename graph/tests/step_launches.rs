@@ -88,7 +88,8 @@ fn decode_steps_of_up_to_eight_rows_wait_on_nine_or_ten_launches_per_moe_layer()
         // and attention's chunks combined in its launch.
         let (waiting, beside) = launches(&bench_step(rows, true));
         assert_eq!(waiting.len(), 219, "{rows} rows: {waiting:?}");
-        assert_eq!(count(&waiting, Kernel::Attend), 24, "{rows} rows");
+        assert_eq!(count(&waiting, Kernel::AttendAndCombine), 24, "{rows} rows");
+        assert_eq!(count(&waiting, Kernel::Attend), 0, "{rows} rows");
         assert_eq!(count(&waiting, Kernel::AttendCombine), 0, "{rows} rows");
         assert_eq!(
             beside,

@@ -332,10 +332,12 @@ pub enum Kernel {
     /// when there is one), written out, then the RMSNorm of the result.
     CombineRmsNorm,
     /// Causal grouped-query attention over one chunk of positions (queries rotated as they
-    /// are staged); writes the chunk's partial results to the scratch buffer, and with
-    /// [`ATTEND_COMBINES`] the workgroup of each (row, head)'s last chunk to finish does
-    /// [`Kernel::AttendCombine`]'s work (needs device-scope storage barriers).
+    /// are staged); writes the chunk's partial results to the scratch buffer.
     Attend,
+    /// [`Kernel::Attend`] whose workgroup of each (row, head)'s last chunk to finish also does
+    /// [`Kernel::AttendCombine`]'s work (needs device-scope storage barriers): the same entry
+    /// point, compiled with `LAST_CHUNK_COMBINES` (see [`Kernel::overrides`]).
+    AttendAndCombine,
     /// Combines a row's attention chunks into its output.
     AttendCombine,
     /// Top-k routing over up to that many kept experts.
@@ -406,6 +408,7 @@ impl Kernel {
             Kernel::RmsNorm,
             Kernel::CombineRmsNorm,
             Kernel::Attend,
+            Kernel::AttendAndCombine,
             Kernel::AttendCombine,
             Kernel::Swiglu,
             Kernel::PackBf16,
@@ -441,7 +444,7 @@ impl Kernel {
             Kernel::Gathered(f, width) | Kernel::GatheredGrouped(f, width) => Module::Linear(f, width),
             Kernel::LinearPair(_) => Module::Linear(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
-            Kernel::Attend | Kernel::AttendCombine => Module::Attention,
+            Kernel::Attend | Kernel::AttendAndCombine | Kernel::AttendCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
             Kernel::Swiglu
             | Kernel::PackBf16
@@ -473,7 +476,7 @@ impl Kernel {
             Kernel::GroupSlots => "group_slots",
             Kernel::RmsNorm => "rms_norm",
             Kernel::CombineRmsNorm => "combine_rms_norm",
-            Kernel::Attend => "attend",
+            Kernel::Attend | Kernel::AttendAndCombine => "attend",
             Kernel::AttendCombine => "attend_combine",
             Kernel::Route(_) => "route",
             Kernel::RouteLinear(_) => "route_linear",
@@ -525,7 +528,7 @@ impl Kernel {
             Kernel::CombineRmsNorm => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, dst, scratch,
             // chunk counts, scratch again (which the combining workgroup reads atomically)
-            Kernel::Attend => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+            Kernel::Attend | Kernel::AttendAndCombine => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             // params, row_pos, dst, scratch, scratch again (which `attend_combine` names but
             // reads plainly)
             Kernel::AttendCombine => &[0, 2, 7, 8, 10],
@@ -573,6 +576,15 @@ impl Kernel {
         }
     }
 
+    /// The pipeline constants (WGSL `override`s) the kernel's pipeline is compiled with;
+    /// the others keep their defaults.
+    pub fn overrides(self) -> &'static [(&'static str, f64)] {
+        match self {
+            Kernel::AttendAndCombine => &[("LAST_CHUNK_COMBINES", 1.0)],
+            _ => &[],
+        }
+    }
+
     /// Invocations per workgroup.
     pub fn workgroup_size(self) -> u32 {
         if let Some(width) = self.linear_width() {
@@ -581,6 +593,7 @@ impl Kernel {
         match self {
             Kernel::ReadBandwidth
             | Kernel::Attend
+            | Kernel::AttendAndCombine
             | Kernel::RmsNorm
             | Kernel::CombineRmsNorm
             | Kernel::Route(_)
@@ -589,10 +602,6 @@ impl Kernel {
         }
     }
 }
-
-/// The flag of [`AttentionParams`] with which [`Kernel::Attend`] combines each (row,
-/// head)'s chunks itself, in the workgroup of the last chunk to finish.
-pub const ATTEND_COMBINES: u32 = 2;
 
 /// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
 /// workgroup per (row, head, chunk), `[rows, heads, attention_chunks(capacity)]`.
@@ -661,14 +670,40 @@ pub fn validate(module: Module) -> Result<(naga::Module, naga::valid::ModuleInfo
 }
 
 /// Translates a module to Metal Shading Language (MSL 2.4), as wgpu's Metal backend does for
-/// the engine's pipelines.
+/// the engine's pipelines, its pipeline constants at their defaults.
 pub fn to_msl(module: Module) -> Result<String, KernelError> {
-    msl_with(module, ZERO_FILL_WORKGROUP_MEMORY, FORCE_LOOP_BOUNDING)
+    msl_with(module, &[], ZERO_FILL_WORKGROUP_MEMORY, FORCE_LOOP_BOUNDING)
 }
 
-/// [`to_msl`] with the workgroup memory fill and the loop counters on or off.
-fn msl_with(module: Module, zero_fill: bool, loop_bounding: bool) -> Result<String, KernelError> {
+/// A module validated with the pipeline constants `constants` set (the others at their
+/// defaults), as wgpu compiles a pipeline.
+fn specialised(
+    module: Module,
+    constants: &[(&str, f64)],
+) -> Result<(naga::Module, naga::valid::ModuleInfo), KernelError> {
     let (ir, info) = validate(module)?;
+    let constants: naga::back::PipelineConstants = constants
+        .iter()
+        .map(|&(name, value)| (name.to_string(), value))
+        .collect();
+    let (ir, info) = naga::back::pipeline_constants::process_overrides(&ir, &info, None, &constants).map_err(|e| {
+        KernelError::Validate {
+            module: module.name(),
+            message: e.to_string(),
+        }
+    })?;
+    Ok((ir.into_owned(), info.into_owned()))
+}
+
+/// [`to_msl`] with `constants` set and the workgroup memory fill and the loop counters on or
+/// off.
+fn msl_with(
+    module: Module,
+    constants: &[(&str, f64)],
+    zero_fill: bool,
+    loop_bounding: bool,
+) -> Result<String, KernelError> {
+    let (ir, info) = specialised(module, constants)?;
     let options = naga::back::msl::Options {
         lang_version: (2, 4),
         zero_initialize_workgroup_memory: zero_fill,
@@ -700,6 +735,17 @@ mod tests {
             let msl = to_msl(module).unwrap_or_else(|e| panic!("{e}"));
             assert!(msl.contains("kernel void"), "{}: no kernel in MSL", module.name());
         }
+        // And with each kernel's own pipeline constants.
+        for kernel in Kernel::all().into_iter().filter(|k| !k.overrides().is_empty()) {
+            let msl = msl_with(
+                kernel.module(),
+                kernel.overrides(),
+                ZERO_FILL_WORKGROUP_MEMORY,
+                FORCE_LOOP_BOUNDING,
+            )
+            .unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
+            assert!(msl.contains(kernel.entry_point()), "{kernel:?}: no entry point in MSL");
+        }
     }
 
     /// The Metal code the engine's pipelines get has no zero fill of workgroup memory at the
@@ -722,7 +768,7 @@ mod tests {
                 module.name()
             );
             if !fills.is_empty() {
-                let filled = msl_with(module, true, FORCE_LOOP_BOUNDING).unwrap();
+                let filled = msl_with(module, &[], true, FORCE_LOOP_BOUNDING).unwrap();
                 assert!(has_fill(&filled), "{}: the fill is not recognised", module.name());
             }
         }
@@ -741,6 +787,7 @@ mod tests {
         }
         let counted = msl_with(
             Module::Linear(WeightFormat::Nvfp4, LinearWidth::Standard),
+            &[],
             ZERO_FILL_WORKGROUP_MEMORY,
             true,
         )
@@ -748,16 +795,17 @@ mod tests {
         assert!(counted.contains("loop_bound"), "the loop counters are not recognised");
     }
 
-    /// `attend`'s combine (with [`ATTEND_COMBINES`]) rests on naga's SPIR-V giving
-    /// `storageBarrier` device memory scope with acquire-release semantics (what
+    /// [`Kernel::AttendAndCombine`]'s combine rests on naga's SPIR-V giving `storageBarrier`
+    /// device memory scope with acquire-release semantics (what
     /// `Capabilities::device_barriers` claims for Vulkan): its every barrier over storage
     /// memory has them.
     #[test]
     fn storage_barriers_have_device_scope_in_spirv() {
-        let (ir, info) = validate(Module::Attention).unwrap();
+        let kernel = Kernel::AttendAndCombine;
+        let (ir, info) = specialised(kernel.module(), kernel.overrides()).unwrap();
         let pipeline = naga::back::spv::PipelineOptions {
             shader_stage: naga::ShaderStage::Compute,
-            entry_point: Kernel::Attend.entry_point().to_string(),
+            entry_point: kernel.entry_point().to_string(),
         };
         let words =
             naga::back::spv::write_vec(&ir, &info, &naga::back::spv::Options::default(), Some(&pipeline)).unwrap();

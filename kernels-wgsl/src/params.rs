@@ -78,8 +78,7 @@ pub struct AttentionParams {
     pub head_dim: u32,
     /// Positions per cache slot.
     pub capacity: u32,
-    /// 1: round the attention output to BF16; [`crate::ATTEND_COMBINES`]: `attend` combines
-    /// the chunks too.
+    /// 1: round the attention output to BF16.
     pub flags: u32,
     /// Score scale 1/sqrt(head_dim).
     pub scale: f32,

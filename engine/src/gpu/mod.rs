@@ -339,8 +339,8 @@ impl Gpu {
             module: &module,
             entry_point: Some(kernel.entry_point()),
             compilation_options: wgpu::PipelineCompilationOptions {
+                constants: kernel.overrides(),
                 zero_initialize_workgroup_memory: drama_kernels::ZERO_FILL_WORKGROUP_MEMORY,
-                ..Default::default()
             },
             cache: None,
         });

@@ -16,7 +16,7 @@ struct Params {
     kv_heads: u32,
     head_dim: u32,
     capacity: u32,    // positions per cache slot
-    flags: u32,       // 1: round the output to BF16; 2 (attend): combine the chunks too
+    flags: u32,       // 1: round the output to BF16
     scale: f32,       // 1 / sqrt(head_dim)
     _pad: u32,
 }
@@ -41,7 +41,8 @@ fn qkv_width() -> u32 {
 // the positions) with eight positions in flight and the parts added in a fixed order;
 // (o, m, l) go to `scratch`. `attend_combine` then gives each (row, head) a workgroup that
 // rescales the chunks to their common max and normalises (`combine_chunks`), or, in
-// `attend` with flag 2, the workgroup of the (row, head)'s last chunk to finish does, the
+// `attend` compiled with LAST_CHUNK_COMBINES, the workgroup of the (row, head)'s last chunk
+// to finish does, the
 // same bits with a launch less (see `combine_if_last`). Chunks are
 // fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
 // cache, never on the batch. (One workgroup per (row, head), scores through global memory,
@@ -179,8 +180,8 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
 }
 
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`, and
-// with flag 2 the combined output of the row's and head's chunks if this chunk finished
-// last (see `combine_if_last`). (The body as a function of (row, head, chunk) made the
+// with LAST_CHUNK_COMBINES the combined output of the row's and head's chunks if this chunk
+// finished last (see `combine_if_last`). (The body as a function of (row, head, chunk) made the
 // H200's 256-row prefill's 24 attention launches 2360-2369 against 2123-2125 us of its
 // profile.)
 @compute @workgroup_size(256)
@@ -240,7 +241,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     if (t == 0u) {
         scratch[block + chunks_of(p.capacity) * columns + chunk] = vec4<f32>(m, l, 0.0, 0.0);
     }
-    if ((p.flags & 2u) != 0u) {
+    if (LAST_CHUNK_COMBINES) {
         combine_if_last(r, h, t);
     }
 }
@@ -371,7 +372,9 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     write_combined(wg.x, wg.y, t, COMBINE_WG, false);
 }
 
-// With flag 2 `attend` also does `attend_combine`'s work, one launch for both: each (row,
+// With LAST_CHUNK_COMBINES (a constant each pipeline sets: the engine's `Kernel::Attend` and
+// `Kernel::AttendAndCombine`) `attend` also does `attend_combine`'s work, one launch for
+// both: each (row,
 // head) counts its finished chunks in `chunks_done`, and the workgroup of the last to
 // finish combines them (reading every chunk's results from `scratch`) and sets the count
 // back to zero for the next launch. On SPIR-V naga gives `storageBarrier` device memory
@@ -383,16 +386,20 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 // buffer held before. On an H200 a linear whose last workgroup normed the rows the others
 // had written read, with plain loads, values from before (in some step forms, every time),
 // and the right ones with atomic loads. (Against plain loads, in one call: the decode steps
-// the same within their spread; the 256-row prefill's attention launches, which share the
-// entry point but never take this path, 2315-2318 against 2051-2053 us of its profile,
-// 63.88 against 63.62 ms in all. Reading one chunk at a time instead of four kept the
-// prefill at 63.63 ms but made the decode steps up to 1.5% longer.)
+// the same within their spread. Reading one chunk at a time instead of four made them up
+// to 1.5% longer.)
 @group(0) @binding(9) var<storage, read_write> chunks_done: array<atomic<u32>>;
 @group(0) @binding(10) var<storage, read_write> scratch_bits: array<atomic<u32>>;
 var<workgroup> finished_chunks: u32;
+// A pipeline constant rather than a flag of the parameter block, so that the pipeline of
+// steps that combine in a launch of their own carries none of the combine's code: with a
+// flag, the atomic reads made the 256-row prefill's attention launches, which never
+// combine, 2315-2318 against 2051-2053 us of the H200's profile (63.88 against 63.62 ms in
+// all); with the constant 2126 us (63.69-63.74 ms), the decode steps the same.
+override LAST_CHUNK_COMBINES: bool = false;
 
-// The end of a chunk's workgroup with flag 2 (every invocation must call it): the
-// combine, if its chunk finished last.
+// The end of a chunk's workgroup with LAST_CHUNK_COMBINES (every invocation must call it):
+// the combine, if its chunk finished last.
 fn combine_if_last(r: u32, h: u32, t: u32) {
     storageBarrier();
     let counter = r * p.heads + h;
