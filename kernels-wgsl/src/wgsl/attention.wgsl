@@ -42,8 +42,7 @@ fn qkv_width() -> u32 {
 // (o, m, l) go to `scratch`. `attend_combine` then gives each (row, head) a workgroup that
 // rescales the chunks to their common max and normalises (`combine_chunks`), or, in
 // `attend` compiled with LAST_CHUNK_COMBINES, the workgroup of the (row, head)'s last chunk
-// to finish does, the
-// same bits with a launch less (see `combine_if_last`). Chunks are
+// to finish does, the same bits with a launch less (see `combine_if_last`). Chunks are
 // fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
 // cache, never on the batch. (One workgroup per (row, head), scores through global memory,
 // took about 19 us per attention in an H200 decode step, bound by its chain of dependent
@@ -181,8 +180,8 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
 
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`, and
 // with LAST_CHUNK_COMBINES the combined output of the row's and head's chunks if this chunk
-// finished last (see `combine_if_last`). (The body as a function of (row, head, chunk) made the
-// H200's 256-row prefill's 24 attention launches 2360-2369 against 2123-2125 us of its
+// finished last (see `combine_if_last`). (The body as a function of (row, head, chunk) made
+// the H200's 256-row prefill's 24 attention launches 2360-2369 against 2123-2125 us of its
 // profile.)
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -374,9 +373,8 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 
 // With LAST_CHUNK_COMBINES (a constant each pipeline sets: the engine's `Kernel::Attend` and
 // `Kernel::AttendAndCombine`) `attend` also does `attend_combine`'s work, one launch for
-// both: each (row,
-// head) counts its finished chunks in `chunks_done`, and the workgroup of the last to
-// finish combines them (reading every chunk's results from `scratch`) and sets the count
+// both: each (row, head) counts its finished chunks in `chunks_done`, and the workgroup of
+// the last to finish combines them (reading every chunk's results from `scratch`) and sets the count
 // back to zero for the next launch. On SPIR-V naga gives `storageBarrier` device memory
 // scope with acquire-release semantics: the barrier before the count releases the chunk's
 // results, the one after it acquires the other chunks'. (On Metal it orders memory within
