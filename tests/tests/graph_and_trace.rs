@@ -37,6 +37,14 @@ fn tensors(path: &Path) -> std::collections::BTreeMap<String, (String, Vec<usize
         .collect()
 }
 
+/// `drama trace --checkpoint checkpoint ARGS --out out`: exit code, stdout, stderr.
+fn run_trace(checkpoint: &str, args: &[&str], out: &Path) -> (Option<i32>, String, String) {
+    let mut all = vec!["trace", "--checkpoint", checkpoint];
+    all.extend(args);
+    all.extend(["--out", out.to_str().unwrap()]);
+    drama_text(&all)
+}
+
 #[test]
 fn graph_dumps_text_json_and_dot() {
     let dir = tempfile::tempdir().unwrap();
@@ -80,10 +88,7 @@ fn trace_paired_equals_separate_and_refuses_bad_codes() {
     let paired = dir.path().join("paired.safetensors");
     let separate = dir.path().join("separate.safetensors");
     for (lanes, out) in [("paired", &paired), ("separate", &separate)] {
-        let (code, _, err) = drama_text(&[
-            "trace",
-            "--checkpoint",
-            c,
+        let args = [
             "--text-ids",
             "5,17,42",
             "--codes",
@@ -92,9 +97,8 @@ fn trace_paired_equals_separate_and_refuses_bad_codes() {
             "1.5",
             "--lanes",
             lanes,
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        ];
+        let (code, _, err) = run_trace(c, &args, out);
         assert_eq!(code, Some(0), "{lanes}: {err}");
     }
     let (a, b) = (tensors(&paired), tensors(&separate));
@@ -109,30 +113,12 @@ fn trace_paired_equals_separate_and_refuses_bad_codes() {
     assert!(!a.contains_key("layers.0.router.ids"), "layer 0 is dense");
     // The codec's decoding of the 3 codes: 12 samples per code in the tiny preset.
     assert_eq!(a["pcm"].1, vec![3 * 12]);
-    let (code, _, err) = drama_text(&[
-        "trace",
-        "--checkpoint",
-        c,
-        "--text-ids",
-        "5",
-        "--codes",
-        "64",
-        "--out",
-        dir.path().join("x").to_str().unwrap(),
-    ]);
+    let (code, _, err) = run_trace(c, &["--text-ids", "5", "--codes", "64"], &dir.path().join("x"));
     assert_eq!(code, Some(1));
     assert!(err.contains("code 64"), "{err}");
     // More positions than the model holds: named by what the user gave.
     let many = vec!["5"; 4100].join(",");
-    let (code, _, err) = drama_text(&[
-        "trace",
-        "--checkpoint",
-        c,
-        "--text-ids",
-        &many,
-        "--out",
-        dir.path().join("y").to_str().unwrap(),
-    ]);
+    let (code, _, err) = run_trace(c, &["--text-ids", &many], &dir.path().join("y"));
     assert_eq!(code, Some(1));
     assert!(
         err.contains("4100 text tokens and 0 codes make 4105 positions"),
@@ -169,12 +155,11 @@ fn trace_takes_a_recording_or_its_voice_file() {
     assert_eq!(code, Some(0), "{err}");
     let trace = |voice: Option<&Path>, out: &str| {
         let out = dir.path().join(out);
-        let mut args = vec!["trace", "--checkpoint", c, "--text-ids", "5,17", "--codes", "3,9"];
-        args.extend(["--out", out.to_str().unwrap()]);
+        let mut args = vec!["--text-ids", "5,17", "--codes", "3,9"];
         if let Some(voice) = voice {
             args.extend(["--voice", voice.to_str().unwrap()]);
         }
-        let (code, _, err) = drama_text(&args);
+        let (code, _, err) = run_trace(c, &args, &out);
         assert_eq!(code, Some(0), "{err}");
         tensors(&out)
     };
@@ -183,18 +168,8 @@ fn trace_takes_a_recording_or_its_voice_file() {
     assert_ne!(from_recording, trace(None, "d.safetensors"), "the voice must matter");
     let text = dir.path().join("voice.txt");
     std::fs::write(&text, b"not a voice").unwrap();
-    let out = dir.path().join("t.safetensors");
-    let (code, _, err) = drama_text(&[
-        "trace",
-        "--checkpoint",
-        c,
-        "--text-ids",
-        "5",
-        "--voice",
-        text.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let args = ["--text-ids", "5", "--voice", text.to_str().unwrap()];
+    let (code, _, err) = run_trace(c, &args, &dir.path().join("t.safetensors"));
     assert_eq!(code, Some(1));
     assert!(
         err.contains("expected a .wav recording or a .safetensors voice file"),
