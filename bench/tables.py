@@ -10,6 +10,8 @@ Parts a results file lacks (`drama bench --only`) are left out."""
 import argparse
 import json
 
+from summarize import gathered_us
+
 parser = argparse.ArgumentParser()
 parser.add_argument("results", help="a `drama bench` results file")
 parser.add_argument("--pytorch", help="bench/pytorch_baseline.py's output from the same call")
@@ -51,7 +53,7 @@ def decode_table(steps, pytorch):
         "-",
         " / ".join(f"{m['floor_us']:.1f}" for m in moe) + " us",
         " / ".join(f"{m['ratio_to_floor']:.1f}x" for m in moe),
-        f"{moe[0]['dispatches'] - 1} of {moe[0]['dispatches']}",
+        f"{moe[0]['dispatches']} in all",
         "-",
         "-",
     ])
@@ -105,7 +107,7 @@ def other_table(d, serve):
     ]
     if "prefill" in d:
         p = d["prefill"]
-        experts = sum(x["total_us"] for x in p["profile"] if x["kernel"].startswith("Gathered"))
+        experts = gathered_us(p["profile"])
         rows.append([f"prefill of {p['rows']} rows",
                      f"{p['gpu_ms']:.2f} ms (routed experts {experts / 1000:.1f} ms of its profile)"])
     if "synthesis" in d:
