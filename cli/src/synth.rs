@@ -51,7 +51,7 @@ pub struct SynthArgs {
     checkpoint: CheckpointArg,
     #[command(flatten)]
     gpu: GpuArg,
-    /// Output WAV path, or `-` for standard output.
+    /// Output WAV path (named .wav, or without an extension), or `-` for standard output.
     #[arg(short = 'o', long = "out")]
     out: PathBuf,
     /// Sample format of the WAV.
@@ -98,6 +98,12 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let to_stdout = args.out.as_os_str() == "-";
     if !to_stdout {
         output::check(&args.out)?;
+        output::check_extension(
+            &args.out,
+            "wav",
+            true,
+            "drama synth writes WAV, so the name must end in .wav (or have no extension)",
+        )?;
     }
     check_gamma(args.gamma)?;
     let seed = args.seed.unwrap_or_else(random_seed);

@@ -21,7 +21,7 @@ pub struct VoiceArgs {
     /// Reference recording (WAV: 16/24/32-bit integer or 32-bit float, any rate and channels).
     #[arg(long)]
     wav: PathBuf,
-    /// Output voice file (.safetensors).
+    /// Output voice file (its name must end in .safetensors).
     #[arg(short = 'o', long = "out")]
     out: PathBuf,
 }
@@ -29,6 +29,12 @@ pub struct VoiceArgs {
 /// Runs `drama voice`.
 pub fn run(args: VoiceArgs) -> Result<()> {
     output::check(&args.out)?;
+    output::check_extension(
+        &args.out,
+        "safetensors",
+        false,
+        "--voice reads a voice file only by a name ending in .safetensors",
+    )?;
     let checkpoint = args.checkpoint.open()?;
     let bytes = std::fs::read(&args.wav).with_context(|| format!("reading {}", args.wav.display()))?;
     let tower = VoiceTower::new(args.gpu.open()?, &checkpoint)?;

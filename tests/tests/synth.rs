@@ -204,8 +204,14 @@ fn synth_refusals_name_the_problem() {
     // Outputs that cannot be written, and bad settings, are refused before the checkpoint
     // is loaded (its summary line never comes), not after the synthesis.
     let nowhere = s.root.join("no-such-folder").join("x.wav");
+    let mislabelled = s.root.join("x.mp3");
     for (out, extra, names) in [
         (nowhere.as_path(), &[][..], "the folder"),
+        (
+            mislabelled.as_path(),
+            &[][..],
+            "x.mp3: drama synth writes WAV, so the name must end in .wav",
+        ),
         (s.root.as_path(), &[][..], "it is a folder"),
         (out.as_path(), &["--gamma", "inf"][..], "gamma inf must be in (0, 10]"),
         (
@@ -237,5 +243,27 @@ fn synth_refusals_name_the_problem() {
     ]);
     assert_eq!(code, Some(1));
     assert!(err.contains("it is a folder"), "{err}");
-    assert!(!nowhere.parent().unwrap().exists() && !out.exists());
+    // A voice file under another name than .safetensors would not load back as one
+    // (`--voice` goes by the name), so it is refused before any work.
+    for name in ["voice.wav", "voice"] {
+        let misnamed = s.root.join(name);
+        let (code, _, err) = drama_text(&[
+            "voice",
+            "--checkpoint",
+            &s.checkpoint,
+            "--wav",
+            "ref.wav",
+            "-o",
+            misnamed.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(&format!(
+                "{name}: --voice reads a voice file only by a name ending in .safetensors"
+            )),
+            "{err}"
+        );
+        assert!(!misnamed.exists());
+    }
+    assert!(!nowhere.parent().unwrap().exists() && !out.exists() && !mislabelled.exists());
 }
