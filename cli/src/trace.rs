@@ -42,7 +42,7 @@ pub struct TraceArgs {
     /// Run the guidance lanes in one batched forward (paired) or two (separate).
     #[arg(long, value_enum, default_value = "paired")]
     lanes: Lanes,
-    /// Output file.
+    /// Output file: the traced tensors in safetensors format.
     #[arg(long)]
     out: PathBuf,
 }
