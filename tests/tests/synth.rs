@@ -232,21 +232,16 @@ fn synth_refusals_name_the_problem() {
         assert!(err.contains(names), "{err}");
         assert!(!err.contains("checkpoint opened"), "refused only after loading: {err}");
     }
-    let (code, _, err) = drama_text(&[
-        "voice",
-        "--checkpoint",
-        &s.checkpoint,
-        "--wav",
-        "ref.wav",
-        "-o",
-        s.root.to_str().unwrap(),
-    ]);
-    assert_eq!(code, Some(1));
-    assert!(err.contains("it is a folder"), "{err}");
-    // A voice file under another name than .safetensors would not load back as one
-    // (`--voice` goes by the name), so it is refused before any work.
-    for name in ["voice.wav", "voice"] {
-        let misnamed = s.root.join(name);
+    // `drama voice` refuses a folder, and a name other than .safetensors, under which
+    // `--voice` would not read the file back as a voice; both before any work.
+    let voice_wav = s.root.join("voice.wav");
+    let unnamed = s.root.join("voice");
+    let refused = "--voice reads a voice file only by a name ending in .safetensors";
+    for (target, names) in [
+        (s.root.as_path(), "it is a folder".to_string()),
+        (voice_wav.as_path(), format!("voice.wav: {refused}")),
+        (unnamed.as_path(), format!("voice: {refused}")),
+    ] {
         let (code, _, err) = drama_text(&[
             "voice",
             "--checkpoint",
@@ -254,16 +249,11 @@ fn synth_refusals_name_the_problem() {
             "--wav",
             "ref.wav",
             "-o",
-            misnamed.to_str().unwrap(),
+            target.to_str().unwrap(),
         ]);
         assert_eq!(code, Some(1), "{err}");
-        assert!(
-            err.contains(&format!(
-                "{name}: --voice reads a voice file only by a name ending in .safetensors"
-            )),
-            "{err}"
-        );
-        assert!(!misnamed.exists());
+        assert!(err.contains(&names), "{err}");
     }
+    assert!(!voice_wav.exists() && !unnamed.exists());
     assert!(!nowhere.parent().unwrap().exists() && !out.exists() && !mislabelled.exists());
 }
