@@ -10,6 +10,7 @@ use drama_engine::voice::{prefix_from_wav, voice_file_bytes};
 use crate::checkpoint_arg::CheckpointArg;
 use crate::gpu_arg::GpuArg;
 use crate::output;
+use crate::voice_arg::VOICE_FILE_EXTENSION;
 
 /// Arguments of `drama voice`.
 #[derive(Args)]
@@ -31,7 +32,7 @@ pub fn run(args: VoiceArgs) -> Result<()> {
     output::check(&args.out)?;
     output::check_extension(
         &args.out,
-        "safetensors",
+        VOICE_FILE_EXTENSION,
         false,
         "--voice reads a voice file only by a name ending in .safetensors",
     )?;

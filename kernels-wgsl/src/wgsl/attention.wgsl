@@ -377,8 +377,8 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 // the last to finish combines them (reading every chunk's results from `scratch`) and sets
 // the count back to zero for the next launch. On SPIR-V naga gives `storageBarrier` device
 // memory scope with acquire-release semantics: the barrier before the count releases the
-// chunk's results, the one after it acquires the other chunks'. (On Metal it orders memory within
-// the threadgroup only, so steps there keep the two launches.) The combining workgroup
+// chunk's results, the one after it acquires the other chunks'. (On Metal it orders memory
+// within the threadgroup only, so steps there keep the two launches.) The combining workgroup
 // reads the chunks' results with atomic loads (`scratch_bits`, the same buffer as
 // `scratch`): plain loads may be served by a cache of its own that still holds what the
 // buffer held before. On an H200 a linear whose last workgroup normed the rows the others
