@@ -16,20 +16,22 @@ use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
 use crate::gpu::{Dispatch, Gpu, Readback};
 
-/// A stream history: the frames the next chunk needs, and a scratch for updating it.
+/// A stream history: the frames the next chunk needs, in one of two buffers that take turns
+/// (see [`Builder::with_history`]).
 struct History {
     frames: usize,
     channels: usize,
-    current: wgpu::Buffer,
-    next: wgpu::Buffer,
+    buffers: [wgpu::Buffer; 2],
 }
 
-/// The launches of one chunk length.
+/// The launches of one chunk length: one list for each of the two turns of the histories
+/// (list `p` reads every history from its buffer `p` and writes the next into the other),
+/// over the same activations.
 struct ChunkProgram {
     input: wgpu::Buffer,
     output: wgpu::Buffer,
     readback: Readback,
-    dispatches: Vec<Dispatch>,
+    dispatches: [Vec<Dispatch>; 2],
 }
 
 /// The codec's weights on the GPU, shared by every stream.
@@ -58,6 +60,8 @@ struct Spread {
 pub struct CodecDecoder {
     weights: Arc<CodecWeights>,
     histories: Vec<History>,
+    /// Which buffer of each history holds it now (the next chunk's launches of this turn).
+    turn: usize,
     programs: HashMap<usize, ChunkProgram>,
     /// The chunk whose launches are partly submitted, if any.
     spread: Option<Spread>,
@@ -96,9 +100,15 @@ struct Builder<'a> {
     gpu: &'a Gpu,
     tensors: &'a HashMap<String, wgpu::Buffer>,
     histories: &'a [History],
+    /// Which buffer of each history the launches read (they write the other).
+    turn: usize,
     next_history: usize,
     /// A 4-byte buffer bound where a launch reads no history.
     no_history: wgpu::Buffer,
+    /// The chunk's activations in the order the walk asked for them: made by the first walk,
+    /// handed out again by the second (the other turn's), which asks in the same order.
+    activations: Vec<wgpu::Buffer>,
+    activations_used: usize,
     dispatches: Vec<Dispatch>,
 }
 
@@ -127,9 +137,19 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// A chunk's activations of `channels` channels (f32), labelled `label`.
-    fn activation(&self, label: &str, frames: usize, channels: usize) -> wgpu::Buffer {
-        self.gpu.buffer(label, (frames * channels * 4) as u64)
+    /// A chunk's activations of `channels` channels (f32), labelled `label`: a new buffer
+    /// in the first walk, the same one again in the second.
+    fn activation(&mut self, label: &str, frames: usize, channels: usize) -> wgpu::Buffer {
+        let buffer = match self.activations.get(self.activations_used) {
+            Some(made) => made.clone(),
+            None => {
+                let made = self.gpu.buffer(label, (frames * channels * 4) as u64);
+                self.activations.push(made.clone());
+                made
+            }
+        };
+        self.activations_used += 1;
+        buffer
     }
 
     fn tensor(&self, name: &str) -> &wgpu::Buffer {
@@ -144,10 +164,12 @@ impl Builder<'_> {
         )
     }
 
-    /// Reads and advances the next history: the convolution runs against it, then it
-    /// becomes the last frames of [history | x]. A chunk at least as long as the history
-    /// replaces it with its own last frames in place (one launch); a shorter one keeps part
-    /// of the old history, so the new one is assembled in a scratch buffer and copied back.
+    /// Reads and advances the next history: the convolution runs against its buffer of this
+    /// turn, then a launch writes the last frames of [history | x] into the other buffer,
+    /// which the next chunk reads. The two launches only read x and the history, and no other
+    /// launch of the chunk touches the buffer written, so where the backend runs launches
+    /// beside each other (Vulkan, DX12) no barrier comes before the shift and it runs beside
+    /// the convolution.
     fn with_history(
         &mut self,
         x: &wgpu::Buffer,
@@ -157,7 +179,8 @@ impl Builder<'_> {
         let index = self.next_history;
         self.next_history += 1;
         let history = &self.histories[index];
-        let (current, next) = (history.current.clone(), history.next.clone());
+        let current = history.buffers[self.turn].clone();
+        let next = history.buffers[1 - self.turn].clone();
         run(self, &current)?;
         let count = history.frames * history.channels;
         let params = CodecParams {
@@ -171,13 +194,7 @@ impl Builder<'_> {
             count: count as u32,
             ..Default::default()
         };
-        if frames >= history.frames {
-            // Reads x only: the history binding is never read.
-            let unread = self.no_history.clone();
-            return self.launch(Kernel::ShiftHistory, &params, &[x, &unread, &current], count);
-        }
-        self.launch(Kernel::ShiftHistory, &params, &[x, &current, &next], count)?;
-        self.launch(Kernel::Copy, &params, &[&next, &current], count)
+        self.launch(Kernel::ShiftHistory, &params, &[x, &current, &next], count)
     }
 
     /// A conv1d of `x` and what it writes (see [`Written`]); returns its output buffer.
@@ -253,6 +270,103 @@ impl Builder<'_> {
         })?;
         Ok((y, snaked))
     }
+
+    /// The launches of the whole decoder over a chunk of `frames` codes whose codebook rows
+    /// are in `input`, in decoding order; returns the output (PCM) and its samples.
+    fn decoder(
+        &mut self,
+        c: &crate::checkpoint::config::CodecConfig,
+        input: &wgpu::Buffer,
+        frames: usize,
+    ) -> Result<(wgpu::Buffer, usize), EngineError> {
+        let k = c.kernel_size;
+        // `s`: the snake the next convolution reads, each written by the launch of the
+        // convolution before it.
+        let mut s = self.conv1d(
+            input,
+            frames,
+            names::CODEC_IN,
+            Conv {
+                cin: c.codebook_dim,
+                cout: c.channels[0],
+                kernel: k,
+                dilation: 1,
+            },
+            Written::Snake(&names::fill(names::STAGE_SNAKE, &[("u", 0)])),
+        )?;
+        let mut t = frames;
+        let stages = c.upsample_rates.len();
+        let units = c.residual_dilations.len();
+        for (u, &rate) in c.upsample_rates.iter().enumerate() {
+            let (cin, cout) = (c.channels[u], c.channels[u + 1]);
+            // The snake that reads the stage's output: the next stage's, or the output's.
+            let after_stage = if u + 1 < stages {
+                names::fill(names::STAGE_SNAKE, &[("u", u + 1)])
+            } else {
+                names::OUT_SNAKE.to_string()
+            };
+            // The snake before residual unit `r` of this stage, or after the stage.
+            let before_unit = |r: usize| {
+                if r < units {
+                    names::fill(names::RES_SNAKE1, &[("u", u), ("r", r)])
+                } else {
+                    after_stage.clone()
+                }
+            };
+            let stage_up = names::fill(names::STAGE_UP, &[("u", u)]);
+            let (mut x, snaked) = self.conv_transpose_snake(&s, t, &stage_up, (cin, cout), rate, &before_unit(0))?;
+            s = snaked;
+            t *= rate;
+            for (r, &d) in c.residual_dilations.iter().enumerate() {
+                let at = |tpl: &str| names::fill(tpl, &[("u", u), ("r", r)]);
+                let y = self.conv1d(
+                    &s,
+                    t,
+                    &at(names::RES_CONV1),
+                    Conv {
+                        cin: cout,
+                        cout,
+                        kernel: k,
+                        dilation: d,
+                    },
+                    Written::Snake(&at(names::RES_SNAKE2)),
+                )?;
+                let next = before_unit(r + 1);
+                let snaked = self.activation(&next, t, cout);
+                x = self.conv1d(
+                    &y,
+                    t,
+                    &at(names::RES_CONV2),
+                    Conv {
+                        cin: cout,
+                        cout,
+                        kernel: 1,
+                        dilation: 1,
+                    },
+                    Written::ResidualAndSnake {
+                        residual: &x,
+                        alpha: &next,
+                        snaked: &snaked,
+                    },
+                )?;
+                s = snaked;
+            }
+        }
+        let last = *c.channels.last().expect("validated");
+        let output = self.conv1d(
+            &s,
+            t,
+            names::CODEC_OUT,
+            Conv {
+                cin: last,
+                cout: 1,
+                kernel: k,
+                dilation: 1,
+            },
+            Written::Tanh,
+        )?;
+        Ok((output, t))
+    }
 }
 
 /// The convolutions that carry history, in decoding order: (frames kept, channels). A
@@ -315,14 +429,14 @@ impl CodecDecoder {
                 History {
                     frames,
                     channels,
-                    current: gpu.buffer("codec history", bytes),
-                    next: gpu.buffer("codec history scratch", bytes),
+                    buffers: [gpu.buffer("codec history", bytes), gpu.buffer("codec history", bytes)],
                 }
             })
             .collect();
         CodecDecoder {
             weights,
             histories,
+            turn: 0,
             programs: HashMap::new(),
             spread: None,
             in_flight: None,
@@ -337,116 +451,39 @@ impl CodecDecoder {
         self.in_flight = None;
         self.ready.clear();
         for h in &self.histories {
+            let current = &h.buffers[self.turn];
             self.weights
                 .gpu
                 .queue
-                .write_buffer(&h.current, 0, &vec![0u8; h.current.size() as usize]);
+                .write_buffer(current, 0, &vec![0u8; current.size() as usize]);
         }
     }
 
     fn compile(&self, frames: usize) -> Result<ChunkProgram, EngineError> {
         let w = &self.weights;
-        let c = &w.config;
-        let k = c.kernel_size;
-        let input = w.gpu.buffer("codec input", (frames * c.codebook_dim * 4) as u64);
+        let input = w.gpu.buffer("codec input", (frames * w.config.codebook_dim * 4) as u64);
         let mut b = Builder {
             gpu: &w.gpu,
             tensors: &w.tensors,
             histories: &self.histories,
+            turn: 0,
             next_history: 0,
             no_history: w.gpu.buffer("no history", 4),
+            activations: Vec::new(),
+            activations_used: 0,
             dispatches: Vec::new(),
         };
-        // `s`: the snake the next convolution reads, each written by the launch of the
-        // convolution before it.
-        let mut s = b.conv1d(
-            &input,
-            frames,
-            names::CODEC_IN,
-            Conv {
-                cin: c.codebook_dim,
-                cout: c.channels[0],
-                kernel: k,
-                dilation: 1,
-            },
-            Written::Snake(&names::fill(names::STAGE_SNAKE, &[("u", 0)])),
-        )?;
-        let mut t = frames;
-        let stages = c.upsample_rates.len();
-        let units = c.residual_dilations.len();
-        for (u, &rate) in c.upsample_rates.iter().enumerate() {
-            let (cin, cout) = (c.channels[u], c.channels[u + 1]);
-            // The snake that reads the stage's output: the next stage's, or the output's.
-            let after_stage = if u + 1 < stages {
-                names::fill(names::STAGE_SNAKE, &[("u", u + 1)])
-            } else {
-                names::OUT_SNAKE.to_string()
-            };
-            // The snake before residual unit `r` of this stage, or after the stage.
-            let before_unit = |r: usize| {
-                if r < units {
-                    names::fill(names::RES_SNAKE1, &[("u", u), ("r", r)])
-                } else {
-                    after_stage.clone()
-                }
-            };
-            let stage_up = names::fill(names::STAGE_UP, &[("u", u)]);
-            let (mut x, snaked) = b.conv_transpose_snake(&s, t, &stage_up, (cin, cout), rate, &before_unit(0))?;
-            s = snaked;
-            t *= rate;
-            for (r, &d) in c.residual_dilations.iter().enumerate() {
-                let at = |tpl: &str| names::fill(tpl, &[("u", u), ("r", r)]);
-                let y = b.conv1d(
-                    &s,
-                    t,
-                    &at(names::RES_CONV1),
-                    Conv {
-                        cin: cout,
-                        cout,
-                        kernel: k,
-                        dilation: d,
-                    },
-                    Written::Snake(&at(names::RES_SNAKE2)),
-                )?;
-                let next = before_unit(r + 1);
-                let snaked = b.activation(&next, t, cout);
-                x = b.conv1d(
-                    &y,
-                    t,
-                    &at(names::RES_CONV2),
-                    Conv {
-                        cin: cout,
-                        cout,
-                        kernel: 1,
-                        dilation: 1,
-                    },
-                    Written::ResidualAndSnake {
-                        residual: &x,
-                        alpha: &next,
-                        snaked: &snaked,
-                    },
-                )?;
-                s = snaked;
-            }
-        }
-        let last = *c.channels.last().expect("validated");
-        let output = b.conv1d(
-            &s,
-            t,
-            names::CODEC_OUT,
-            Conv {
-                cin: last,
-                cout: 1,
-                kernel: k,
-                dilation: 1,
-            },
-            Written::Tanh,
-        )?;
+        let (output, samples) = b.decoder(&w.config, &input, frames)?;
+        let first_turn = std::mem::take(&mut b.dispatches);
+        b.turn = 1;
+        b.next_history = 0;
+        b.activations_used = 0;
+        b.decoder(&w.config, &input, frames)?;
         Ok(ChunkProgram {
             input,
-            readback: Readback::new(&w.gpu, "pcm readback", (t * 4) as u64),
+            readback: Readback::new(&w.gpu, "pcm readback", (samples * 4) as u64),
             output,
-            dispatches: b.dispatches,
+            dispatches: [first_turn, b.dispatches],
         })
     }
 
@@ -487,7 +524,7 @@ impl CodecDecoder {
             return self.submit(codes);
         }
         self.check_codes(codes)?;
-        let launches = self.load_piece(codes)?.dispatches.len();
+        let launches = self.load_piece(codes)?.dispatches[0].len();
         self.spread = Some(Spread {
             length: codes.len(),
             submitted: 0,
@@ -514,7 +551,7 @@ impl CodecDecoder {
     /// Submits the parts of `spread` up to part `end` (exclusive) in one command buffer;
     /// with its last part the copy of the samples too, and the chunk is in flight.
     fn submit_parts(&mut self, spread: Spread, end: usize) {
-        let launches = self.programs[&spread.length].dispatches.len();
+        let launches = self.programs[&spread.length].dispatches[0].len();
         let bound = |part: usize| part * launches / spread.parts;
         let last = end == spread.parts;
         self.spread = (!last).then_some(Spread {
@@ -525,15 +562,18 @@ impl CodecDecoder {
     }
 
     /// Submits `launches` of the program for `length` codes, whose input is loaded; when they
-    /// end the program, the copy of the samples too, and the chunk is in flight.
+    /// end the program, the copy of the samples too, and the chunk is in flight (the
+    /// histories it wrote are the next chunk's).
     fn submit_launches(&mut self, length: usize, launches: std::ops::Range<usize>) {
         let gpu = self.weights.gpu.clone();
         let program = &self.programs[&length];
-        let last = launches.end == program.dispatches.len();
+        let dispatches = &program.dispatches[self.turn];
+        let last = launches.end == dispatches.len();
         let copy = last.then_some((&program.output, &program.readback));
-        let submission = gpu.submit_commands([gpu.encode_then_copy(&program.dispatches[launches], copy)]);
+        let submission = gpu.submit_commands([gpu.encode_then_copy(&dispatches[launches], copy)]);
         if last {
             self.in_flight = Some((length, submission));
+            self.turn = 1 - self.turn;
         }
     }
 
@@ -589,6 +629,13 @@ impl CodecDecoder {
         Ok(program)
     }
 
+    /// Loads `codes` as [`CodecDecoder::load_piece`] does and returns the launches of this
+    /// turn (after the chunk before, if any, has been submitted whole and flipped it).
+    fn load_turn(&mut self, codes: &[u32]) -> Result<&[Dispatch], EngineError> {
+        self.load_piece(codes)?;
+        Ok(&self.programs[&codes.len()].dispatches[self.turn])
+    }
+
     /// Decodes one chunk of `codes` (at most one program's worth) as one timed pass, for
     /// `drama bench`: its GPU time (timestamps at the pass boundaries where the adapter has
     /// them, wall time otherwise) and its launch count. Advances the stream; the samples are
@@ -596,8 +643,10 @@ impl CodecDecoder {
     pub fn timed_chunk(&mut self, codes: &[u32]) -> Result<(std::time::Duration, usize), EngineError> {
         self.check_codes(codes)?;
         let gpu = self.weights.gpu.clone();
-        let program = self.load_piece(codes)?;
-        Ok((gpu.timed_submit(&program.dispatches)?, program.dispatches.len()))
+        let dispatches = self.load_turn(codes)?;
+        let timed = (gpu.timed_submit(dispatches)?, dispatches.len());
+        self.turn = 1 - self.turn;
+        Ok(timed)
     }
 
     /// Like [`CodecDecoder::timed_chunk`], one launch per pass: each launch's kernel and GPU
@@ -605,9 +654,11 @@ impl CodecDecoder {
     pub fn profiled_chunk(&mut self, codes: &[u32]) -> Result<Vec<(Kernel, std::time::Duration)>, EngineError> {
         self.check_codes(codes)?;
         let gpu = self.weights.gpu.clone();
-        let program = self.load_piece(codes)?;
-        let times = gpu.profile_submit(&program.dispatches)?;
-        Ok(program.dispatches.iter().map(|d| d.kernel).zip(times).collect())
+        let dispatches = self.load_turn(codes)?;
+        let times = gpu.profile_submit(dispatches)?;
+        let profile = dispatches.iter().map(|d| d.kernel).zip(times).collect();
+        self.turn = 1 - self.turn;
+        Ok(profile)
     }
 
     /// Refuses codes outside the codebook.
@@ -623,7 +674,7 @@ impl CodecDecoder {
 
     /// Submits checked codes with the program of their length.
     fn submit_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
-        let launches = self.load_piece(codes)?.dispatches.len();
+        let launches = self.load_piece(codes)?.dispatches[0].len();
         self.submit_launches(codes.len(), 0..launches);
         Ok(())
     }

@@ -363,10 +363,9 @@ pub enum Kernel {
     /// Snake activation: the tests' reference for the convolutions' snake outputs (the
     /// decoder writes every snake in the launch of the convolution before it).
     Snake,
-    /// A stream history after a chunk.
+    /// A stream history after a chunk: the last frames of [history | chunk], written into
+    /// the other buffer of the history's pair.
     ShiftHistory,
-    /// Plain copy.
-    Copy,
     /// GELU (erf form).
     Gelu,
     /// Mean over rows.
@@ -423,7 +422,6 @@ impl Kernel {
             Kernel::ConvTransposeSnake,
             Kernel::Snake,
             Kernel::ShiftHistory,
-            Kernel::Copy,
             Kernel::Gelu,
             Kernel::MeanRows,
             Kernel::ReadBandwidth,
@@ -454,9 +452,7 @@ impl Kernel {
             | Kernel::Gelu
             | Kernel::MeanRows => Module::Elementwise,
             Kernel::GroupSlots => Module::Moe,
-            Kernel::Conv1d(_) | Kernel::ConvTransposeSnake | Kernel::Snake | Kernel::ShiftHistory | Kernel::Copy => {
-                Module::Codec
-            }
+            Kernel::Conv1d(_) | Kernel::ConvTransposeSnake | Kernel::Snake | Kernel::ShiftHistory => Module::Codec,
             Kernel::ReadBandwidth => Module::Bandwidth,
             Kernel::UnpackF16 => Module::Probe,
         }
@@ -492,7 +488,6 @@ impl Kernel {
             Kernel::ConvTransposeSnake => "conv_transpose_snake",
             Kernel::Snake => "snake",
             Kernel::ShiftHistory => "shift_history",
-            Kernel::Copy => "copy",
             Kernel::Gelu => "gelu",
             Kernel::MeanRows => "mean_rows",
             Kernel::ReadBandwidth => "read_bandwidth",
@@ -559,7 +554,6 @@ impl Kernel {
             // params, x, alpha, y
             Kernel::Snake => &[0, 1, 3, 5],
             // params, x, y
-            Kernel::Copy => &[0, 1, 5],
             // params, x, hist, y
             Kernel::ShiftHistory => &[0, 1, 2, 5],
         }

@@ -401,8 +401,8 @@ fn snake(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     y[n] = out;
 }
 
-// The history after this chunk: the last `history` frames of [hist | x], into `y`. A chunk
-// of at least `history` frames reads x only, so `y` may then be the history itself.
+// The history after this chunk: the last `history` frames of [hist | x], into `y`, the
+// other buffer of the history's pair (the next chunk's `hist`).
 @compute @workgroup_size(64)
 fn shift_history(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let n = index(gid, nwg);
@@ -411,14 +411,4 @@ fn shift_history(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     }
     let row = n / p.in_ch;
     y[n] = extended(row + p.frames, n % p.in_ch);
-}
-
-// y = x (a plain copy, to commit a new history).
-@compute @workgroup_size(64)
-fn copy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let n = index(gid, nwg);
-    if (n >= p.count) {
-        return;
-    }
-    y[n] = x[n];
 }
