@@ -20,22 +20,39 @@ pub struct CodecLaunch {
     pub grid: [u32; 3],
 }
 
+/// The fewest input channels a thread of a conv1d with more than one tap sums over.
+const CONV_CHANNELS_PER_THREAD: usize = 8;
+
+/// The fewest input channels a thread of a 1x1 conv1d sums over.
+const POINTWISE_CHANNELS_PER_THREAD: usize = 16;
+
+/// The fewest input channels a thread of a transposed convolution sums over.
+const TRANSPOSE_CHANNELS_PER_THREAD: usize = 32;
+
+// Fewer channels per thread mean more threads per output channel and a longer tree to add
+// their sums; more mean longer loops on fewer threads. H200, one chunk of 8 codes of the bench
+// codec (channels 1024 to 64), each kind alone against 8 channels per thread for all (1.55
+// ms): conv1d with taps at 4 / 16 / 32 channels 1.58 / 1.71 / 2.06 ms; 1x1 at 4 / 16 / 32 /
+// 64 channels 1.64 / 1.52 / 1.52 / 1.62 ms; transposed at 4 / 16 / 32 channels 1.63 / 1.47 /
+// 1.44 ms. Transposed at 32 / 64 / 128 with 1x1 at 32: 1.418 / 1.451 / 1.507 ms; 1x1 at 16
+// with transposed at 32: 1.416 ms.
+
 /// Threads per output channel of a convolution over `cin` input channels: the largest power
-/// of two up to 64 that leaves each thread at least eight channels.
-fn conv_lanes(cin: usize) -> usize {
-    let wanted = (cin / 8).clamp(1, 64);
+/// of two up to 64 that leaves each thread at least `least` channels (one thread below).
+fn conv_lanes(cin: usize, least: usize) -> usize {
+    let wanted = (cin / least).clamp(1, 64);
     1 << wanted.ilog2()
 }
 
 /// The fields every convolution's parameter block shares: its shape, the threads per output
-/// channel, and flags 3 (bias added, output rounded to BF16).
-fn conv_params(cin: usize, cout: usize, frames: usize) -> CodecParams {
+/// channel (`lanes`), and flags 3 (bias added, output rounded to BF16).
+fn conv_params(cin: usize, cout: usize, frames: usize, lanes: usize) -> CodecParams {
     CodecParams {
         frames: frames as u32,
         in_ch: cin as u32,
         out_ch: cout as u32,
         flags: 3,
-        lanes: conv_lanes(cin) as u32,
+        lanes: lanes as u32,
         ..Default::default()
     }
 }
@@ -44,16 +61,22 @@ fn conv_params(cin: usize, cout: usize, frames: usize) -> CodecParams {
 /// `frames` frames (its history holds the (kernel - 1) * dilation frames before them), bias
 /// added and the output rounded to BF16. Grid: (output channel groups, tiles of frames, 1).
 pub fn conv1d_launch(cin: usize, cout: usize, frames: usize, kernel: usize, dilation: usize) -> CodecLaunch {
+    let least = if kernel == 1 {
+        POINTWISE_CHANNELS_PER_THREAD
+    } else {
+        CONV_CHANNELS_PER_THREAD
+    };
+    let lanes = conv_lanes(cin, least);
     CodecLaunch {
         params: CodecParams {
             kernel: kernel as u32,
             dilation: dilation as u32,
             history: ((kernel - 1) * dilation) as u32,
             count: (frames * cout) as u32,
-            ..conv_params(cin, cout, frames)
+            ..conv_params(cin, cout, frames, lanes)
         },
         grid: [
-            cout.div_ceil(64 / conv_lanes(cin) * CONV_CHANNELS) as u32,
+            cout.div_ceil(64 / lanes * CONV_CHANNELS) as u32,
             frames.div_ceil(CODEC_CONV_FRAMES) as u32,
             1,
         ],
@@ -64,16 +87,17 @@ pub fn conv1d_launch(cin: usize, cout: usize, frames: usize, kernel: usize, dila
 /// (its history holds the frame before them), bias added and the output rounded to BF16.
 /// Grid: (output channel groups, tiles of input frames, groups of phases).
 pub fn conv_transpose_launch(cin: usize, cout: usize, frames: usize, rate: usize) -> CodecLaunch {
+    let lanes = conv_lanes(cin, TRANSPOSE_CHANNELS_PER_THREAD);
     CodecLaunch {
         params: CodecParams {
             kernel: rate as u32,
             dilation: 1,
             history: 1,
             count: (frames * rate * cout) as u32,
-            ..conv_params(cin, cout, frames)
+            ..conv_params(cin, cout, frames, lanes)
         },
         grid: [
-            cout.div_ceil(64 / conv_lanes(cin)) as u32,
+            cout.div_ceil(64 / lanes) as u32,
             frames.div_ceil(CODEC_CONV_FRAMES) as u32,
             rate.div_ceil(TRANSPOSE_PHASES) as u32,
         ],
