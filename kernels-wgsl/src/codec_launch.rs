@@ -12,6 +12,10 @@ const CONV_CHANNELS: usize = 4;
 /// Phases per thread of a transposed convolution (`codec.wgsl`'s PHASES).
 const TRANSPOSE_PHASES: usize = 2;
 
+/// Output channels per thread of a transposed convolution (`codec.wgsl`'s
+/// TRANSPOSE_CHANNELS).
+const TRANSPOSE_CHANNELS: usize = 2;
+
 /// A codec convolution's parameter block and workgroup grid.
 pub struct CodecLaunch {
     /// The parameter block.
@@ -97,7 +101,7 @@ pub fn conv_transpose_launch(cin: usize, cout: usize, frames: usize, rate: usize
             ..conv_params(cin, cout, frames, lanes)
         },
         grid: [
-            cout.div_ceil(64 / lanes) as u32,
+            cout.div_ceil(64 / lanes * TRANSPOSE_CHANNELS) as u32,
             frames.div_ceil(CODEC_CONV_FRAMES) as u32,
             rate.div_ceil(TRANSPOSE_PHASES) as u32,
         ],

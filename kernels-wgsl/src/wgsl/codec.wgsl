@@ -76,15 +76,18 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // it falls in. (One thread per output, summing every term alone, took about 14 ms per chunk
 // of 8 codes of the bench codec on an H200.) A thread also computes several outputs that
 // share its activation loads: a conv1d thread CHANNELS output channels, a conv_transpose
-// thread PHASES phases of one channel (their weights lie side by side). Each output's terms
-// keep their order, so neither changes a bit. H200, one chunk of 8 codes of the bench
-// codec, conv1d launches: 1, 2, 4 channels per thread 3.4, 2.0, 1.5 ms (the same registers
-// spent on frames, 2 channels x 8 frames or 1 x 16, 1.58 and 1.90 ms: the activation loads
-// are the cost); conv_transpose: 1, 2, 8 phases per thread 0.77, 0.51, 0.54 ms (one channel
-// and phase per thread, with the epilogues in their own launches, took 1.80 and 0.49 ms).
+// thread PHASES phases (their weights lie side by side) of TRANSPOSE_CHANNELS channels. Each
+// output's terms keep their order, so neither changes a bit. H200, one chunk of 8 codes of
+// the bench codec, conv1d launches: 1, 2, 4 channels per thread 3.4, 2.0, 1.5 ms (the same
+// registers spent on frames, 2 channels x 8 frames or 1 x 16, 1.58 and 1.90 ms: the
+// activation loads are the cost); conv_transpose: 1, 2, 8 phases per thread 0.77, 0.51, 0.54
+// ms (one channel and phase per thread, with the epilogues in their own launches, took 1.80
+// and 0.49 ms); later, with 32 input channels per thread, 2 phases of 1 and 2 channels 302-304
+// and 241-242 us.
 const FRAMES: u32 = 4u;
 const CHANNELS: u32 = 4u;
 const PHASES: u32 = 2u;
+const TRANSPOSE_CHANNELS: u32 = 2u;
 
 // Compensated (Kahan) accumulation, four sums at once (one per frame): the convolutions sum
 // hundreds of products, and a plain f32 sum drifts far enough to flip the BF16 rounding of
@@ -297,59 +300,83 @@ fn conv1d_tanh(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 
 // ConvTranspose1d, kernel 2r, stride r, weight [in, out, 2r], keeping the first T*r outputs:
 // y[s, o] = b[o] + sum_i w[i, o, s % r] x[s / r, i] + w[i, o, s % r + r] x[s / r - 1, i];
-// `hist` holds the previous frame. A workgroup per (WG / lanes output channels, FRAMES
-// input frames, PHASES phases s % r); each phase's terms in input-channel order. It also
+// `hist` holds the previous frame. A workgroup per (TRANSPOSE_CHANNELS * WG / lanes output
+// channels, FRAMES input frames, PHASES phases s % r), a thread's channels WG / lanes apart;
+// each phase's terms in input-channel order. It also
 // writes the snake that reads y next (the stage's first residual unit's, or the next
 // stage's or the output's when the stage has none): `snaked` = snake(y, `alpha`) rounded to
 // BF16, what `snake` with flag 2 computes from y.
 @compute @workgroup_size(64)
 fn conv_transpose_snake(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = p.kernel;
-    let o = wg.x * (WG / p.lanes) + t / p.lanes;
+    let apart = WG / p.lanes;
+    let o = wg.x * apart * TRANSPOSE_CHANNELS + t / p.lanes;
+    // The thread's second channel (past the last: the last one's weights, not written).
+    let o2 = min(o + apart, p.out_ch - 1u);
     let lane = t % p.lanes;
     let q0 = wg.y * FRAMES;   // first input frame; frame q is q + 1 in [hist | x]
     let phase = wg.z * PHASES;
     let phases = min(PHASES, r - phase);
+    // Output k: channel k / PHASES (o or o2), phase k % PHASES.
     var acc = array<Sum4, 4>();
     if (o < p.out_ch) {
-        let now_inside = in_chunk(q0 + 1u);
         let before_inside = in_chunk(q0);
+        let last = p.history + p.frames - 1u;
         for (var i = lane; i < p.in_ch; i += p.lanes) {
-            // `at` is even (2r per channel pair, even phases): one word holds both phases'
-            // weights of the current frame, and of the previous frame too when r is even.
-            let at = (i * p.out_ch + o) * 2u * r + phase;
-            let now = frames4(q0 + 1u, i, now_inside);
+            // Frames q0 .. q0 + 3 and q0 + 1 .. q0 + 4 of [hist | x] (past the last: the last,
+            // as `extended4` reads them): five loads.
             let before = frames4(q0, i, before_inside);
-            let word = w[at / 2u];
-            let now_w = vec2<f32>(bf16_half(word, 0u), bf16_half(word, 1u));
-            var before_w = vec2<f32>(weight(at + r), 0.0);
-            if ((r & 1u) == 0u) {
-                let pair = w[(at + r) / 2u];
-                before_w = vec2<f32>(bf16_half(pair, 0u), bf16_half(pair, 1u));
-            } else if (phases > 1u) {
-                before_w.y = weight(at + r + 1u);
-            }
-            acc[0] = add4(add4(acc[0], now_w.x * now), before_w.x * before);
+            let now = vec4<f32>(before.yzw, extended(min(q0 + 4u, last), i));
+            let a = transpose_weights(i, o, r, phase, phases);
+            let b = transpose_weights(i, o2, r, phase, phases);
+            acc[0] = add4(add4(acc[0], a.now.x * now), a.before.x * before);
+            acc[2] = add4(add4(acc[2], b.now.x * now), b.before.x * before);
             if (phases > 1u) {
-                acc[1] = add4(add4(acc[1], now_w.y * now), before_w.y * before);
+                acc[1] = add4(add4(acc[1], a.now.y * now), a.before.y * before);
+                acc[3] = add4(add4(acc[3], b.now.y * now), b.before.y * before);
             }
         }
     }
-    reduce_lanes(t, acc, PHASES);
+    reduce_lanes(t, acc, TRANSPOSE_CHANNELS * PHASES);
     if (o >= p.out_ch) {
         return;
     }
-    // The channel's outputs, shared among its lanes.
-    for (var n = lane; n < PHASES * FRAMES; n += p.lanes) {
+    // The channels' outputs, shared among their lanes.
+    for (var n = lane; n < TRANSPOSE_CHANNELS * PHASES * FRAMES; n += p.lanes) {
         let k = n / FRAMES;
         let f = n % FRAMES;
-        if (k < phases && q0 + f < p.frames) {
-            let index = ((q0 + f) * r + phase + k) * p.out_ch + o;
-            let value = finish(reduced(k, t - lane, f), o);
+        let channel = o + k / PHASES * apart;
+        let k_phase = k % PHASES;
+        if (k_phase < phases && q0 + f < p.frames && channel < p.out_ch) {
+            let index = ((q0 + f) * r + phase + k_phase) * p.out_ch + channel;
+            let value = finish(reduced(k, t - lane, f), channel);
             y[index] = value;
-            snaked[index] = round_bf16(snake_of(value, alpha_of(o)));
+            snaked[index] = round_bf16(snake_of(value, alpha_of(channel)));
         }
     }
+}
+
+// A transposed-convolution thread's weights from input channel i to output channel o for
+// phases `phase` and `phase` + 1: those of the current frame and of the previous one.
+struct TransposeWeights {
+    now: vec2<f32>,
+    before: vec2<f32>,
+}
+
+fn transpose_weights(i: u32, o: u32, r: u32, phase: u32, phases: u32) -> TransposeWeights {
+    // `at` is even (2r per channel pair, even phases): one word holds both phases' weights
+    // of the current frame, and of the previous frame too when r is even.
+    let at = (i * p.out_ch + o) * 2u * r + phase;
+    let word = w[at / 2u];
+    let now = vec2<f32>(bf16_half(word, 0u), bf16_half(word, 1u));
+    var before = vec2<f32>(weight(at + r), 0.0);
+    if ((r & 1u) == 0u) {
+        let pair = w[(at + r) / 2u];
+        before = vec2<f32>(bf16_half(pair, 0u), bf16_half(pair, 1u));
+    } else if (phases > 1u) {
+        before.y = weight(at + r + 1u);
+    }
+    return TransposeWeights(now, before);
 }
 
 // sin(x) to about one f32 ulp wherever the compiler keeps the order of the operations (WGSL
