@@ -34,6 +34,13 @@ struct ChunkProgram {
     dispatches: [Vec<Dispatch>; 2],
 }
 
+impl ChunkProgram {
+    /// Launches per chunk (either turn's).
+    fn launches(&self) -> usize {
+        self.dispatches[0].len()
+    }
+}
+
 /// The codec's weights on the GPU, shared by every stream.
 pub struct CodecWeights {
     gpu: Arc<Gpu>,
@@ -271,6 +278,15 @@ impl Builder<'_> {
         Ok((y, snaked))
     }
 
+    /// Ends the first turn's walk and starts the second's, over the same activations; returns
+    /// the first turn's launches.
+    fn start_second_turn(&mut self) -> Vec<Dispatch> {
+        self.turn = 1;
+        self.next_history = 0;
+        self.activations_used = 0;
+        std::mem::take(&mut self.dispatches)
+    }
+
     /// The launches of the whole decoder over a chunk of `frames` codes whose codebook rows
     /// are in `input`, in decoding order; returns the output (PCM) and its samples.
     fn decoder(
@@ -474,10 +490,7 @@ impl CodecDecoder {
             dispatches: Vec::new(),
         };
         let (output, samples) = b.decoder(&w.config, &input, frames)?;
-        let first_turn = std::mem::take(&mut b.dispatches);
-        b.turn = 1;
-        b.next_history = 0;
-        b.activations_used = 0;
+        let first_turn = b.start_second_turn();
         b.decoder(&w.config, &input, frames)?;
         Ok(ChunkProgram {
             input,
@@ -524,7 +537,7 @@ impl CodecDecoder {
             return self.submit(codes);
         }
         self.check_codes(codes)?;
-        let launches = self.load_piece(codes)?.dispatches[0].len();
+        let launches = self.load_piece(codes)?.launches();
         self.spread = Some(Spread {
             length: codes.len(),
             submitted: 0,
@@ -551,7 +564,7 @@ impl CodecDecoder {
     /// Submits the parts of `spread` up to part `end` (exclusive) in one command buffer;
     /// with its last part the copy of the samples too, and the chunk is in flight.
     fn submit_parts(&mut self, spread: Spread, end: usize) {
-        let launches = self.programs[&spread.length].dispatches[0].len();
+        let launches = self.programs[&spread.length].launches();
         let bound = |part: usize| part * launches / spread.parts;
         let last = end == spread.parts;
         self.spread = (!last).then_some(Spread {
@@ -674,7 +687,7 @@ impl CodecDecoder {
 
     /// Submits checked codes with the program of their length.
     fn submit_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
-        let launches = self.load_piece(codes)?.dispatches[0].len();
+        let launches = self.load_piece(codes)?.launches();
         self.submit_launches(codes.len(), 0..launches);
         Ok(())
     }
