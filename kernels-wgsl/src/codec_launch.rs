@@ -49,6 +49,17 @@ fn conv_lanes(cin: usize, least: usize) -> usize {
     1 << wanted.ilog2()
 }
 
+/// The fewest threads per output channel that leave no thread of a conv1d workgroup without
+/// a channel: a workgroup holds 64 / lanes * CONV_CHANNELS channels, so a convolution with
+/// fewer outputs (the output convolution's one) gives the threads it would leave idle to the
+/// channels it has. (H200, the bench codec's output convolution, 64 -> 1 channels over 3840
+/// frames: 37-38 us with 8 lanes, seven of each workgroup's eight thread rows idle; 16-17 us
+/// with 64.)
+fn lanes_for_few_outputs(cout: usize) -> usize {
+    let groups = (cout.div_ceil(CONV_CHANNELS)).clamp(1, 64);
+    64 / (1 << groups.ilog2())
+}
+
 /// The fields every convolution's parameter block shares: its shape, the threads per output
 /// channel (`lanes`), and flags 3 (bias added, output rounded to BF16).
 fn conv_params(cin: usize, cout: usize, frames: usize, lanes: usize) -> CodecParams {
@@ -71,7 +82,7 @@ pub fn conv1d_launch(cin: usize, cout: usize, frames: usize, kernel: usize, dila
     } else {
         CONV_CHANNELS_PER_THREAD
     };
-    let lanes = conv_lanes(cin, least);
+    let lanes = conv_lanes(cin, least).max(lanes_for_few_outputs(cout));
     CodecLaunch {
         params: CodecParams {
             kernel: kernel as u32,
@@ -106,5 +117,31 @@ pub fn conv_transpose_launch(cin: usize, cout: usize, frames: usize, rate: usize
             frames.div_ceil(CODEC_CONV_FRAMES) as u32,
             rate.div_ceil(TRANSPOSE_PHASES) as u32,
         ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A conv1d workgroup's channel slots (64 / lanes thread rows of CONV_CHANNELS each) never
+    /// outnumber a small convolution's channels by a thread row or more, and wide ones keep
+    /// the lanes their inputs ask for.
+    #[test]
+    fn few_output_channels_take_the_idle_threads_as_lanes() {
+        for cout in [1usize, 2, 3, 4, 5, 8, 9, 16, 31, 64, 256, 1024] {
+            for cin in [16usize, 64, 512] {
+                let lanes = conv1d_launch(cin, cout, 8, 7, 1).params.lanes as usize;
+                let slots = 64 / lanes * CONV_CHANNELS;
+                assert!(
+                    slots < cout.max(1) + CONV_CHANNELS,
+                    "{cin} -> {cout}: {lanes} lanes leave {slots} channel slots"
+                );
+                assert!(lanes >= conv_lanes(cin, CONV_CHANNELS_PER_THREAD), "{cin} -> {cout}");
+            }
+        }
+        assert_eq!(conv1d_launch(512, 512, 8, 7, 1).params.lanes, 64);
+        assert_eq!(conv1d_launch(64, 256, 8, 7, 1).params.lanes, 8);
+        assert_eq!(conv1d_launch(64, 1, 8, 7, 1).params.lanes, 64);
     }
 }
