@@ -49,14 +49,14 @@ fn conv_lanes(cin: usize, least: usize) -> usize {
     1 << wanted.ilog2()
 }
 
-/// The fewest threads per output channel that leave no thread of a conv1d workgroup without
-/// a channel: a workgroup holds 64 / lanes * CONV_CHANNELS channels, so a convolution with
+/// The fewest threads per output channel that leave no thread row of a conv1d workgroup
+/// without a channel: a workgroup holds 64 / lanes * CONV_CHANNELS channels, so a convolution with
 /// fewer outputs (the output convolution's one) gives the threads it would leave idle to the
 /// channels it has. (H200, the bench codec's output convolution, 64 -> 1 channels over 3840
 /// frames: 37-38 us with 8 lanes, seven of each workgroup's eight thread rows idle; 16-17 us
 /// with 64.)
 fn lanes_for_few_outputs(cout: usize) -> usize {
-    let groups = (cout.div_ceil(CONV_CHANNELS)).clamp(1, 64);
+    let groups = cout.div_ceil(CONV_CHANNELS).clamp(1, 64);
     64 / (1 << groups.ilog2())
 }
 
