@@ -31,13 +31,18 @@ def table(header, rows):
 STEP_NAMES = {1: "1 lane", 2: "guidance pair", 4: "4 lanes (two pairs)", 8: "8 lanes (four pairs)"}
 
 
+def step_name(lanes):
+    """A decode step's name in the page's tables."""
+    return STEP_NAMES.get(lanes, f"{lanes} lanes")
+
+
 def decode_table(steps, pytorch):
     torch_ms = {s["lanes"]: s["ms_median"] for s in pytorch["steps"]} if pytorch else {}
     rows = []
     for s in steps:
         torch = torch_ms.get(s["lanes"])
         rows.append([
-            STEP_NAMES.get(s["lanes"], f"{s['lanes']} lanes"),
+            step_name(s["lanes"]),
             f"{s['gpu_ms']:.3f} ms",
             f"{torch:.3f} ms" if torch else "-",
             f"{s['floor_ms']:.3f} ms",
@@ -62,7 +67,7 @@ def decode_table(steps, pytorch):
 
 
 def profile_table(steps, prefill):
-    shapes = [(STEP_NAMES.get(s["lanes"], f"{s['lanes']} lanes"), s["profile"]) for s in steps]
+    shapes = [(step_name(s["lanes"]), s["profile"]) for s in steps]
     if prefill:
         shapes.append((f"prefill of {prefill['rows']} rows", prefill["profile"]))
     kernels = []

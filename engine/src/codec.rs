@@ -586,8 +586,13 @@ impl CodecDecoder {
         let submission = gpu.submit_commands([gpu.encode_then_copy(&dispatches[launches], copy)]);
         if last {
             self.in_flight = Some((length, submission));
-            self.turn = 1 - self.turn;
+            self.next_turn();
         }
+    }
+
+    /// After a chunk's last launch is submitted: the histories it wrote are the next chunk's.
+    fn next_turn(&mut self) {
+        self.turn = 1 - self.turn;
     }
 
     /// The samples of every chunk submitted so far and not yet handed out, in order; submits
@@ -658,7 +663,7 @@ impl CodecDecoder {
         let gpu = self.weights.gpu.clone();
         let dispatches = self.load_turn(codes)?;
         let timed = (gpu.timed_submit(dispatches)?, dispatches.len());
-        self.turn = 1 - self.turn;
+        self.next_turn();
         Ok(timed)
     }
 
@@ -670,7 +675,7 @@ impl CodecDecoder {
         let dispatches = self.load_turn(codes)?;
         let times = gpu.profile_submit(dispatches)?;
         let profile = dispatches.iter().map(|d| d.kernel).zip(times).collect();
-        self.turn = 1 - self.turn;
+        self.next_turn();
         Ok(profile)
     }
 

@@ -553,7 +553,6 @@ impl Kernel {
             Kernel::Conv1d(ConvOutput::ResidualAndSnake) => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             // params, x, alpha, y
             Kernel::Snake => &[0, 1, 3, 5],
-            // params, x, y
             // params, x, hist, y
             Kernel::ShiftHistory => &[0, 1, 2, 5],
         }

@@ -151,10 +151,15 @@ fn reduced(k: u32, first: u32, f: u32) -> f32 {
     return (part_value[at] + part_error[at])[f];
 }
 
+// The last frame of [hist | x].
+fn last_frame() -> u32 {
+    return p.history + p.frames - 1u;
+}
+
 // Frame `e` of [hist | x], channel `i`, for the four frames e .. e + 3 (frames past the
 // last read the last one; their outputs are not written).
 fn extended4(e: u32, i: u32) -> vec4<f32> {
-    let last = p.history + p.frames - 1u;
+    let last = last_frame();
     return vec4<f32>(
         extended(min(e, last), i),
         extended(min(e + 1u, last), i),
@@ -321,7 +326,7 @@ fn conv_transpose_snake(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
     var acc = array<Sum4, 4>();
     if (o < p.out_ch) {
         let before_inside = in_chunk(q0);
-        let last = p.history + p.frames - 1u;
+        let last = last_frame();
         for (var i = lane; i < p.in_ch; i += p.lanes) {
             // Frames q0 .. q0 + 3 and q0 + 1 .. q0 + 4 of [hist | x] (past the last: the last,
             // as `extended4` reads them): five loads.
