@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use drama_graph::drama3::{STEP_INPUTS, StepShape, row_source};
+use drama_graph::drama3::{STEP_INPUTS, StepShape};
 use drama_graph::ir::{LinearMember, Op, PairHalf, Projection, RouterOp, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
@@ -125,31 +125,30 @@ impl<'a> Lowering<'a> {
                     self.buffer(inputs[1])?,
                     self.buffer(inputs[2])?,
                 );
-                let params = |table: u32, start: usize, end: usize| ElementwiseParams {
-                    count: count as u32,
-                    width: width as u32,
-                    k: start as u32,
-                    flags: 0,
-                    row_end: end as u32,
-                    table,
-                    pad: [0; 2],
-                };
-                self.launch(
-                    Kernel::EmbedF32,
-                    &params(row_source::PREFIX, 0, 0),
-                    &[prefixes, table, index, out],
-                    grid,
-                )?;
-                for (source, name) in [(row_source::TEXT, text), (row_source::AUDIO, audio)] {
-                    let gpu_table = &weights.tables[name];
-                    for (range, data) in &gpu_table.segments {
-                        self.launch(
-                            Kernel::EmbedBf16,
-                            &params(source, range.start, range.end),
-                            &[data, table, index, out],
-                            grid,
-                        )?;
-                    }
+                // Launch i takes segment i of each table, the first the prefixes too.
+                let (text, audio) = (&weights.tables[text], &weights.tables[audio]);
+                for i in 0..text.segments.len().max(audio.segments.len()) {
+                    let (Some((text_rows, text_data)), Some((audio_rows, audio_data))) =
+                        (text.launch_segment(i), audio.launch_segment(i))
+                    else {
+                        return Err(EngineError::Unsupported("an embedding table without rows".into()));
+                    };
+                    let params = ElementwiseParams {
+                        count: count as u32,
+                        width: width as u32,
+                        k: text_rows.start as u32,
+                        flags: u32::from(i == 0),
+                        row_end: text_rows.end as u32,
+                        audio_begin: audio_rows.start as u32,
+                        audio_end: audio_rows.end as u32,
+                        pad: 0,
+                    };
+                    self.launch(
+                        Kernel::Embed,
+                        &params,
+                        &[prefixes, audio_data, text_data, table, index, out],
+                        grid,
+                    )?;
                 }
             }
             Op::RmsNorm {
@@ -356,9 +355,7 @@ impl<'a> Lowering<'a> {
                     width: shape[1] as u32,
                     k: 0,
                     flags: u32::from(*round_output),
-                    row_end: 0,
-                    table: 0,
-                    pad: [0; 2],
+                    ..Default::default()
                 };
                 let grid = self.elements_grid(count);
                 self.launch(Kernel::Swiglu, &params, &[self.buffer(inputs[0])?, out], grid)?;

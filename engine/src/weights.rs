@@ -78,6 +78,20 @@ pub struct GpuTable {
     pub segments: Vec<(Range<usize>, wgpu::Buffer)>,
 }
 
+impl GpuTable {
+    /// What launch `i` of a step's embedding binds of this table: segment `i`'s rows and
+    /// data, or past the last segment no rows and the first segment's data (bound, never
+    /// read). None for a table without rows.
+    pub fn launch_segment(&self, i: usize) -> Option<(Range<usize>, &wgpu::Buffer)> {
+        let (_, first) = self.segments.first()?;
+        Some(
+            self.segments
+                .get(i)
+                .map_or((0..0, first), |(rows, data)| (rows.clone(), data)),
+        )
+    }
+}
+
 /// Every backbone weight on the GPU.
 pub struct GpuWeights {
     /// Dense linears and 2-D matrices used as linears, by weight name, or stacked groups by

@@ -495,9 +495,7 @@ fn elementwise_kernels_match_reference() {
         width: width as u32,
         k: k as u32,
         flags,
-        row_end: 0,
-        table: 0,
-        pad: [0; 2],
+        ..Default::default()
     };
     let grid = [count.div_ceil(64) as u32, 1, 1];
     let a = uniform(&mut rng, count, 4.0);
@@ -568,9 +566,7 @@ fn elementwise_kernels_match_reference() {
         width: width as u32,
         k: tokens as u32,
         flags: 0,
-        row_end: 0,
-        table: 0,
-        pad: [0; 2],
+        ..Default::default()
     };
     let p = gpu.uniform("p", &mean_params);
     let out = poisoned(gpu, "out", width);
@@ -679,68 +675,117 @@ fn moe_combine_norm_matches_reference() {
     }
 }
 
+/// The step's first launches: rows of the text and audio tables (BF16, each in segments, as
+/// tables larger than a storage binding are) and of the voice prefixes (F32), one launch per
+/// segment of the table with the most, the prefixes in the first. Every row is written once,
+/// exactly its table's row; a row whose segment no launch binds stays poisoned.
 #[test]
 fn embedding_rows_come_from_the_right_table_and_segment() {
+    use drama_graph::drama3::row_source::{AUDIO, PREFIX, TEXT};
     let label = "embed";
     let mut rng = rng(label);
     let gpu = gpu();
-    let (vocab, width) = (50usize, 12usize);
-    let table = bf16_values(&mut rng, vocab * width, 1.0);
+    let (vocab, audio_vocab, width) = (50usize, 20usize, 12usize);
+    let text = bf16_values(&mut rng, vocab * width, 1.0);
+    let audio = bf16_values(&mut rng, audio_vocab * width, 1.0);
     let prefix = uniform(&mut rng, 2 * width, 1.0);
-    // Rows: prefix 1, token 3, token 45 (second segment), prefix 0, token 20.
-    let row_table = [0u32, 1, 1, 0, 1];
-    let row_index = [1u32, 3, 45, 0, 20];
-    let rows = row_table.len();
-    let count = rows * width;
+    // Three text segments and two audio segments: three launches, the third binding no
+    // audio rows (its range empty, the first segment bound).
+    let text_segments = [0..17usize, 17..30, 30..vocab];
+    let audio_segments = [0..8usize, 8..audio_vocab];
+    let mut rows = vec![
+        (PREFIX, 1u32),
+        (TEXT, 3),
+        (AUDIO, 19),
+        (TEXT, 45),
+        (PREFIX, 0),
+        (TEXT, 20),
+        (AUDIO, 0),
+        (AUDIO, 8),
+        (AUDIO, 7),
+        (TEXT, 17),
+        (TEXT, 16),
+    ];
+    rows.extend((0..7).map(|_| {
+        if rng.next_u32().is_multiple_of(2) {
+            (TEXT, rng.next_u32() % vocab as u32)
+        } else {
+            (AUDIO, rng.next_u32() % audio_vocab as u32)
+        }
+    }));
+    let (row_table, row_index): (Vec<u32>, Vec<u32>) = rows.iter().copied().unzip();
+    let count = rows.len() * width;
     let out = poisoned(gpu, "out", count);
     let (tb, ib) = (
         gpu.buffer_with("t", &u32_bytes(&row_table)),
         gpu.buffer_with("i", &u32_bytes(&row_index)),
     );
+    let segment = |table: &[f32], rows: &std::ops::Range<usize>| {
+        gpu.buffer_with("segment", &pack_bf16(&table[rows.start * width..rows.end * width]))
+    };
+    let text_data: Vec<_> = text_segments.iter().map(|r| segment(&text, r)).collect();
+    let audio_data: Vec<_> = audio_segments.iter().map(|r| segment(&audio, r)).collect();
+    let pb = gpu.buffer_with("prefix", &f32_bytes(&prefix));
     let grid = [count.div_ceil(64) as u32, 1, 1];
     let mut dispatches = Vec::new();
-    let mut keep = Vec::new();
-    for (begin, end) in [(0usize, 30usize), (30, vocab)] {
-        let p = gpu.uniform(
+    let mut params = Vec::new();
+    for (i, text_rows) in text_segments.iter().enumerate() {
+        let audio_rows = audio_segments.get(i).cloned().unwrap_or(0..0);
+        params.push(gpu.uniform(
             "p",
             &ElementwiseParams {
                 count: count as u32,
                 width: width as u32,
-                k: begin as u32,
-                flags: 0,
-                row_end: end as u32,
-                table: 1,
-                pad: [0; 2],
+                k: text_rows.start as u32,
+                flags: u32::from(i == 0),
+                row_end: text_rows.end as u32,
+                audio_begin: audio_rows.start as u32,
+                audio_end: audio_rows.end as u32,
+                pad: 0,
             },
-        );
-        let segment = gpu.buffer_with("segment", &pack_bf16(&table[begin * width..end * width]));
-        dispatches.push(dispatch(gpu, Kernel::EmbedBf16, &[&p, &segment, &tb, &ib, &out], grid));
-        keep.push((p, segment));
+        ));
+        let audio_bound = audio_data.get(i).unwrap_or(&audio_data[0]);
+        let bound = [&params[i], &pb, audio_bound, &text_data[i], &tb, &ib, &out];
+        dispatches.push(dispatch(gpu, Kernel::Embed, &bound, grid));
     }
+    run(gpu, &dispatches);
+    let got = gpu.read_f32(&out).unwrap();
+    for (r, &(source, index)) in rows.iter().enumerate() {
+        let table = match source {
+            PREFIX => &prefix,
+            TEXT => &text,
+            _ => &audio,
+        };
+        let i = index as usize;
+        let want = &table[i * width..(i + 1) * width];
+        assert_eq!(&got[r * width..(r + 1) * width], want, "row {r}: {source} {index}");
+    }
+    // Without the flag, and with only the first text segment bound, the prefix and every
+    // other row keep their poison.
+    let out = poisoned(gpu, "out", count);
     let p = gpu.uniform(
         "p",
         &ElementwiseParams {
             count: count as u32,
             width: width as u32,
-            k: 0,
-            flags: 0,
-            row_end: 0,
-            table: 0,
-            pad: [0; 2],
+            row_end: text_segments[0].end as u32,
+            ..Default::default()
         },
     );
-    let pb = gpu.buffer_with("prefix", &f32_bytes(&prefix));
-    dispatches.push(dispatch(gpu, Kernel::EmbedF32, &[&p, &pb, &tb, &ib, &out], grid));
-    run(gpu, &dispatches);
+    run(
+        gpu,
+        &[dispatch(
+            gpu,
+            Kernel::Embed,
+            &[&p, &pb, &audio_data[0], &text_data[0], &tb, &ib, &out],
+            grid,
+        )],
+    );
     let got = gpu.read_f32(&out).unwrap();
-    for r in 0..rows {
-        let source = if row_table[r] == 0 { &prefix } else { &table };
-        let i = row_index[r] as usize;
-        assert_eq!(
-            &got[r * width..(r + 1) * width],
-            &source[i * width..(i + 1) * width],
-            "row {r}"
-        );
+    for (r, &(source, index)) in rows.iter().enumerate() {
+        let written = source == TEXT && (index as usize) < text_segments[0].end;
+        let row = &got[r * width..(r + 1) * width];
+        assert_eq!(row.iter().all(|v| v.is_nan()), !written, "row {r}: {source} {index}");
     }
 }
 

@@ -145,14 +145,7 @@ pub struct StepShape {
 pub const STEP_INPUTS: [&str; 4] = ["row_table", "row_index", "row_lane", "row_pos"];
 
 /// Where an embedded row comes from (the values of `row_table`).
-pub mod row_source {
-    /// A voice-prefix row (`row_index` = lane * P + p).
-    pub const PREFIX: u32 = 0;
-    /// A text token.
-    pub const TEXT: u32 = 1;
-    /// An audio token.
-    pub const AUDIO: u32 = 2;
-}
+pub use drama_kernels::row_source;
 
 /// The residual stream after a layer: a value, or a MoE layer's combine left to the norm
 /// that follows it.

@@ -116,7 +116,7 @@ pub fn pairs(first: &PairHalf, second: &PairHalf) -> bool {
 /// The kernels an op launches, in order.
 pub fn kernels_of(op: &Op) -> Vec<Kernel> {
     match op {
-        Op::Embed { .. } => vec![Kernel::EmbedF32, Kernel::EmbedBf16, Kernel::EmbedBf16],
+        Op::Embed { .. } => vec![Kernel::Embed],
         Op::RmsNorm { .. } => vec![Kernel::RmsNorm],
         Op::Linear {
             members,

@@ -18,6 +18,17 @@ pub use params::{
     ProbeParams, RouterParams,
 };
 
+/// Where an embedded row comes from: the values of a step's `row_table`, which `embed`
+/// (elementwise.wgsl) reads.
+pub mod row_source {
+    /// A voice-prefix row (`row_index` = lane * P + p).
+    pub const PREFIX: u32 = 0;
+    /// A text token.
+    pub const TEXT: u32 = 1;
+    /// An audio token.
+    pub const AUDIO: u32 = 2;
+}
+
 const COMMON: &str = include_str!("wgsl/common.wgsl");
 /// The fixed-order tree reduction, appended to the modules that combine one value per
 /// invocation.
@@ -272,7 +283,15 @@ impl Module {
             }
             Module::Norm => (REDUCE, include_str!("wgsl/norm.wgsl")),
             Module::Attention => (REDUCE, include_str!("wgsl/attention.wgsl")),
-            Module::Elementwise => ("", include_str!("wgsl/elementwise.wgsl")),
+            Module::Elementwise => {
+                return format!(
+                    "{COMMON}\nconst ROW_PREFIX: u32 = {}u;\nconst ROW_TEXT: u32 = {}u;\nconst ROW_AUDIO: u32 = {}u;\n{}",
+                    row_source::PREFIX,
+                    row_source::TEXT,
+                    row_source::AUDIO,
+                    include_str!("wgsl/elementwise.wgsl")
+                );
+            }
             Module::Moe => ("", include_str!("wgsl/moe.wgsl")),
             Module::Codec => ("", include_str!("wgsl/codec.wgsl")),
             Module::Bandwidth => ("", include_str!("wgsl/bandwidth.wgsl")),
@@ -351,10 +370,9 @@ pub enum Kernel {
     PackBf16,
     /// Element-wise addition (the voice tower's residual connections).
     Add,
-    /// Rows of a BF16 embedding table.
-    EmbedBf16,
-    /// Rows of an F32 table (voice prefixes).
-    EmbedF32,
+    /// A step's input rows from the text and audio tables (BF16) and the voice prefixes
+    /// (F32): the segments of the two tables the launch binds (see [`row_source`]).
+    Embed,
     /// Causal dilated convolution, and what it writes.
     Conv1d(ConvOutput),
     /// Transposed convolution (upsampling), and the snake that reads its output next,
@@ -413,8 +431,7 @@ impl Kernel {
             Kernel::PackBf16,
             Kernel::Add,
             Kernel::GroupSlots,
-            Kernel::EmbedBf16,
-            Kernel::EmbedF32,
+            Kernel::Embed,
             Kernel::Conv1d(ConvOutput::Plain),
             Kernel::Conv1d(ConvOutput::Snake),
             Kernel::Conv1d(ConvOutput::ResidualAndSnake),
@@ -444,13 +461,9 @@ impl Kernel {
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendAndCombine | Kernel::AttendCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
-            Kernel::Swiglu
-            | Kernel::PackBf16
-            | Kernel::Add
-            | Kernel::EmbedBf16
-            | Kernel::EmbedF32
-            | Kernel::Gelu
-            | Kernel::MeanRows => Module::Elementwise,
+            Kernel::Swiglu | Kernel::PackBf16 | Kernel::Add | Kernel::Embed | Kernel::Gelu | Kernel::MeanRows => {
+                Module::Elementwise
+            }
             Kernel::GroupSlots => Module::Moe,
             Kernel::Conv1d(_) | Kernel::ConvTransposeSnake | Kernel::Snake | Kernel::ShiftHistory => Module::Codec,
             Kernel::ReadBandwidth => Module::Bandwidth,
@@ -479,8 +492,7 @@ impl Kernel {
             Kernel::Swiglu => "swiglu",
             Kernel::PackBf16 => "pack_bf16",
             Kernel::Add => "add",
-            Kernel::EmbedBf16 => "embed_bf16",
-            Kernel::EmbedF32 => "embed_f32",
+            Kernel::Embed => "embed",
             Kernel::Conv1d(ConvOutput::Plain) => "conv1d",
             Kernel::Conv1d(ConvOutput::Snake) => "conv1d_snake",
             Kernel::Conv1d(ConvOutput::ResidualAndSnake) => "conv1d_residual_snake",
@@ -538,10 +550,8 @@ impl Kernel {
             Kernel::PackBf16 => &[0, 1, 8],
             // params, a, b, out
             Kernel::Add => &[0, 1, 2, 8],
-            // params, words, row_table, row_index, out
-            Kernel::EmbedBf16 => &[0, 5, 6, 7, 8],
-            // params, a, row_table, row_index, out
-            Kernel::EmbedF32 => &[0, 1, 6, 7, 8],
+            // params, prefixes (a), audio segment, text segment, row_table, row_index, out
+            Kernel::Embed => &[0, 1, 2, 5, 6, 7, 8],
             // params, a, out
             Kernel::Gelu | Kernel::MeanRows => &[0, 1, 8],
             // params, data, sink

@@ -120,16 +120,18 @@ pub struct ElementwiseParams {
     pub count: u32,
     /// Row width.
     pub width: u32,
-    /// embed: first table row of the segment; mean_rows: rows averaged.
+    /// embed: first row of the text table's segment; mean_rows: rows averaged.
     pub k: u32,
-    /// Kernel-specific flags.
+    /// Kernel-specific flags (embed: 1 = the voice-prefix rows too).
     pub flags: u32,
-    /// embed: one past the last table row of the segment.
+    /// embed: one past the last row of the text table's segment.
     pub row_end: u32,
-    /// embed: the table this dispatch serves.
-    pub table: u32,
+    /// embed: first row of the audio table's segment.
+    pub audio_begin: u32,
+    /// embed: one past the last row of the audio table's segment.
+    pub audio_end: u32,
     /// Padding.
-    pub pad: [u32; 2],
+    pub pad: u32,
 }
 
 /// `moe.wgsl`'s `group_slots` parameters.

@@ -4,14 +4,14 @@
 const WG: u32 = 64u;
 
 struct Params {
-    count: u32,      // output elements
-    width: u32,      // row width
-    k: u32,          // embed: first table row of the segment
-    flags: u32,      // swiglu/add: 1 = round output to BF16
-    row_end: u32,    // embed: one past the last table row of the segment
-    table: u32,      // embed: which table this dispatch serves
-    _pad0: u32,
-    _pad1: u32,
+    count: u32,        // output elements
+    width: u32,        // row width
+    k: u32,            // embed: first row of the text table's segment; mean_rows: rows averaged
+    flags: u32,        // swiglu/add: 1 = round output to BF16; embed: 1 = the prefix rows too
+    row_end: u32,      // embed: one past the last row of the text table's segment
+    audio_begin: u32,  // embed: first row of the audio table's segment
+    audio_end: u32,    // embed: one past the last row of the audio table's segment
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -68,8 +68,18 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     out[i] = maybe_round(a[i] + b[i]);
 }
 
+// `embed`'s view of bindings 2 and 5: a segment of the audio and of the text table, BF16
+// two to a word.
+@group(0) @binding(2) var<storage, read> audio_words: array<u32>;
+
+// The step's input rows from their tables, all in one launch (row r from table
+// row_table[r], row row_index[r]): the rows of the text and audio tables' segments this
+// launch binds, and with flag 1 the voice-prefix rows (F32, `a`). Tables larger than a
+// storage binding take a launch per segment; every other table's rows are written by the
+// first. (Three launches, the prefixes and each table's in its own, each waiting for the
+// one before since they write the same buffer: two more waiting launches per step.)
 @compute @workgroup_size(64)
-fn embed_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn embed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = element(gid, nwg);
     if (i >= p.count) {
         return;
@@ -77,25 +87,16 @@ fn embed_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let r = i / p.width;
     let column = i % p.width;
     let index = row_index[r];
-    if (row_table[r] != p.table || index < p.k || index >= p.row_end) {
-        return;
+    let table = row_table[r];
+    if (table == ROW_PREFIX && (p.flags & 1u) != 0u) {
+        out[i] = a[index * p.width + column];
+    } else if (table == ROW_TEXT && index >= p.k && index < p.row_end) {
+        let e = (index - p.k) * p.width + column;
+        out[i] = bf16_half(words[e / 2u], e & 1u);
+    } else if (table == ROW_AUDIO && index >= p.audio_begin && index < p.audio_end) {
+        let e = (index - p.audio_begin) * p.width + column;
+        out[i] = bf16_half(audio_words[e / 2u], e & 1u);
     }
-    let e = (index - p.k) * p.width + column;
-    out[i] = bf16_half(words[e / 2u], e & 1u);
-}
-
-// Rows of an F32 table (voice prefixes): out[r] = a[row_index[r]] for rows of this table.
-@compute @workgroup_size(64)
-fn embed_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = element(gid, nwg);
-    if (i >= p.count) {
-        return;
-    }
-    let r = i / p.width;
-    if (row_table[r] != p.table) {
-        return;
-    }
-    out[i] = a[row_index[r] * p.width + i % p.width];
 }
 
 // erf(x) to about 1.5e-7 absolute (Abramowitz & Stegun 7.1.26), since WGSL has no erf.
