@@ -120,8 +120,10 @@ def other_table(d, serve):
         rows.append([f"synthesis of {s['audio_s']:.0f} s of audio ({s['tokens']} tokens, a guidance pair)",
                      f"{s['wall_s']:.3f} s: real-time factor {s['real_time_factor']:.3f}, "
                      f"{s['tokens_per_s']:.0f} tokens/s, first audio after {s['first_audio_s']:.3f} s"])
-        rows.append(["of which forwards (submit / record / wait), sampling, codec",
-                     f"{s['forward_s']:.3f} s ({s['submit_s']:.3f} / {s['record_s']:.3f} / "
+        # Files before the thirty-third session count the inputs in the submit.
+        inputs = f"{s['inputs_s']:.3f} / " if "inputs_s" in s else ""
+        rows.append([f"of which forwards ({'inputs / ' if inputs else ''}submit / record / wait), sampling, codec",
+                     f"{s['forward_s']:.3f} s ({inputs}{s['submit_s']:.3f} / {s['record_s']:.3f} / "
                      f"{s['wait_s']:.3f}), {s['sampling_s']:.3f} s, {s['codec_s']:.3f} s"])
     if "codec" in d:
         c = d["codec"]

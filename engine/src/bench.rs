@@ -309,8 +309,10 @@ pub struct SynthesisResult {
     pub tokens_per_s: f64,
     /// Seconds in batched forwards (submit until the logits are on the host).
     pub forward_s: f64,
-    /// Of them: checking and writing step inputs and submitting the recorded steps (the GPU
-    /// has nothing to run meanwhile).
+    /// Of them: checking each step's rows and writing its inputs (the GPU has nothing to
+    /// run meanwhile).
+    pub inputs_s: f64,
+    /// Of them: submitting the recorded steps (nor here).
     pub submit_s: f64,
     /// Of them: recording each next step's commands (while the GPU runs the current one).
     pub record_s: f64,
@@ -937,6 +939,7 @@ pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisRes
         first_audio_s: stats.first_audio.map_or(f64::NAN, |d| d.as_secs_f64()),
         tokens_per_s: stats.tokens as f64 / wall_s,
         forward_s: stats.time_split.forward.as_secs_f64(),
+        inputs_s: stats.time_split.forward_split.inputs.as_secs_f64(),
         submit_s: stats.time_split.forward_split.submit.as_secs_f64(),
         record_s: stats.time_split.forward_split.record.as_secs_f64(),
         wait_s: stats.time_split.forward_split.wait.as_secs_f64(),

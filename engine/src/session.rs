@@ -198,8 +198,10 @@ pub struct Session<'e> {
 /// summed over steps.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ForwardSplit {
-    /// Checking and writing the step's inputs and submitting its recorded commands (the GPU
-    /// has nothing to run meanwhile).
+    /// Checking the step's rows and writing its inputs (the GPU has nothing to run
+    /// meanwhile).
+    pub inputs: Duration,
+    /// Submitting the step's recorded commands (nor here).
     pub submit: Duration,
     /// Recording the next step's commands (while the GPU runs this one).
     pub record: Duration,
@@ -209,6 +211,7 @@ pub struct ForwardSplit {
 
 impl std::ops::AddAssign for ForwardSplit {
     fn add_assign(&mut self, other: ForwardSplit) {
+        self.inputs += other.inputs;
         self.submit += other.submit;
         self.record += other.record;
         self.wait += other.wait;
@@ -504,6 +507,7 @@ impl<'e> Session<'e> {
     pub fn submit(&mut self, rows: &[Row]) -> Result<SubmittedStep, EngineError> {
         let start = Instant::now();
         let key = self.write_step_inputs(rows, false)?;
+        let written = Instant::now();
         let gpu = self.engine.gpu.clone();
         let exe = compiled(&self.steps, key);
         let commands = match self.prepared.take() {
@@ -515,7 +519,8 @@ impl<'e> Session<'e> {
         // Record the next step of this shape while the GPU runs this one.
         self.prepared = Some((key, exe.encode(&gpu)));
         self.add_forward_time(ForwardSplit {
-            submit: submitted - start,
+            inputs: written - start,
+            submit: submitted - written,
             record: submitted.elapsed(),
             wait: Duration::ZERO,
         });
