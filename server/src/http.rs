@@ -1,7 +1,7 @@
 //! Routing, request handling and response encoding.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -22,6 +22,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::admission::Place;
 use crate::api::{ApiError, Policy, ResponseFormat, StreamFormat, parse_speech};
 use crate::metrics::Metrics;
 use crate::stall::WriteStallLimit;
@@ -284,7 +285,7 @@ async fn save_voice(state: Arc<State>, request: Request<Incoming>) -> Result<Res
     ) {
         return Err(ApiError::status(415, "send the reference recording as audio/wav"));
     }
-    let _place = Place::take(&state.metrics, |m| &m.voice_uploads, MAX_UPLOADS).ok_or_else(|| {
+    let place = Place::take(&state.metrics, |m| &m.voice_uploads, MAX_UPLOADS).ok_or_else(|| {
         ApiError::status(
             429,
             format!("{MAX_UPLOADS} voice uploads are already being received or encoded; retry later"),
@@ -292,7 +293,9 @@ async fn save_voice(state: Arc<State>, request: Request<Incoming>) -> Result<Res
     })?;
     let wav = read_body(&state, request, MAX_UPLOAD_BYTES).await?.to_vec();
     let (reply, answer) = oneshot::channel();
-    send(&state.uploads, Upload { wav, reply })?;
+    // The upload keeps its place until it is encoded (or skipped): a client that leaves
+    // meanwhile frees no room for another.
+    send(&state.uploads, Upload { wav, reply, place })?;
     let id = answer
         .await
         .map_err(|_| ApiError::status(503, "the voice encoder stopped"))??;
@@ -307,37 +310,11 @@ fn random_seed() -> u64 {
     nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// A request's place among those a limit admits at once (the gauge `counter` picks out of
-/// the metrics counts them), released when dropped.
-struct Place {
-    metrics: Arc<Metrics>,
-    counter: fn(&Metrics) -> &AtomicU64,
-}
-
-impl Place {
-    /// Takes a place if fewer than `limit` are taken.
-    fn take(metrics: &Arc<Metrics>, counter: fn(&Metrics) -> &AtomicU64, limit: usize) -> Option<Place> {
-        if counter(metrics).fetch_add(1, Ordering::SeqCst) >= limit as u64 {
-            counter(metrics).fetch_sub(1, Ordering::SeqCst);
-            return None;
-        }
-        Some(Place {
-            metrics: metrics.clone(),
-            counter,
-        })
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        (self.counter)(&self.metrics).fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     if !content_type_is(&request, &["application/json"]) {
         return Err(ApiError::status(415, "the body must be application/json"));
     }
+    let version = request.version();
     let body = read_body(&state, request, state.config.max_body).await?;
     let policy = Policy {
         allow_request_gamma: state.config.allow_request_gamma,
@@ -345,6 +322,14 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         max_input_chars: state.config.max_input_chars,
     };
     let speech = parse_speech(&body, &policy)?;
+    // Without chunked transfer (HTTP/1.0) a streamed body ends by closing the connection, so
+    // a stream cut short by a failure would look complete; SSE ends with an event either way.
+    if speech.stream_format == StreamFormat::Audio && version < hyper::Version::HTTP_11 {
+        return Err(ApiError::invalid(
+            "stream_format",
+            "streaming raw audio needs HTTP/1.1 (a failed stream must show as cut short); use \"sse\", or no stream_format for the whole file",
+        ));
+    }
     let gamma = speech.gamma.unwrap_or(state.config.gamma);
     if Batcher::lanes_needed(gamma) > state.config.max_lanes {
         return Err(ApiError::invalid(
@@ -370,13 +355,15 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         .ok_or_else(|| ApiError::status(429, "every lane is busy and the queue is full; retry later"))?;
     let shared = state.clone();
     let (input, voice) = (speech.input.clone(), speech.voice.clone());
-    let (prefix, segments) = tokio::task::spawn_blocking(move || {
+    // The tokenizing task holds the place while it runs, even if the client leaves and
+    // this handler is dropped, and hands it back.
+    let (prefix, segments, guard) = tokio::task::spawn_blocking(move || {
         let prefix = shared.store.prefix_for(&voice, &shared.checkpoint)?;
         let segments = shared
             .text
             .segments(&input, budget)
             .map_err(|e| ApiError::invalid("input", e.to_string()))?;
-        Ok::<_, ApiError>((prefix, segments))
+        Ok::<_, ApiError>((prefix, segments, guard))
     })
     .await
     .map_err(|e| ApiError::status(500, format!("preparing the request failed: {e}")))??;
@@ -481,6 +468,9 @@ impl Drop for Connection {
     }
 }
 
+/// How long accepting waits after the operating system refused a connection.
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Accepts connections until `shutdown`, then waits for the open ones to finish. At most
 /// `max_connections` are open at once (later clients wait in the listen backlog), and each
 /// closes when its client takes longer than the client timeout to send a request's headers
@@ -506,7 +496,12 @@ pub async fn listen(
         };
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, _)) = accepted else {
+                    // Out of file descriptors, say: waiting a moment lets connections close
+                    // instead of spinning on the same error.
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    continue;
+                };
                 let open = Connection::open(place, state.metrics.clone());
                 let state = state.clone();
                 let service = hyper::service::service_fn(move |request| {

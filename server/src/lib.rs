@@ -9,6 +9,7 @@
 //! into shared steps; each response is bit-identical to the same request served alone.
 //! Voice uploads are encoded on a thread of their own ([`uploads`]) beside it.
 
+mod admission;
 pub mod api;
 mod http;
 pub mod metrics;

@@ -444,6 +444,32 @@ fn refusals_have_the_right_status_and_name_the_field() {
     assert!(message.contains("must be the string \"drama-3\""), "{message}");
     expect(typed, 400, Some("model"));
     assert_eq!(checks, 17);
+    // Raw audio streamed over HTTP/1.0 would end by closing the connection, failed or not:
+    // refused, naming the field; the whole file over HTTP/1.0 is served.
+    let http10 = |format: Value| {
+        let body =
+            json!({"model": "drama-3", "input": "hi", "stream_format": format, "max_audio_tokens": 4}).to_string();
+        raw_exchange(
+            server.address(),
+            format!(
+                "POST /v1/audio/speech HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+    };
+    let refused = http10(json!("audio"));
+    assert!(refused.starts_with("HTTP/1.0 400"), "{refused}");
+    assert!(
+        refused.contains("\"param\":\"stream_format\"") && refused.contains("needs HTTP/1.1"),
+        "{refused}"
+    );
+    let served = http10(Value::Null);
+    assert!(
+        served.starts_with("HTTP/1.0 200"),
+        "{}",
+        &served[..served.len().min(300)]
+    );
     assert_eq!(server.terminate(), Some(0));
 
     // Gamma allowed: out of range is still refused, in range works.
