@@ -156,7 +156,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
         print_profile("codec", &c.profile);
     }
-    println!("wrote {}", args.out.display());
+    outln!("wrote {}", args.out.display())?;
     Ok(())
 }
 
@@ -177,7 +177,8 @@ fn print_synthesis(y: &SynthesisResult) {
     );
     let per_token = |seconds: f64| seconds / y.tokens.max(1) as f64 * 1e6;
     eprintln!(
-        "  forwards per token: submit {:.0} us (the GPU idle), record the next step {:.0} us (the GPU busy), wait for the logits {:.0} us; sampling {:.0} us",
+        "  forwards per token: inputs {:.0} us and submit {:.0} us (the GPU idle), record the next step {:.0} us (the GPU busy), wait for the logits {:.0} us; sampling {:.0} us",
+        per_token(y.inputs_s),
         per_token(y.submit_s),
         per_token(y.record_s),
         per_token(y.wait_s),

@@ -32,12 +32,12 @@ pub fn run(args: FetchArgs) -> Result<()> {
     } else {
         "already present, verified"
     };
-    println!(
+    outln!(
         "{action}: {} ({} files, {} bytes) in {}",
         checkpoint.provenance,
         checkpoint.files_verified,
         checkpoint.bytes_verified,
         checkpoint.dir.display()
-    );
+    )?;
     Ok(())
 }

@@ -23,11 +23,11 @@ pub struct FixtureArgs {
 pub fn run(args: FixtureArgs) -> Result<()> {
     drama_fixtures::write_preset(&args.preset, args.seed, &args.out)
         .with_context(|| format!("generating preset {} into {}", args.preset, args.out.display()))?;
-    println!(
+    outln!(
         "wrote preset {} (seed {}) to {}",
         args.preset,
         args.seed,
         args.out.display()
-    );
+    )?;
     Ok(())
 }

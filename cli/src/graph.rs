@@ -66,20 +66,23 @@ pub fn run(args: GraphArgs) -> Result<()> {
     let planned = plan(&graph);
     let dumped = dump(&graph, &planned);
     match args.format {
-        Format::Json => println!("{}", dumped.json()),
-        Format::Dot => print!("{}", dumped.dot()),
+        Format::Json => outln!("{}", dumped.json())?,
+        Format::Dot => out!("{}", dumped.dot())?,
         Format::Text => {
-            println!(
+            outln!(
                 "decode step: {} lane(s), KV capacity {} positions, {}",
-                args.lanes, shape.capacity, checkpoint.provenance
-            );
-            print!("{}", dumped.text());
-            println!("weights by format:");
+                args.lanes,
+                shape.capacity,
+                checkpoint.provenance
+            )?;
+            out!("{}", dumped.text())?;
+            outln!("weights by format:")?;
             for (kind, totals) in checkpoint.report().totals {
-                println!(
+                outln!(
                     "  {kind:<34} {:>14} parameters {:>14} bytes",
-                    totals.parameters, totals.bytes
-                );
+                    totals.parameters,
+                    totals.bytes
+                )?;
             }
         }
     }

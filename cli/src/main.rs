@@ -1,5 +1,19 @@
 //! `drama`: the command-line front end of the Drama 3 engine.
 
+/// `print!` through [`output::stdout`]: an error, never a panic, when the reader has gone.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::stdout(format!($($arg)*).as_bytes())
+    };
+}
+
+/// `println!` likewise.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output::stdout(format!("{}\n", format_args!($($arg)*)).as_bytes())
+    };
+}
+
 mod bench;
 mod checkpoint_arg;
 mod fetch;
@@ -63,6 +77,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Whoever reads the output stopped reading: nothing went wrong here.
+        Err(error) if error.is::<output::ReaderGone>() => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE

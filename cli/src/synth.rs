@@ -1,6 +1,6 @@
 //! `drama synth`: text to a WAV file (or stdout).
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -98,6 +98,13 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let to_stdout = args.out.as_os_str() == "-";
     if !to_stdout {
         output::check(&args.out)?;
+        output::check_not_an_input(
+            &args.out,
+            &[
+                ("--text-file", args.text_file.as_deref()),
+                ("--voice", args.voice.as_deref()),
+            ],
+        )?;
         output::check_extension(
             &args.out,
             "wav",
@@ -187,10 +194,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
         Format::F32 => write_wav_f32(&pcm, rate)?,
     };
     if to_stdout {
-        std::io::stdout()
-            .lock()
-            .write_all(&bytes)
-            .context("writing the WAV to stdout")?;
+        output::stdout(&bytes)?;
     } else {
         output::write(&args.out, &bytes)?;
     }

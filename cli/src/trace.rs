@@ -69,6 +69,6 @@ pub fn run(args: TraceArgs) -> Result<()> {
     };
     let traced = trace(&engine, &request)?;
     output::write(&args.out, &traced.to_safetensors()?)?;
-    println!("wrote {} tensors to {}", traced.tensors.len(), args.out.display());
+    outln!("wrote {} tensors to {}", traced.tensors.len(), args.out.display())?;
     Ok(())
 }

@@ -20,9 +20,9 @@ pub fn run(args: VerifyArgs) -> Result<()> {
     let checkpoint = args.checkpoint.open()?;
     let report = checkpoint.report();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        print!("{}", report.render_text());
+        out!("{}", report.render_text())?;
     }
     Ok(())
 }

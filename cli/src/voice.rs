@@ -30,6 +30,7 @@ pub struct VoiceArgs {
 /// Runs `drama voice`.
 pub fn run(args: VoiceArgs) -> Result<()> {
     output::check(&args.out)?;
+    output::check_not_an_input(&args.out, &[("--wav", Some(args.wav.as_path()))])?;
     output::check_extension(
         &args.out,
         VOICE_FILE_EXTENSION,
@@ -41,6 +42,6 @@ pub fn run(args: VoiceArgs) -> Result<()> {
     let tower = VoiceTower::new(args.gpu.open()?, &checkpoint)?;
     let prefix = prefix_from_wav(&bytes, &tower).with_context(|| format!("voice {}", args.wav.display()))?;
     output::write(&args.out, &voice_file_bytes(&prefix, &checkpoint)?)?;
-    println!("wrote voice for {} to {}", checkpoint.provenance, args.out.display());
+    outln!("wrote voice for {} to {}", checkpoint.provenance, args.out.display())?;
     Ok(())
 }

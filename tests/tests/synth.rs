@@ -256,4 +256,66 @@ fn synth_refusals_name_the_problem() {
     }
     assert!(!voice_wav.exists() && !unnamed.exists());
     assert!(!nowhere.parent().unwrap().exists() && !out.exists() && !mislabelled.exists());
+    // An output that is one of the command's inputs is refused, naming the flag, and the
+    // input is left as it was.
+    let script = s.root.join("script");
+    std::fs::write(&script, "Hello there.").unwrap();
+    let script_path = script.to_str().unwrap();
+    let (code, _, err) = drama_text(&[
+        "synth",
+        "--checkpoint",
+        &s.checkpoint,
+        "--text-file",
+        script_path,
+        "-o",
+        script_path,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("it is the --text-file this command reads"), "{err}");
+    let reference_voice = s.root.join("reference");
+    sine_wav(&reference_voice, 16000, 0.3);
+    let (code, err) = synth(&s, &reference_voice, &["--voice", reference_voice.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("it is the --voice this command reads"), "{err}");
+    let named_voice = s.root.join("named.safetensors");
+    std::fs::copy(&reference_voice, &named_voice).unwrap();
+    let (code, _, err) = drama_text(&[
+        "voice",
+        "--checkpoint",
+        &s.checkpoint,
+        "--wav",
+        named_voice.to_str().unwrap(),
+        "-o",
+        named_voice.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("it is the --wav this command reads"), "{err}");
+    assert_eq!(std::fs::read_to_string(&script).unwrap(), "Hello there.");
+    assert_eq!(
+        std::fs::read(&named_voice).unwrap(),
+        std::fs::read(&reference_voice).unwrap()
+    );
+}
+
+/// A command whose standard output is closed before it prints (`drama verify | true`) ends
+/// quietly with success instead of panicking on the broken pipe.
+#[test]
+fn a_closed_standard_output_is_no_panic() {
+    let s = setup();
+    for args in [
+        &["verify", "--checkpoint", &s.checkpoint][..],
+        &["graph", "--checkpoint", &s.checkpoint, "--format", "json"][..],
+    ] {
+        let mut child = std::process::Command::new(drama_tests::drama_binary())
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 }
