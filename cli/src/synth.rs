@@ -161,6 +161,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
         opened.as_secs_f64(),
         loading.elapsed().as_secs_f64()
     );
+    let segment_count = segments.len();
     let request = SynthesisRequest {
         segments,
         prefix,
@@ -208,5 +209,12 @@ pub fn run(args: SynthArgs) -> Result<()> {
             .first_audio
             .map_or("-".to_string(), |d| format!("{:.2} s", d.as_secs_f64())),
     );
+    if stats.capped_segments > 0 {
+        eprintln!(
+            "warning: {} of {segment_count} segment(s) reached the cap of {max_audio_tokens} audio tokens before \
+             audio_eos: their speech may stop before their text does (raise --max-audio-tokens)",
+            stats.capped_segments
+        );
+    }
     Ok(())
 }

@@ -273,6 +273,7 @@ impl<'e> Batcher<'e> {
                 stop: Stop::Finished,
                 time_split: TimeSplit::default(),
                 chunks_in_parts: 0,
+                capped_segments: 0,
             },
             request,
             cond_lane,
@@ -495,6 +496,9 @@ impl<'e> Batcher<'e> {
             job.last_token = Some(token);
         }
         let segment_done = ended || job.generated == job.request.max_audio_tokens;
+        if segment_done && !ended {
+            job.stats.capped_segments += 1;
+        }
         let last_segment = job.segment + 1 == job.request.segments.len();
         if segment_done && last_segment {
             // The request's last samples: the chunk in flight and the codes not yet decoded,

@@ -73,6 +73,10 @@ pub struct SynthesisStats {
     /// Codec chunks submitted in parts, one behind each step (the others ran whole; see
     /// [`crate::batch::parts_for`]).
     pub chunks_in_parts: usize,
+    /// Segments that reached their token cap before audio_eos: their speech may end before
+    /// their text does (the contract stops generation there; the caller decides what to
+    /// tell).
+    pub capped_segments: usize,
 }
 
 /// Where a job's wall time went, each part summed over its steps (the rest is waiting for

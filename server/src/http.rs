@@ -160,9 +160,9 @@ fn streamed_body(
     let tail = futures_util::stream::once(async move {
         // A runtime shutting down drops the task: as if the worker dropped the job.
         let outcome = outcome.await.unwrap_or_else(Err);
-        let tokens = match &outcome {
-            Ok(Outcome::Ran(stats)) => stats.tokens,
-            _ => 0,
+        let (tokens, capped) = match &outcome {
+            Ok(Outcome::Ran(stats)) => (stats.tokens, stats.capped_segments),
+            _ => (0, 0),
         };
         let failure = failure(outcome);
         if failure.is_some() {
@@ -171,7 +171,11 @@ fn streamed_body(
         match (failure, sse) {
             (None, true) => Ok(Bytes::from(format!(
                 "event: speech.audio.done\ndata: {}\n\n",
-                serde_json::json!({"type": "speech.audio.done", "usage": {"audio_tokens": tokens}})
+                serde_json::json!({
+                    "type": "speech.audio.done",
+                    "usage": {"audio_tokens": tokens},
+                    "capped_segments": capped,
+                })
             ))),
             (None, false) => Ok(Bytes::new()),
             (Some(failure), true) => Ok(Bytes::from(format!("event: error\ndata: {}\n\n", failure.body()))),
@@ -403,6 +407,8 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         (_, ResponseFormat::Pcm) => "audio/pcm",
     };
     let rate = state.sample_rate;
+    // Segments that reached the token cap, where the whole file's header can say so.
+    let mut capped = None;
     let body: Body = match speech.stream_format {
         StreamFormat::Whole => {
             let (mut pcm, mut held) = (Vec::new(), Held::new(0, &state.metrics));
@@ -410,7 +416,11 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
                 pcm.extend(chunk.pcm);
                 held.absorb(chunk.held);
             }
-            if let Some(failure) = failure(done_answer.await) {
+            let outcome = done_answer.await;
+            if let Ok(Outcome::Ran(stats)) = &outcome {
+                capped = Some(stats.capped_segments);
+            }
+            if let Some(failure) = failure(outcome) {
                 return Err(failure);
             }
             let bytes = match speech.response_format {
@@ -444,6 +454,12 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     );
     if let Ok(value) = HeaderValue::from_str(&state.provenance) {
         headers.insert("x-drama-checkpoint", value);
+    }
+    if let Some(capped) = capped {
+        headers.insert(
+            "x-drama-capped-segments",
+            HeaderValue::from_str(&capped.to_string()).expect("digits"),
+        );
     }
     Ok(response)
 }
@@ -560,6 +576,7 @@ mod tests {
             stop,
             time_split: TimeSplit::default(),
             chunks_in_parts: 0,
+            capped_segments: 0,
         }
     }
 

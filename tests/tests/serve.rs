@@ -87,6 +87,28 @@ fn streamed_whole_repeated_and_voices_agree() {
     }
     assert!(events.contains("event: speech.audio.done"));
     assert_eq!(decoded, raw.body, "SSE deltas carry the same PCM");
+    // Segments cut at the token cap are counted: in the whole file's header and in the SSE
+    // end event, alike for the same request (two tokens: every segment reaches the cap).
+    let done_event = |events: &str| -> Value {
+        let last = events.lines().rev().find_map(|l| l.strip_prefix("data: ")).unwrap();
+        serde_json::from_str(last).unwrap()
+    };
+    let mut capped = request("Hello there. Second sentence.", 11);
+    capped["max_audio_tokens"] = json!(2);
+    let counted: usize = server
+        .speech(&capped)
+        .header("x-drama-capped-segments")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(counted >= 1, "{counted}");
+    capped["stream_format"] = json!("sse");
+    let capped_events = String::from_utf8(server.speech(&capped).body).unwrap();
+    assert_eq!(done_event(&capped_events)["capped_segments"], counted);
+    assert_eq!(
+        done_event(&events)["capped_segments"].to_string(),
+        whole.header("x-drama-capped-segments").unwrap()
+    );
     // Repeats are identical; the seed matters.
     assert_eq!(
         server.speech(&request("Hello there. Second sentence.", 11)).body,

@@ -291,6 +291,15 @@ fn synth_refusals_name_the_problem() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("it is the --wav this command reads"), "{err}");
     assert_eq!(std::fs::read_to_string(&script).unwrap(), "Hello there.");
+    // Not a refusal: speech cut at the token cap is written, with a warning naming the cap.
+    let capped = s.root.join("capped.wav");
+    let (code, err) = synth(&s, &capped, &["--max-audio-tokens", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("segment(s) reached the cap of 2 audio tokens before audio_eos"),
+        "{err}"
+    );
+    assert!(capped.exists());
     assert_eq!(
         std::fs::read(&named_voice).unwrap(),
         std::fs::read(&reference_voice).unwrap()
