@@ -576,7 +576,7 @@ mod tests {
             stop,
             time_split: TimeSplit::default(),
             chunks_in_parts: 0,
-            capped_segments: 0,
+            capped_segments: 2,
         }
     }
 
@@ -660,7 +660,7 @@ mod tests {
         assert!(text.contains(&delta) && failed.is_none() && released);
         assert!(
             text.ends_with(
-                "event: speech.audio.done\ndata: {\"type\":\"speech.audio.done\",\"usage\":{\"audio_tokens\":7}}\n\n"
+                "event: speech.audio.done\ndata: {\"capped_segments\":2,\"type\":\"speech.audio.done\",\"usage\":{\"audio_tokens\":7}}\n\n"
             ),
             "{text}"
         );
