@@ -118,8 +118,7 @@ impl<'a> Lowering<'a> {
             Op::Embed { text, audio } => {
                 let rows = self.rows(inputs[0]);
                 let width = self.graph.value(node.outputs[0]).shape[1];
-                let count = rows * width;
-                let grid = self.elements_grid(count);
+                let grid = self.elements_grid(rows * width);
                 let (table, index, prefixes) = (
                     self.buffer(inputs[0])?,
                     self.buffer(inputs[1])?,
@@ -133,16 +132,7 @@ impl<'a> Lowering<'a> {
                     else {
                         return Err(EngineError::Unsupported("an embedding table without rows".into()));
                     };
-                    let params = ElementwiseParams {
-                        count: count as u32,
-                        width: width as u32,
-                        k: text_rows.start as u32,
-                        flags: u32::from(i == 0),
-                        row_end: text_rows.end as u32,
-                        audio_begin: audio_rows.start as u32,
-                        audio_end: audio_rows.end as u32,
-                        pad: 0,
-                    };
+                    let params = ElementwiseParams::embed(rows, width, text_rows, audio_rows, i == 0);
                     self.launch(
                         Kernel::Embed,
                         &params,

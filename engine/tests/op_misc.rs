@@ -731,19 +731,8 @@ fn embedding_rows_come_from_the_right_table_and_segment() {
     let mut params = Vec::new();
     for (i, text_rows) in text_segments.iter().enumerate() {
         let audio_rows = audio_segments.get(i).cloned().unwrap_or(0..0);
-        params.push(gpu.uniform(
-            "p",
-            &ElementwiseParams {
-                count: count as u32,
-                width: width as u32,
-                k: text_rows.start as u32,
-                flags: u32::from(i == 0),
-                row_end: text_rows.end as u32,
-                audio_begin: audio_rows.start as u32,
-                audio_end: audio_rows.end as u32,
-                pad: 0,
-            },
-        ));
+        let p = ElementwiseParams::embed(rows.len(), width, text_rows.clone(), audio_rows, i == 0);
+        params.push(gpu.uniform("p", &p));
         let audio_bound = audio_data.get(i).unwrap_or(&audio_data[0]);
         let bound = [&params[i], &pb, audio_bound, &text_data[i], &tb, &ib, &out];
         dispatches.push(dispatch(gpu, Kernel::Embed, &bound, grid));
@@ -765,12 +754,7 @@ fn embedding_rows_come_from_the_right_table_and_segment() {
     let out = poisoned(gpu, "out", count);
     let p = gpu.uniform(
         "p",
-        &ElementwiseParams {
-            count: count as u32,
-            width: width as u32,
-            row_end: text_segments[0].end as u32,
-            ..Default::default()
-        },
+        &ElementwiseParams::embed(rows.len(), width, text_segments[0].clone(), 0..0, false),
     );
     run(
         gpu,

@@ -1,5 +1,7 @@
 //! Parameter blocks, laid out exactly like the `Params` structs of the WGSL files.
 
+use std::ops::Range;
+
 use bytemuck::{Pod, Zeroable};
 
 /// `linear.wgsl` parameters.
@@ -132,6 +134,23 @@ pub struct ElementwiseParams {
     pub audio_end: u32,
     /// Padding.
     pub pad: u32,
+}
+
+impl ElementwiseParams {
+    /// `embed`'s parameters: `rows` rows of `width` values, the rows `text` and `audio` of
+    /// the two tables' segments the launch binds, and with `prefixes` the voice-prefix rows.
+    pub fn embed(rows: usize, width: usize, text: Range<usize>, audio: Range<usize>, prefixes: bool) -> Self {
+        ElementwiseParams {
+            count: (rows * width) as u32,
+            width: width as u32,
+            k: text.start as u32,
+            flags: u32::from(prefixes),
+            row_end: text.end as u32,
+            audio_begin: audio.start as u32,
+            audio_end: audio.end as u32,
+            pad: 0,
+        }
+    }
 }
 
 /// `moe.wgsl`'s `group_slots` parameters.
