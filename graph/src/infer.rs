@@ -1,7 +1,7 @@
 //! Output types of every op, and the checks of its inputs: the one place each op's shape
 //! and dtype rules live.
 
-use drama_kernels::{KeptCapacity, LinearInput, MAX_KEPT_EXPERTS};
+use drama_kernels::{KeptCapacity, LinearInput, MAX_EXPERT_GROUPS, MAX_KEPT_EXPERTS, MAX_ROUTED_PER_TOKEN};
 
 use crate::graph::{is_bf16, shape_of};
 use crate::ir::{DType, Op, Value, ValueKind};
@@ -165,12 +165,13 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                     logits.dtype, logits.shape
                 )
             })?;
-            expect((1..=16).contains(&r.k) && r.k <= r.kept, || {
-                format!("k {} must be in 1..=min(16, kept)", r.k)
+            expect((1..=MAX_ROUTED_PER_TOKEN).contains(&r.k) && r.k <= r.kept, || {
+                format!("k {} must be in 1..=min({MAX_ROUTED_PER_TOKEN}, kept)", r.k)
             })?;
-            expect(KeptCapacity::for_kept(r.kept).is_some() && r.n_group <= 64, || {
-                format!("at most {MAX_KEPT_EXPERTS} kept experts and 64 groups")
-            })?;
+            expect(
+                KeptCapacity::for_kept(r.kept).is_some() && r.n_group <= MAX_EXPERT_GROUPS,
+                || format!("at most {MAX_KEPT_EXPERTS} kept experts and {MAX_EXPERT_GROUPS} groups"),
+            )?;
             let rows = rows_of(logits);
             let mut outputs = vec![(vec![rows, r.k], DType::U32), (vec![rows, r.k], DType::F32)];
             if let Some(&x) = inputs.get(1) {

@@ -166,6 +166,12 @@ pub const FORCE_LOOP_BOUNDING: bool = false;
 /// [`KeptCapacity`], `moe.wgsl`'s MAX_EXPERTS: their workgroup arrays).
 pub const MAX_KEPT_EXPERTS: usize = 512;
 
+/// Expert groups a sigmoid router may have (`router.wgsl`'s MAX_GROUPS).
+pub const MAX_EXPERT_GROUPS: usize = 64;
+
+/// Experts routing chooses per token at most (`router.wgsl`'s MAX_K).
+pub const MAX_ROUTED_PER_TOKEN: usize = 16;
+
 /// The kept experts a routing module's workgroup arrays hold (`router.wgsl`'s MAX_KEPT): a
 /// layer routes with the smallest capacity that holds its kept experts, since routing's
 /// workgroup memory (about 16 KB at 512) is carried by every workgroup of its launch, the
@@ -873,6 +879,9 @@ mod tests {
         assert_eq!(wgsl_u32(Module::Attention, "CHUNK") as usize, ATTENTION_CHUNK);
         assert_eq!(wgsl_u32(Module::Moe, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
         assert_eq!(wgsl_u32(Module::Moe, "MAX_EXPERTS") as usize, MAX_KEPT_EXPERTS);
+        let router = Module::Router(KeptCapacity::ALL[0]);
+        assert_eq!(wgsl_u32(router, "MAX_GROUPS") as usize, MAX_EXPERT_GROUPS);
+        assert_eq!(wgsl_u32(router, "MAX_K") as usize, MAX_ROUTED_PER_TOKEN);
         for capacity in KeptCapacity::ALL {
             assert_eq!(
                 wgsl_u32(Module::Router(capacity), "MAX_KEPT") as usize,

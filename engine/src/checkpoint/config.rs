@@ -2,6 +2,7 @@
 //! checked for consistency. Unknown keys are ignored; a missing or inconsistent required key
 //! is refused with its dotted path.
 
+use drama_kernels::{MAX_EXPERT_GROUPS, MAX_ROUTED_PER_TOKEN};
 use serde::{Deserialize, Serialize};
 
 use super::CheckpointError;
@@ -160,6 +161,17 @@ impl CodecConfig {
 /// layout checks run keeps a hostile config from making them allocate for it or overflow.
 const MAX_SIZE: usize = 1 << 24;
 const MAX_LAYERS: usize = 4096;
+/// The voice tower's largest FFT and most mel bands: its filter bank and a reference's mel
+/// frames are made on the host at these sizes, so they bound what a config can make it
+/// allocate.
+const MAX_FFT: usize = 1 << 15;
+const MAX_MELS: usize = 1024;
+
+/// Whether a config's f64 stays a positive, finite number as the f32 the kernels use.
+fn positive_f32(value: f64) -> bool {
+    let narrowed = value as f32;
+    narrowed.is_finite() && narrowed > 0.0
+}
 
 /// A refusal of `key` (returned as an `Err`).
 fn bad(key: &str, problem: String) -> Result<(), CheckpointError> {
@@ -258,10 +270,10 @@ impl ModelConfig {
                 format!("{} is odd; rotate-half RoPE needs an even head", self.head_dim),
             );
         }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+        if !positive_f32(self.rms_norm_eps) {
             return bad(
                 "rms_norm_eps",
-                format!("{} is not a positive number", self.rms_norm_eps),
+                format!("{} is not a positive f32 (the norms add it in f32)", self.rms_norm_eps),
             );
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
@@ -308,6 +320,15 @@ impl ModelConfig {
         if self.num_experts == 0 {
             return bad("num_experts", "must be positive".into());
         }
+        if self.num_experts > MAX_SIZE {
+            return bad(
+                "num_experts",
+                format!(
+                    "{} is past any model this engine runs (at most {MAX_SIZE})",
+                    self.num_experts
+                ),
+            );
+        }
         if self.moe_intermediate_size == 0 {
             return bad("moe_intermediate_size", "must be positive".into());
         }
@@ -317,16 +338,25 @@ impl ModelConfig {
                 format!("{} is not in 1..={}", self.num_experts_per_tok, self.num_experts),
             );
         }
+        if self.num_experts_per_tok > MAX_ROUTED_PER_TOKEN {
+            return bad(
+                "num_experts_per_tok",
+                format!(
+                    "{} is past what this engine routes (at most {MAX_ROUTED_PER_TOKEN})",
+                    self.num_experts_per_tok
+                ),
+            );
+        }
         if r.pruned_softmax != "renormalize_kept" {
             return bad(
                 "router.pruned_softmax",
                 format!("only \"renormalize_kept\" is supported, found {:?}", r.pruned_softmax),
             );
         }
-        if !(r.routed_scaling_factor.is_finite() && r.routed_scaling_factor > 0.0) {
+        if !positive_f32(r.routed_scaling_factor) {
             return bad(
                 "router.routed_scaling_factor",
-                format!("{} is not positive", r.routed_scaling_factor),
+                format!("{} is not a positive f32", r.routed_scaling_factor),
             );
         }
         match r.scoring_func {
@@ -348,6 +378,15 @@ impl ModelConfig {
                         format!("{} does not divide num_experts {}", r.n_group, self.num_experts),
                     );
                 }
+                if r.n_group > MAX_EXPERT_GROUPS {
+                    return bad(
+                        "router.n_group",
+                        format!(
+                            "{} groups is past what this engine routes (at most {MAX_EXPERT_GROUPS})",
+                            r.n_group
+                        ),
+                    );
+                }
                 if r.topk_group == 0 || r.topk_group > r.n_group {
                     return bad(
                         "router.topk_group",
@@ -361,8 +400,11 @@ impl ModelConfig {
 
     fn validate_voice_tower(&self) -> Result<(), CheckpointError> {
         let v = &self.voice_tower;
-        if v.sample_rate == 0 {
-            return bad("voice_tower.sample_rate", "must be positive".into());
+        if v.sample_rate == 0 || v.sample_rate as usize > MAX_SIZE {
+            return bad(
+                "voice_tower.sample_rate",
+                format!("{} is not in 1..={MAX_SIZE}", v.sample_rate),
+            );
         }
         if v.n_fft < 2 || !v.n_fft.is_multiple_of(2) {
             return bad(
@@ -376,13 +418,32 @@ impl ModelConfig {
         if v.ffn == 0 {
             return bad("voice_tower.ffn", "must be positive".into());
         }
+        if v.n_fft > MAX_FFT {
+            return bad(
+                "voice_tower.n_fft",
+                format!("{} is past any model this engine runs (at most {MAX_FFT})", v.n_fft),
+            );
+        }
+        let bins = v.n_fft / 2 + 1;
+        if v.n_mels > bins.min(MAX_MELS) {
+            return bad(
+                "voice_tower.n_mels",
+                format!(
+                    "{} mel bands for {bins} frequency bins (at most the bins, and {MAX_MELS})",
+                    v.n_mels
+                ),
+            );
+        }
         Ok(())
     }
 
     fn validate_codec(&self) -> Result<(), CheckpointError> {
         let c = &self.codec;
-        if c.sample_rate == 0 {
-            return bad("codec.sample_rate", "must be positive".into());
+        if c.sample_rate == 0 || c.sample_rate as usize > MAX_SIZE {
+            return bad(
+                "codec.sample_rate",
+                format!("{} is not in 1..={MAX_SIZE}", c.sample_rate),
+            );
         }
         if c.upsample_rates.is_empty() || c.channels.len() != c.upsample_rates.len() + 1 {
             return bad(

@@ -379,6 +379,16 @@ fn read_kept_ids(config: &ModelConfig, weights: &WeightFiles) -> Result<Vec<Opti
                     found: format!("{} {:?}", shards::dtype_name(entry.dtype), entry.shape),
                 });
             }
+            if entry.shape[0] > drama_kernels::MAX_KEPT_EXPERTS {
+                return Err(CheckpointError::BadValues {
+                    name,
+                    problem: format!(
+                        "{} kept experts is past what this engine routes (at most {})",
+                        entry.shape[0],
+                        drama_kernels::MAX_KEPT_EXPERTS
+                    ),
+                });
+            }
             let ids: Vec<i32> = weights
                 .bytes(entry)
                 .chunks_exact(4)

@@ -52,6 +52,9 @@
 // MAX_KEPT, the kept experts the workgroup arrays hold, is declared by the host when it
 // assembles the module (`KeptCapacity`): a multiple of 32.
 const MAX_K: u32 = 16u;
+// Expert groups a sigmoid router may have (`keep_best_groups`' arrays: a score and a bit
+// each; the host's MAX_EXPERT_GROUPS).
+const MAX_GROUPS: u32 = 64u;
 
 struct RouterParams {
     rows: u32,
@@ -107,8 +110,8 @@ var<workgroup> chosen_weight: array<f32, MAX_K>;  // the chosen experts' weights
 // scores; groups without kept experts are never picked; the best `topk_group` groups stay
 // eligible (ties toward the lower group index). Runs on one invocation.
 fn keep_best_groups() {
-    var allowed = array<u32, 2>(0u, 0u);
-    var best = array<f32, 64>();
+    var allowed = array<u32, MAX_GROUPS / 32u>();
+    var best = array<f32, MAX_GROUPS>();
     var non_empty = array<u32, 2>();
     for (var g = 0u; g < rp.n_group; g++) {
         var first = -3.0e38;
