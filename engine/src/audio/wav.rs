@@ -1,6 +1,7 @@
 //! WAV in and out: reading the formats `drama3.md` section 7 accepts, downmixing, and writing
 //! whole files or a streamed file whose length is not known in advance.
 
+use std::borrow::Cow;
 use std::io::Cursor;
 
 use super::AudioError;
@@ -55,6 +56,7 @@ impl SampleFormat {
 /// Anything else (8-bit, 64-bit float, compressed formats), a zero sample rate, an empty data
 /// chunk, non-finite float samples and malformed or truncated files are refused.
 pub fn read_wav(bytes: &[u8]) -> Result<Pcm, AudioError> {
+    let bytes = &*with_streamed_sizes_resolved(bytes);
     let reader = match hound::WavReader::new(Cursor::new(bytes)) {
         Ok(reader) => reader,
         Err(e) => return Err(explain_refusal(bytes, e)),
@@ -93,6 +95,44 @@ pub fn read_wav(bytes: &[u8]) -> Result<Pcm, AudioError> {
         frames: samples.len() / usize::from(spec.channels),
         samples,
     })
+}
+
+/// A streamed WAV ([`streaming_wav_header`]: RIFF and data sizes 0xFFFFFFFF, the data
+/// running to the end of the file) with the sizes it would have had written whole: the data
+/// up to the last whole frame. Any other file is returned as it is. (So a saved stream from
+/// `drama serve` reads back, as a reference voice say, like the whole file.)
+fn with_streamed_sizes_resolved(bytes: &[u8]) -> Cow<'_, [u8]> {
+    let word = |at: usize| -> Option<u32> { Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?)) };
+    if bytes.get(0..4) != Some(b"RIFF") || bytes.get(8..12) != Some(b"WAVE") {
+        return Cow::Borrowed(bytes);
+    }
+    let mut block_align = None;
+    let mut at = 12;
+    while let (Some(id), Some(size)) = (bytes.get(at..at + 4), word(at + 4)) {
+        let body = at + 8;
+        if id == b"fmt " {
+            block_align = bytes
+                .get(body + 12..body + 14)
+                .map(|b| usize::from(u16::from_le_bytes([b[0], b[1]])));
+        }
+        if id == b"data" {
+            let rest = bytes.len() - body;
+            return match block_align {
+                // (A file past 4 GiB is no stream of ours: hound judges it as it is.)
+                Some(align) if align > 0 && size == u32::MAX && bytes.len() - 8 <= u32::MAX as usize => {
+                    let data = rest - rest % align;
+                    let mut whole = bytes[..body + data].to_vec();
+                    whole[4..8].copy_from_slice(&((body + data - 8) as u32).to_le_bytes());
+                    whole[at + 4..body].copy_from_slice(&(data as u32).to_le_bytes());
+                    Cow::Owned(whole)
+                }
+                _ => Cow::Borrowed(bytes),
+            };
+        }
+        // Chunks are padded to even sizes.
+        at = body.saturating_add(size as usize).saturating_add(size as usize % 2);
+    }
+    Cow::Borrowed(bytes)
 }
 
 /// Mono mix: the mean over channels of each frame (accumulated in f64). A `Pcm` with zero
@@ -462,6 +502,16 @@ mod tests {
             assert_eq!(&streamed[..4], &whole[..4]);
             assert_eq!(&streamed[8..n - 4], &whole[8..n - 4]);
             assert_eq!(&streamed[n..], &whole[n..]);
+            // A saved stream reads back as the whole file, a frame cut short at its end
+            // (a stream stopped mid-sample) left out.
+            assert_eq!(read_wav(&streamed).unwrap(), read_wav(&whole).unwrap(), "{format:?}");
+            streamed.push(0x12);
+            let mut shorter = read_wav(&whole).unwrap();
+            assert_eq!(read_wav(&streamed).unwrap(), shorter, "{format:?}");
+            streamed.truncate(streamed.len() - 1 - format.bytes());
+            shorter.samples.pop();
+            shorter.frames -= 1;
+            assert_eq!(read_wav(&streamed).unwrap(), shorter, "{format:?}");
         }
     }
 
