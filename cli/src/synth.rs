@@ -127,7 +127,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let config = checkpoint.config.clone();
     let max_audio_tokens = args.max_audio_tokens.unwrap_or(config.speech.max_audio_tokens);
     anyhow::ensure!(max_audio_tokens >= 1, "--max-audio-tokens must be at least 1");
-    let front = TextFrontEnd::load(&checkpoint)?;
+    let front = TextFrontEnd::new(&checkpoint);
     let budget = text_budget(
         config.max_position_embeddings,
         config.speech.voice_prefix_len,

@@ -7,15 +7,16 @@
 //! longer than the budget is refused.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
-use crate::checkpoint::{Checkpoint, TOKENIZER_FILE};
+use crate::checkpoint::Checkpoint;
 use crate::error::EngineError;
 
 /// The checkpoint's tokenizer.
 pub struct TextFrontEnd {
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     vocab: usize,
 }
 
@@ -27,19 +28,12 @@ pub fn text_budget(max_positions: usize, prefix_len: usize, max_audio_tokens: us
 }
 
 impl TextFrontEnd {
-    /// Loads `tokenizer.json` and checks its ids fit the text vocabulary.
-    pub fn load(checkpoint: &Checkpoint) -> Result<TextFrontEnd, EngineError> {
-        let path = checkpoint.dir.join(TOKENIZER_FILE);
-        let tokenizer =
-            Tokenizer::from_file(&path).map_err(|e| EngineError::Unsupported(format!("{TOKENIZER_FILE}: {e}")))?;
-        let vocab = checkpoint.config.text_vocab_size;
-        let size = tokenizer.get_vocab_size(true);
-        if size > vocab {
-            return Err(EngineError::Unsupported(format!(
-                "{TOKENIZER_FILE} has {size} tokens, more than text_vocab_size {vocab}"
-            )));
+    /// The front end of `checkpoint`'s tokenizer (parsed and checked when it was opened).
+    pub fn new(checkpoint: &Checkpoint) -> TextFrontEnd {
+        TextFrontEnd {
+            tokenizer: checkpoint.tokenizer.clone(),
+            vocab: checkpoint.config.text_vocab_size,
         }
-        Ok(TextFrontEnd { tokenizer, vocab })
     }
 
     /// Token ids of `text` (no special tokens added).

@@ -9,7 +9,7 @@ fn front() -> (tempfile::TempDir, TextFrontEnd) {
     let path = dir.path().join("tiny");
     drama_fixtures::write_preset("tiny", 1, &path).unwrap();
     let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
-    (dir, TextFrontEnd::load(&checkpoint).unwrap())
+    (dir, TextFrontEnd::new(&checkpoint))
 }
 
 #[test]

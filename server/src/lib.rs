@@ -144,7 +144,7 @@ pub async fn serve(
 ) -> Result<(), ServerError> {
     let Claimed { listener, store, .. } = claimed;
     let store = Arc::new(store);
-    let text = TextFrontEnd::load(&engine.checkpoint).map_err(|e| ServerError::Engine(e.to_string()))?;
+    let text = TextFrontEnd::new(&engine.checkpoint);
     let c = engine.checkpoint.config.clone();
     let metrics = Arc::new(metrics::Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));

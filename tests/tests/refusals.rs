@@ -104,6 +104,8 @@ refusal_tests! {
     voice_tower_quantized => "voice-tower-quantized",
     codec_kernel_shape => "codec-kernel-shape",
     manifest_missing => "manifest-missing",
+    tokenizer_garbled => "tokenizer-garbled",
+    tokenizer_past_text_vocab => "tokenizer-past-text-vocab",
     file_missing => "file-missing",
     byte_modified => "byte-modified",
     bytes_modified_in_two_files => "bytes-modified-in-two-files",

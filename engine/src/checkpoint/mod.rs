@@ -18,10 +18,12 @@ pub mod shards;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use safetensors::Dtype;
 use serde::Serialize;
+use tokenizers::Tokenizer;
 
 pub use config::ModelConfig;
 pub use error::CheckpointError;
@@ -126,6 +128,8 @@ pub struct Checkpoint {
     pub weights: WeightFiles,
     /// Hex SHA-256 of the `SHA256SUMS` file: the checkpoint's identity (voice files carry it).
     pub manifest_digest: String,
+    /// The text tokenizer (`tokenizer.json`), whose ids fit `text_vocab_size`.
+    pub tokenizer: Arc<Tokenizer>,
     /// Number of files whose digests were verified.
     pub files_verified: usize,
     /// Bytes hashed during verification.
@@ -179,6 +183,7 @@ impl Checkpoint {
             None
         };
         let quant = QuantScheme::from_sources(hf_quant.as_deref(), &config_text)?;
+        let tokenizer = Arc::new(read_tokenizer(dir, config.text_vocab_size)?);
         let (weights, _) = WeightFiles::open(dir)?;
         let kept = read_kept_ids(&config, &weights)?;
         let mut checkpoint = Checkpoint {
@@ -187,6 +192,7 @@ impl Checkpoint {
             layers: Vec::new(),
             linears: BTreeMap::new(),
             manifest_digest: manifest::sha256_hex(manifest_text.as_bytes()),
+            tokenizer,
             files_verified: manifest.digests.len(),
             bytes_verified: 0,
             config,
@@ -359,6 +365,20 @@ fn check_values(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<(), Checkpoint
         }
         _ => Ok(()),
     }
+}
+
+/// Parses `tokenizer.json` and checks that its ids fit a text vocabulary of `vocab`.
+fn read_tokenizer(dir: &Path, vocab: usize) -> Result<Tokenizer, CheckpointError> {
+    let refused = |problem: String| CheckpointError::Json {
+        file: TOKENIZER_FILE.to_string(),
+        problem,
+    };
+    let tokenizer = Tokenizer::from_file(dir.join(TOKENIZER_FILE)).map_err(|e| refused(e.to_string()))?;
+    let size = tokenizer.get_vocab_size(true);
+    if size > vocab {
+        return Err(refused(format!("{size} tokens, more than text_vocab_size {vocab}")));
+    }
+    Ok(tokenizer)
 }
 
 /// Reads and validates `kept_expert_ids` of every MoE layer (`None` for dense layers).
