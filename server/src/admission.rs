@@ -1,6 +1,8 @@
 //! Places under the server's admission limits (requests in flight, voice uploads): a place
-//! is held by the work it admits, not by the connection that asked for it, so a client that
-//! leaves early does not free room for more work while its own still runs.
+//! is held by the host work it admits (an upload until it is encoded or skipped, a request's
+//! tokenizing until it ends), not by the handler that asked for it, so a client that leaves
+//! early frees no room while that work still runs. (A job on the GPU worker whose client
+//! left ends at its next step.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
