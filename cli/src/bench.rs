@@ -19,7 +19,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     gpu: GpuArg,
     /// JSON output file.
-    #[arg(long)]
+    #[arg(short = 'o', long = "out")]
     out: PathBuf,
     /// Timed repeats per measurement.
     #[arg(long, default_value_t = 20)]

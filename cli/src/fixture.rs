@@ -8,11 +8,11 @@ use clap::Args;
 /// Arguments of `drama fixture`.
 #[derive(Args)]
 pub struct FixtureArgs {
-    /// Preset: tiny, tiny-sigmoid, tiny-fp8, demo or bench (about 7 GB).
+    /// Preset: tiny, tiny-sigmoid, tiny-fp8, demo or bench (about 9.2 GB).
     #[arg(long)]
     preset: String,
     /// New (or empty) directory to write into.
-    #[arg(long)]
+    #[arg(short = 'o', long = "out")]
     out: PathBuf,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0)]

@@ -9,13 +9,10 @@ use drama_engine::gpu::{BackendChoice, Gpu, GpuOptions};
 /// GPU selection.
 #[derive(Args)]
 pub struct GpuArg {
-    /// Graphics API: auto (Metal on macOS, DX12 on Windows, Vulkan elsewhere), metal, vulkan, dx12 or gl.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    /// Graphics API: auto (Metal on macOS, DX12 on Windows, Vulkan elsewhere), metal, vulkan
+    /// or dx12.
+    #[arg(long, default_value = "auto", value_parser = BackendChoice::parse)]
     backend: BackendChoice,
-}
-
-fn parse_backend(text: &str) -> Result<BackendChoice, String> {
-    BackendChoice::parse(text).ok_or_else(|| format!("unknown backend {text:?} (auto, metal, vulkan, dx12, gl)"))
 }
 
 impl GpuArg {

@@ -62,7 +62,22 @@ enum Command {
     Trace(trace::TraceArgs),
 }
 
+/// Turns off Mesa's Vulkan device-selection layer unless the user set it up. wgpu asks for
+/// every window-system extension the driver offers, and with Wayland's among them the layer
+/// connects to the desktop session to find the default GPU: on a machine without one it
+/// prints `error: XDG_RUNTIME_DIR is invalid...` twice, though nothing failed. The engine
+/// picks its adapter itself (`drama_engine::gpu::Gpu::new`), so the layer has nothing to do.
+fn quiet_vulkan_device_selection() {
+    const LAYER_OFF: &str = "NODEVICE_SELECT";
+    if cfg!(target_os = "linux") && std::env::var_os(LAYER_OFF).is_none() {
+        // SAFETY: called first thing in `main`, before any other thread exists, so nothing
+        // reads the environment while it changes.
+        unsafe { std::env::set_var(LAYER_OFF, "1") };
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_vulkan_device_selection();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Synth(args) => synth::run(args),

@@ -80,6 +80,21 @@ pub struct SynthArgs {
     max_audio_tokens: Option<usize>,
 }
 
+/// The terminal's progress line: audio tokens decoded, seconds of audio and the real-time
+/// factor so far.
+fn progress_line(samples: usize, samples_per_token: usize, rate: u32, elapsed: std::time::Duration) -> String {
+    let audio = samples as f64 / f64::from(rate);
+    let factor = if audio > 0.0 {
+        format!("{:.2}", elapsed.as_secs_f64() / audio)
+    } else {
+        "-".to_string()
+    };
+    format!(
+        "{} audio tokens, {audio:.2} s of audio, real-time factor {factor}",
+        samples / samples_per_token.max(1)
+    )
+}
+
 fn random_seed() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -176,16 +191,21 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let progress = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new_spinner();
         bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
+        bar.set_message("waiting for the first audio");
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
         bar
     } else {
         ProgressBar::hidden()
     };
     let rate = config.codec.sample_rate;
+    let samples_per_token: usize = config.codec.upsample_rates.iter().product();
+    let started = Instant::now();
     let mut pcm: Vec<f32> = Vec::new();
     let stats = synthesize(&engine, &request, &mut |chunk| {
         pcm.extend_from_slice(chunk);
-        progress.set_message(format!("{:.2} s of audio", pcm.len() as f64 / f64::from(rate)));
-        progress.tick();
+        if !progress.is_hidden() {
+            progress.set_message(progress_line(pcm.len(), samples_per_token, rate, started.elapsed()));
+        }
         true
     })?;
     progress.finish_and_clear();
@@ -202,13 +222,23 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let audio = stats.audio_seconds();
     let wall = stats.wall.as_secs_f64();
     eprintln!(
-        "audio {audio:.2} s, wall {wall:.2} s, real-time factor {:.2}, {:.1} tokens/s, first audio after {}",
-        if audio > 0.0 { wall / audio } else { f64::INFINITY },
+        "audio {audio:.2} s, wall {wall:.2} s, real-time factor {}, {:.1} tokens/s, first audio after {}",
+        if audio > 0.0 {
+            format!("{:.2}", wall / audio)
+        } else {
+            "- (no audio)".to_string()
+        },
         stats.tokens as f64 / wall.max(1e-9),
         stats
             .first_audio
             .map_or("-".to_string(), |d| format!("{:.2} s", d.as_secs_f64())),
     );
+    if stats.samples == 0 {
+        eprintln!(
+            "warning: no audio: every segment sampled audio_eos (the end of speech) as its first token, \
+             so the WAV holds no samples (another --seed, a lower --temperature or another --voice may speak)"
+        );
+    }
     if stats.capped_segments > 0 {
         eprintln!(
             "warning: {} of {segment_count} segment(s) reached the cap of {max_audio_tokens} audio tokens before \

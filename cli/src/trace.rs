@@ -43,7 +43,7 @@ pub struct TraceArgs {
     #[arg(long, value_enum, default_value = "paired")]
     lanes: Lanes,
     /// Output file: the traced tensors in safetensors format.
-    #[arg(long)]
+    #[arg(short = 'o', long = "out")]
     out: PathBuf,
 }
 

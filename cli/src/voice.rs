@@ -35,7 +35,7 @@ pub fn run(args: VoiceArgs) -> Result<()> {
         &args.out,
         VOICE_FILE_EXTENSION,
         false,
-        "--voice reads a voice file only by a name ending in .safetensors",
+        "drama voice writes a voice file, whose name must end in .safetensors: that is how `drama synth --voice` tells it from a recording",
     )?;
     let checkpoint = args.checkpoint.open()?;
     let bytes = std::fs::read(&args.wav).with_context(|| format!("reading {}", args.wav.display()))?;

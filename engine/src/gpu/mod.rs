@@ -31,20 +31,33 @@ pub enum BackendChoice {
     Vulkan,
     /// Direct3D 12.
     Dx12,
-    /// OpenGL / GLES.
+}
+
+/// Why a `--backend` name was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendNameError {
+    /// OpenGL: wgpu's GL backend offers fewer storage bindings per shader stage than the
+    /// engine's largest kernel binds, so no checkpoint could run on it.
+    #[error(
+        "the gl backend is not supported: wgpu's OpenGL backend offers 16 storage buffers per shader stage \
+         and the engine's largest kernel binds {NEEDED_STORAGE_BUFFERS}; use vulkan (Mesa's lavapipe runs on any CPU)"
+    )]
     Gl,
+    /// A name that is no backend.
+    #[error("unknown backend {0:?} (auto, metal, vulkan, dx12)")]
+    Unknown(String),
 }
 
 impl BackendChoice {
-    /// Parses `auto|metal|vulkan|dx12|gl`.
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
+    /// Parses `auto|metal|vulkan|dx12`; `gl` is refused with the reason.
+    pub fn parse(text: &str) -> Result<Self, BackendNameError> {
+        Ok(match text {
             "auto" => BackendChoice::Auto,
             "metal" => BackendChoice::Metal,
             "vulkan" => BackendChoice::Vulkan,
             "dx12" => BackendChoice::Dx12,
-            "gl" => BackendChoice::Gl,
-            _ => return None,
+            "gl" => return Err(BackendNameError::Gl),
+            _ => return Err(BackendNameError::Unknown(text.to_string())),
         })
     }
 
@@ -74,7 +87,6 @@ impl BackendChoice {
             BackendChoice::Metal => wgpu::Backends::METAL,
             BackendChoice::Vulkan => wgpu::Backends::VULKAN,
             BackendChoice::Dx12 => wgpu::Backends::DX12,
-            BackendChoice::Gl => wgpu::Backends::GL,
         }
     }
 }
@@ -181,7 +193,7 @@ pub struct Gpu {
 }
 
 /// The storage bindings the engine's largest kernel uses (routing with the BF16 linear
-/// beside it: seventeen; Metal offers 31, lavapipe 32, NVIDIA far more).
+/// beside it: seventeen; Metal offers 31, lavapipe 32, NVIDIA far more, wgpu's GL 16).
 const NEEDED_STORAGE_BUFFERS: u32 = 17;
 
 impl Gpu {
