@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The README's first command: speak a sentence with the built-in demo checkpoint.
+# The README's first command: builds `drama` (the same build the test command uses, so the
+# two compile once together) and speaks a sentence with the built-in demo checkpoint.
 # On Linux without a Vulkan driver it first installs Mesa's lavapipe (software Vulkan).
+#
 # Usage: scripts/demo.sh ["text"] [out.wav]
+#   text     what to say (default: a greeting)
+#   out.wav  where to write it, relative to the folder you call the script from
+#            (default: hello.wav there; `-` writes the WAV to standard output)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+root="$(cd "$(dirname "$0")/.." && pwd)"
 if [[ "$(uname)" == Linux ]] && ! ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1; then
   echo "no Vulkan driver found: installing Mesa's lavapipe (software Vulkan)" >&2
   sudo=""
@@ -11,4 +16,6 @@ if [[ "$(uname)" == Linux ]] && ! ls /usr/share/vulkan/icd.d/*.json >/dev/null 2
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
 fi
-exec cargo run --release --locked -p drama-cli -- synth --text "${1:-Hello from drama, the Drama 3 engine.}" -o "${2:-hello.wav}"
+# A fixed seed: the demo says the same thing every time (see README, "The demo").
+exec cargo run --manifest-path "$root/Cargo.toml" --locked -p drama-cli -- \
+  synth --seed 1 --text "${1:-Hello from drama, the Drama 3 engine.}" -o "${2:-hello.wav}"

@@ -57,7 +57,11 @@ pub fn default_pinned_dir() -> Result<PathBuf> {
 /// The demo checkpoint: generated deterministically into the cache on first use (staged,
 /// then renamed into place), verified like any other local checkpoint afterwards.
 fn open_demo() -> Result<Checkpoint> {
-    let dir = cache_root()?.join(format!("demo-{}-seed{DEMO_SEED}", env!("CARGO_PKG_VERSION")));
+    let dir = cache_root()?.join(format!(
+        "demo-{}-r{}-seed{DEMO_SEED}",
+        env!("CARGO_PKG_VERSION"),
+        drama_fixtures::DEMO_REVISION
+    ));
     if !dir.exists() {
         eprintln!("generating the demo checkpoint (random weights) into {}", dir.display());
         let staging = dir.with_extension(format!("partial-{}", std::process::id()));
