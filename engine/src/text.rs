@@ -1,8 +1,8 @@
 //! The text front end: the checkpoint's `tokenizer.json`, and splitting long text into
 //! segments that fit the model's context.
 //!
-//! Splitting rule: text is cut after sentence ends (`.`, `!`, `?`, `;` or a line break,
-//! followed by white space); sentences are packed in order into segments of at most
+//! Splitting rule: text is cut after sentence ends (`.`, `!`, `?` or `;` followed by white
+//! space, and every line break); sentences are packed in order into segments of at most
 //! `budget` tokens; a sentence longer than the budget is cut between words; a single word
 //! longer than the budget is refused.
 
@@ -147,8 +147,8 @@ fn sentences(text: &str) -> Vec<Range<usize>> {
     let mut start = 0;
     let mut chars = text.char_indices().peekable();
     while let Some((_, c)) = chars.next() {
-        let ends = matches!(c, '.' | '!' | '?' | ';' | '\n');
-        if ends && chars.peek().is_none_or(|&(_, n)| n.is_whitespace()) {
+        let ends = matches!(c, '.' | '!' | '?' | ';') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
+        if ends || c == '\n' {
             while chars.next_if(|&(_, n)| n.is_whitespace()).is_some() {}
             let end = chars.peek().map_or(text.len(), |&(at, _)| at);
             out.push(start..end);

@@ -37,6 +37,20 @@ fn segments_follow_sentences_and_the_budget() {
     let parts = front.segments(text, sentence_budget).unwrap();
     assert!(parts.len() >= 3, "{} segments", parts.len());
     assert!(parts.iter().all(|p| p.len() <= sentence_budget));
+    // A line break ends a sentence even with no space after it.
+    // (Cut between words instead, the first segment would take "three" too.)
+    let line_budget = [
+        front.encode("One two three").unwrap().len(),
+        front.encode("three four").unwrap().len(),
+    ]
+    .into_iter()
+    .max()
+    .unwrap();
+    let lines = front.segments("One two\nthree four", line_budget).unwrap();
+    assert_eq!(
+        lines,
+        vec![front.encode("One two").unwrap(), front.encode("three four").unwrap()]
+    );
     // A sentence longer than the budget is cut between words.
     let words = front.segments("alpha beta gamma delta epsilon.", 9).unwrap();
     assert!(words.len() > 1 && words.iter().all(|p| p.len() <= 9));
@@ -58,8 +72,9 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
     while let Some(end) = rest
         .char_indices()
         .find(|&(at, c)| {
-            matches!(c, '.' | '!' | '?' | ';' | '\n')
-                && rest[at + c.len_utf8()..].chars().next().is_none_or(char::is_whitespace)
+            c == '\n'
+                || matches!(c, '.' | '!' | '?' | ';')
+                    && rest[at + c.len_utf8()..].chars().next().is_none_or(char::is_whitespace)
         })
         .map(|(at, c)| at + c.len_utf8())
     {
