@@ -1,4 +1,4 @@
-//! Scalar number formats of the contract, decoded exactly as `drama3.md` defines them.
+//! Scalar number formats of the contract, decoded exactly as `docs/contract.md` §4 defines them.
 //!
 //! These decoders are the engine's single source of truth on the CPU side (load-time scale
 //! validation and the FP64 reference); the golden tables in `fixtures/golden/` (made by

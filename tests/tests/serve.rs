@@ -470,7 +470,8 @@ fn refusals_have_the_right_status_and_name_the_field() {
     // refused, naming the field; the whole file over HTTP/1.0 is served.
     let http10 = |format: Value| {
         let body =
-            json!({"model": "drama-3", "input": "hi", "stream_format": format, "max_audio_tokens": 4}).to_string();
+            json!({"model": "drama-3", "input": "hi", "stream_format": format, "max_audio_tokens": 4, "seed": 5})
+                .to_string();
         raw_exchange(
             server.address(),
             format!(

@@ -363,3 +363,24 @@ fn the_demo_is_quiet_and_not_empty() {
     eprintln!("demo: peak {:.1} dBFS, RMS {:.1} dBFS", dbfs(peak), dbfs(rms));
     assert!(dbfs(peak) < -20.0 && rms > 0.0, "peak {peak}, RMS {rms}");
 }
+
+/// An utterance whose every segment samples audio_eos first is written (a WAV without
+/// samples) and says why, instead of reporting a real-time factor of an empty file.
+#[test]
+fn an_utterance_without_audio_says_why() {
+    let s = setup();
+    let out = s.root.join("empty.wav");
+    // Seed 265 samples audio_eos first on this checkpoint (found by trying seeds in order).
+    let (code, err) = synth(&s, &out, &["--seed", "265"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("real-time factor - (no audio)")
+            && err
+                .contains("warning: no audio: every segment sampled audio_eos (the end of speech) as its first token"),
+        "{err}"
+    );
+    // A WAV whose data chunk, its last, is empty.
+    let wav = std::fs::read(&out).unwrap();
+    let data = wav.windows(4).position(|w| w == b"data").expect("a data chunk");
+    assert_eq!(&wav[data + 4..], &[0, 0, 0, 0]);
+}

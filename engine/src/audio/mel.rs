@@ -1,4 +1,4 @@
-//! The contract's log-mel spectrogram (`drama3.md` section 7), computed in f64.
+//! The contract's log-mel spectrogram (`docs/contract.md` §7), computed in f64.
 //!
 //! Frames are not centred: frame f covers samples [f*hop, f*hop + n_fft), and there are
 //! 1 + floor((N - n_fft)/hop) of them. Each frame is weighted by the periodic Hann window

@@ -1,4 +1,4 @@
-//! The reference-voice audio front end of `drama3.md` section 7, and WAV output.
+//! The reference-voice audio front end of `docs/contract.md` §7, and WAV output.
 //!
 //! - [`wav`]: reading WAV (PCM 16/24/32-bit integer, 32-bit float), downmixing, writing
 //!   whole and streamed WAV.

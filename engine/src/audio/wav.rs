@@ -1,4 +1,4 @@
-//! WAV in and out: reading the formats `drama3.md` section 7 accepts, downmixing, and writing
+//! WAV in and out: reading the formats `docs/contract.md` §7 accepts, downmixing, and writing
 //! whole files or a streamed file whose length is not known in advance.
 
 use std::borrow::Cow;
