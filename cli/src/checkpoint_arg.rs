@@ -23,6 +23,24 @@ pub struct CheckpointArg {
 }
 
 impl CheckpointArg {
+    /// The folder the checkpoint is read from, without validating it (the demo is generated
+    /// if missing; the pinned checkpoint must have been fetched).
+    pub fn dir(&self) -> Result<PathBuf> {
+        match self.checkpoint.as_deref() {
+            None => demo_dir(),
+            Some("pinned") => {
+                let dir = default_pinned_dir()?;
+                anyhow::ensure!(
+                    dir.is_dir(),
+                    "the pinned checkpoint has not been fetched into {} yet (drama fetch)",
+                    dir.display()
+                );
+                Ok(dir)
+            }
+            Some(dir) => Ok(PathBuf::from(dir)),
+        }
+    }
+
     /// Resolves and validates the checkpoint.
     pub fn open(&self) -> Result<Checkpoint> {
         match self.checkpoint.as_deref() {
@@ -57,6 +75,18 @@ pub fn default_pinned_dir() -> Result<PathBuf> {
 /// The demo checkpoint: generated deterministically into the cache on first use (staged,
 /// then renamed into place), verified like any other local checkpoint afterwards.
 fn open_demo() -> Result<Checkpoint> {
+    let dir = demo_dir()?;
+    let absolute = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+    Checkpoint::open(&dir, Provenance::Local(absolute)).with_context(|| {
+        format!(
+            "the demo checkpoint in {} is damaged; delete that directory to regenerate it",
+            dir.display()
+        )
+    })
+}
+
+/// The demo checkpoint's folder, generated first if it is not there yet.
+fn demo_dir() -> Result<PathBuf> {
     let dir = cache_root()?.join(format!(
         "demo-{}-r{}-seed{DEMO_SEED}",
         env!("CARGO_PKG_VERSION"),
@@ -74,11 +104,5 @@ fn open_demo() -> Result<Checkpoint> {
             }
         }
     }
-    let absolute = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
-    Checkpoint::open(&dir, Provenance::Local(absolute)).with_context(|| {
-        format!(
-            "the demo checkpoint in {} is damaged; delete that directory to regenerate it",
-            dir.display()
-        )
-    })
+    Ok(dir)
 }

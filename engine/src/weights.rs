@@ -224,7 +224,6 @@ impl<'a> Uploader<'a> {
                 "{label}: only BF16 linears of one input width, all with or all without a bias, can be stacked"
             )));
         }
-        check_width(&label, first.format, first.in_)?;
         let row_bytes = code_bytes_per_row(first.format, first.in_);
         let mut codes = Vec::new();
         let mut bias = Vec::new();
@@ -260,7 +259,6 @@ impl<'a> Uploader<'a> {
                 "{label}: a SwiGLU stack needs two bias-free BF16 linears of one shape"
             )));
         }
-        check_width(&label, g.format, g.in_)?;
         let row_bytes = code_bytes_per_row(g.format, g.in_);
         let per = self.rows_per_segment(&label, 2 * row_bytes, 1)?;
         let is_module = |m: &str| self.checkpoint.linear(m).is_some();
@@ -318,7 +316,6 @@ impl<'a> Uploader<'a> {
             has_bias,
             tensor_scale,
         } = self.stored(weight);
-        check_width(weight, format, in_)?;
         let codes_name = codes_tensor(weight, format, self.checkpoint.linear(weight).is_some());
         let row_bytes = code_bytes_per_row(format, in_);
         let tile = if format == LinearFormat::Fp8Block { FP8_BLOCK } else { 1 };
@@ -381,21 +378,10 @@ impl<'a> Uploader<'a> {
             })
             .collect();
         let info = self.checkpoint.linear(&modules[0][0]).expect("validated expert");
+        // One format per projection across the layer: `checkpoint::limits` refuses others
+        // when the checkpoint opens.
         let (format, out, in_) = (info.format, info.shape[0], info.shape[1]);
-        for module in modules.iter().flatten() {
-            let other = self.checkpoint.linear(module).expect("validated expert").format;
-            if other != format {
-                return Err(EngineError::Unsupported(format!(
-                    "layer {layer}: experts mix formats ({} is {}, {} is {})",
-                    modules[0][0],
-                    format.describe(),
-                    module,
-                    other.describe()
-                )));
-            }
-        }
         let label = &modules[0][0];
-        check_width(label, format, in_)?;
         let expert_bytes = code_bytes_per_row(format, in_) * out * projections.len();
         let per = self.rows_per_segment(label, expert_bytes, 1)?;
         let codes_name = |m: &str| codes_tensor(m, format, true);
@@ -472,28 +458,6 @@ fn code_bytes_per_row(format: LinearFormat, in_: usize) -> usize {
     }
 }
 
-/// The linear kernels decode whole units: 2 BF16 weights, 16 NVFP4 or FP8 weights.
-fn check_width(module: &str, format: LinearFormat, in_: usize) -> Result<(), EngineError> {
-    let unit = if format == LinearFormat::Bf16 { 8 } else { 16 };
-    if !in_.is_multiple_of(unit) {
-        return Err(EngineError::Unsupported(format!(
-            "{module}: input width {in_} is not a multiple of {unit}, which the {} kernel needs",
-            format.describe()
-        )));
-    }
-    Ok(())
-}
-
-/// The attention kernel reads heads as groups of four vec4s, 1024 values at most.
-fn check_head_dim(head_dim: usize) -> Result<(), EngineError> {
-    if !head_dim.is_multiple_of(16) || head_dim > 1024 {
-        return Err(EngineError::Unsupported(format!(
-            "head_dim {head_dim}: the attention kernel needs a multiple of 16, at most 1024"
-        )));
-    }
-    Ok(())
-}
-
 /// Uploads one linear module (or 2-D BF16 matrix used as a linear) of a validated checkpoint.
 pub fn upload_linear(gpu: &Gpu, checkpoint: &Checkpoint, weight: &str) -> Result<GpuLinear, EngineError> {
     let mut up = Uploader::new(gpu, checkpoint);
@@ -513,7 +477,6 @@ impl GpuWeights {
         checkpoint: &Checkpoint,
         linear_groups: &[(Vec<LinearMember>, bool)],
     ) -> Result<GpuWeights, EngineError> {
-        check_head_dim(checkpoint.config.head_dim)?;
         let mut up = Uploader::new(gpu, checkpoint);
         let mut linears = HashMap::new();
         let mut experts = HashMap::new();

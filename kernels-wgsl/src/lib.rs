@@ -166,6 +166,14 @@ pub const FORCE_LOOP_BOUNDING: bool = false;
 /// [`KeptCapacity`], `moe.wgsl`'s MAX_EXPERTS: their workgroup arrays).
 pub const MAX_KEPT_EXPERTS: usize = 512;
 
+/// `head_dim` the attention kernel runs is a multiple of this: a position's dot product is
+/// four quarters of the head, each whole vec4s.
+pub const HEAD_DIM_MULTIPLE: usize = 16;
+
+/// The largest `head_dim` the attention kernel runs: its workgroup holds a query head as
+/// 256 vec4s.
+pub const MAX_HEAD_DIM: usize = 1024;
+
 /// Expert groups a sigmoid router may have (`router.wgsl`'s MAX_GROUPS).
 pub const MAX_EXPERT_GROUPS: usize = 64;
 
@@ -224,6 +232,15 @@ pub enum Module {
 }
 
 impl WeightFormat {
+    /// The input widths the linear kernels run for this format are multiples of this (the
+    /// format file's UNIT: the weights of one load, which must start a row's bytes).
+    pub fn width_multiple(self) -> usize {
+        match self {
+            WeightFormat::Bf16 => 8,
+            WeightFormat::Nvfp4 | WeightFormat::Fp8Block => 16,
+        }
+    }
+
     /// Threads per thread row of the linear kernels for this format (the format file's
     /// LANES): the threads that share each weight row's units.
     pub fn thread_row_lanes(self) -> u32 {
@@ -873,6 +890,7 @@ mod tests {
                 assert_eq!(wgsl_u32(linear, "PASS_ROWS") as usize, LINEAR_PASS_ROWS);
                 assert_eq!(wgsl_u32(linear, "GROUP_SLOTS") as usize, EXPERT_GROUP_SLOTS);
                 assert_eq!(wgsl_u32(linear, "LANES"), format.thread_row_lanes());
+                assert_eq!(wgsl_u32(linear, "UNIT") as usize, format.width_multiple());
                 assert_eq!(wgsl_u32(linear, "WG"), width.invocations());
             }
         }

@@ -13,7 +13,6 @@
 
 #![cfg(unix)]
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -118,18 +117,20 @@ fn free_port() -> u16 {
 }
 
 /// Runs `script` with bash in `cwd`; on failure or past [`BLOCK_LIMIT`], the panic shows
-/// the script and what it printed. Whatever the block left running (a server) is ended.
+/// the script and what it printed. A background job the block leaves running (a server) is
+/// ended when the block's shell exits.
 fn run_block(page: &str, block: &Block, cwd: &Path, scratch: &Path) {
     let script = block
         .text
         .replace("127.0.0.1:8080", &format!("127.0.0.1:{}", free_port()));
+    let guarded = format!("trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{script}");
     let binary_dir = drama_tests::drama_binary().parent().unwrap().to_path_buf();
     let path = format!("{}:{}", binary_dir.display(), std::env::var("PATH").unwrap_or_default());
     let home = scratch.join("home");
     std::fs::create_dir_all(&home).unwrap();
     let (stdout, stderr) = (scratch.join("stdout"), scratch.join("stderr"));
     let mut child = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &script])
+        .args(["-euo", "pipefail", "-c", &guarded])
         .current_dir(cwd)
         .env("PATH", path)
         .env("HOME", &home)
@@ -138,7 +139,6 @@ fn run_block(page: &str, block: &Block, cwd: &Path, scratch: &Path) {
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&stdout).unwrap())
         .stderr(std::fs::File::create(&stderr).unwrap())
-        .process_group(0)
         .spawn()
         .expect("bash runs");
     let started = Instant::now();
@@ -147,15 +147,15 @@ fn run_block(page: &str, block: &Block, cwd: &Path, scratch: &Path) {
             break Some(status);
         }
         if started.elapsed() > BLOCK_LIMIT {
+            // The shell (not yet reaped, so its pid is still its own) runs its trap first.
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            std::thread::sleep(Duration::from_secs(2));
+            let _ = child.kill();
+            let _ = child.wait();
             break None;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    // The whole process group: a server the block started in the background included.
-    let _ = Command::new("kill")
-        .args(["-KILL", &format!("-{}", child.id())])
-        .status();
-    let _ = child.wait();
     let printed = format!(
         "--- stdout\n{}\n--- stderr\n{}",
         std::fs::read_to_string(&stdout).unwrap_or_default(),

@@ -17,6 +17,13 @@ fn check(name: &str) {
         Ok(_) => panic!("{name}: the malformed checkpoint was accepted"),
         Err(e) => e.to_string(),
     };
+    // `drama verify --all` meets the same problem first.
+    let deviations = Checkpoint::deviations(&path);
+    assert_eq!(
+        deviations.first().map(ToString::to_string).as_deref(),
+        Some(error.as_str()),
+        "{name}: the first of every deviation is not the one open refuses"
+    );
     for needle in defect.expect {
         assert!(
             error.contains(needle),
@@ -112,4 +119,99 @@ refusal_tests! {
     extra_weight_file => "extra-weight-file",
     manifest_garbled => "manifest-garbled",
     index_wrong_shard => "index-wrong-shard",
+}
+
+/// `drama verify --all` lists every deviation of a checkpoint with several, grouped by kind
+/// with a count each, as text and as JSON; plain `drama verify` stops at the first.
+#[test]
+fn verify_all_lists_every_deviation_by_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deviant");
+    let mut draft = drama_fixtures::generate(&drama_fixtures::Preset::by_name("tiny").unwrap(), 3).unwrap();
+    // Two missing tensors.
+    for name in [
+        "model.layers.1.input_layernorm.weight",
+        "model.layers.2.post_attention_layernorm.weight",
+    ] {
+        draft.tensors.remove(name).unwrap();
+    }
+    // A tensor no rule names.
+    draft.tensors.insert(
+        "model.extra.weight".into(),
+        drama_fixtures::Tensor::bf16(vec![2], &[1.0, 2.0]),
+    );
+    // A misshapen one.
+    draft.tensors.insert(
+        "model.norm.weight".into(),
+        drama_fixtures::Tensor::bf16(vec![65], &[1.0; 65]),
+    );
+    // An NVFP4 expert stored as BF16, which the quantization config does not allow.
+    let expert = "model.layers.1.mlp.experts.0.gate_proj";
+    for suffix in ["weight_scale", "weight_scale_2", "input_scale"] {
+        draft.tensors.remove(&format!("{expert}.{suffix}"));
+    }
+    draft.tensors.insert(
+        format!("{expert}.weight"),
+        drama_fixtures::Tensor::bf16(vec![32, 64], &[0.5; 32 * 64]),
+    );
+    // A NaN block scale (E4M3 0x7F) in another expert.
+    let scales = draft
+        .tensors
+        .get_mut("model.layers.1.mlp.experts.1.up_proj.weight_scale")
+        .unwrap();
+    scales.data[3] = 0x7F;
+    draft.write(&path).unwrap();
+    // A file changed after its digest was taken.
+    let config = path.join("config.json");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push('\n');
+    std::fs::write(&config, text).unwrap();
+
+    let checkpoint = path.to_str().unwrap();
+    let (code, _, first) = drama_text(&["verify", "--checkpoint", checkpoint]);
+    assert_eq!(code, Some(1));
+    assert!(first.contains("config.json: SHA-256"), "{first}");
+    let (code, text, err) = drama_text(&["verify", "--checkpoint", checkpoint, "--all"]);
+    eprintln!("{text}");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("7 deviation(s), listed above"), "{err}");
+    for line in [
+        "7 deviation(s) of 6 kind(s)",
+        "modified file (1)",
+        "missing tensor (2)",
+        "  missing tensor model.layers.1.input_layernorm.weight",
+        "  missing tensor model.layers.2.post_attention_layernorm.weight",
+        "unexpected tensor (1)",
+        "  unexpected tensor model.extra.weight: no rule of the contract names it",
+        "misshapen tensor (1)",
+        "  tensor model.norm.weight: expected BF16 [64], found BF16 [65]",
+        "format disagrees with the quantization config (1)",
+        "  linear model.layers.1.mlp.experts.0.gate_proj: the quantization config expects NVFP4",
+        "bad values (1)",
+        "  tensor model.layers.1.mlp.experts.1.up_proj.weight_scale:",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    let (code, json, _) = drama_text(&["verify", "--checkpoint", checkpoint, "--all", "--json"]);
+    assert_eq!(code, Some(1));
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["deviations"], 7);
+    let counts: Vec<(String, u64)> = report["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["kind"].as_str().unwrap().to_string(), k["count"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("modified file".to_string(), 1),
+            ("missing tensor".to_string(), 2),
+            ("format disagrees with the quantization config".to_string(), 1),
+            ("bad values".to_string(), 1),
+            ("misshapen tensor".to_string(), 1),
+            ("unexpected tensor".to_string(), 1),
+        ]
+    );
 }

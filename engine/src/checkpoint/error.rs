@@ -108,6 +108,17 @@ pub enum CheckpointError {
         /// Format detected from the tensors.
         found: String,
     },
+    /// The checkpoint keeps the contract but is past what this engine's kernels run
+    /// (`docs/contract.md` §11).
+    #[error("{what} is {found}; this engine runs {limit}")]
+    EngineLimit {
+        /// The key, tensor or module.
+        what: String,
+        /// Its value.
+        found: String,
+        /// What the engine runs.
+        limit: String,
+    },
     /// The routing configuration cannot be satisfied by the kept experts.
     #[error("layer {layer}: {problem}")]
     Routing {
@@ -124,6 +135,32 @@ impl CheckpointError {
         CheckpointError::Io {
             path: path.into(),
             reason,
+        }
+    }
+}
+
+impl CheckpointError {
+    /// A short, stable name of the kind of problem, for reports that group them
+    /// (`drama verify --all`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CheckpointError::Io { .. } => "unreadable file",
+            CheckpointError::MissingFile(_) => "missing file",
+            CheckpointError::Manifest { .. } => "malformed SHA256SUMS",
+            CheckpointError::DigestMismatch { .. } => "modified file",
+            CheckpointError::Unlisted(_) => "unlisted file",
+            CheckpointError::Json { .. } => "malformed JSON file",
+            CheckpointError::Config { .. } => "config key",
+            CheckpointError::QuantConfig(_) => "quantization config",
+            CheckpointError::Safetensors { .. } => "malformed safetensors file",
+            CheckpointError::Index(_) => "shard index",
+            CheckpointError::MissingTensor(_) => "missing tensor",
+            CheckpointError::UnexpectedTensor { .. } => "unexpected tensor",
+            CheckpointError::TensorMismatch { .. } => "misshapen tensor",
+            CheckpointError::BadValues { .. } => "bad values",
+            CheckpointError::FormatMismatch { .. } => "format disagrees with the quantization config",
+            CheckpointError::EngineLimit { .. } => "past an engine limit",
+            CheckpointError::Routing { .. } => "routing",
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod config;
 mod error;
 pub mod fetch;
 pub mod layout;
+mod limits;
 pub mod linear;
 pub mod manifest;
 pub mod quant;
@@ -175,6 +176,92 @@ impl Checkpoint {
         manifest: &Manifest,
         manifest_text: &str,
     ) -> Result<Self, CheckpointError> {
+        let Parts {
+            config,
+            quant,
+            tokenizer,
+            weights,
+            kept,
+        } = Parts::read(dir)?;
+        let tokenizer = Arc::new(tokenizer?);
+        let checked = TensorChecks {
+            config: &config,
+            quant: &quant,
+            weights: &weights,
+        }
+        .check(&kept);
+        if let Some(problem) = checked.problems.into_iter().next() {
+            return Err(problem);
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            provenance,
+            layers: checked.layers,
+            linears: checked.linears,
+            manifest_digest: manifest::sha256_hex(manifest_text.as_bytes()),
+            tokenizer,
+            files_verified: manifest.digests.len(),
+            bytes_verified: 0,
+            config,
+            quant,
+            weights,
+        })
+    }
+
+    /// Every deviation from the contract and the engine's limits that the checks of
+    /// [`Checkpoint::open`] find, in the order `open` meets them, instead of the first
+    /// (`drama verify --all`). A problem with the manifest's text, `config.json`, the
+    /// quantization config, the weight files' headers or the kept expert ids ends the list:
+    /// the tensor checks are derived from them.
+    pub fn deviations(dir: &Path) -> Vec<CheckpointError> {
+        let manifest = match read_text(dir, MANIFEST_FILE).and_then(|text| Manifest::parse(&text)) {
+            Ok(manifest) => manifest,
+            Err(problem) => return vec![problem],
+        };
+        let mut found: Vec<CheckpointError> = [CONFIG_FILE, TOKENIZER_FILE]
+            .into_iter()
+            .filter(|required| !manifest.lists(required))
+            .map(|required| CheckpointError::MissingFile(format!("{required} (not listed in {MANIFEST_FILE})")))
+            .collect();
+        found.extend(manifest.check_dir(dir).1);
+        match Parts::read(dir) {
+            Err(problem) => found.push(problem),
+            Ok(parts) => {
+                let problems = parts.tensors().check(&parts.kept).problems;
+                found.extend(parts.tokenizer.err());
+                found.extend(problems);
+            }
+        }
+        found
+    }
+    /// A validated BF16 or F32 tensor (norms, prefixes, codebooks) as f32 values.
+    pub fn float_tensor(&self, name: &str) -> Vec<f32> {
+        let entry = self
+            .weights
+            .entry(name)
+            .unwrap_or_else(|| panic!("validated checkpoint lacks {name}"));
+        crate::numerics::float_values(self.weights.bytes(entry), entry.dtype)
+            .unwrap_or_else(|| panic!("{name}: {:?} is not a float tensor", entry.dtype))
+    }
+
+    /// The validated description of a linear module.
+    pub fn linear(&self, module: &str) -> Option<&LinearInfo> {
+        self.linears.get(module)
+    }
+}
+
+/// What a checkpoint's tensor checks are derived from, read from its folder.
+struct Parts {
+    config: ModelConfig,
+    quant: QuantScheme,
+    /// The tokenizer, or why it was refused (which stops no other check).
+    tokenizer: Result<Tokenizer, CheckpointError>,
+    weights: WeightFiles,
+    kept: Vec<Option<Vec<usize>>>,
+}
+
+impl Parts {
+    fn read(dir: &Path) -> Result<Parts, CheckpointError> {
         let config_text = read_text(dir, CONFIG_FILE)?;
         let config = ModelConfig::from_json(&config_text)?;
         let hf_quant = if dir.join(quant::HF_QUANT_CONFIG_FILE).is_file() {
@@ -183,45 +270,95 @@ impl Checkpoint {
             None
         };
         let quant = QuantScheme::from_sources(hf_quant.as_deref(), &config_text)?;
-        let tokenizer = Arc::new(read_tokenizer(dir, config.text_vocab_size)?);
+        let tokenizer = read_tokenizer(dir, config.text_vocab_size);
         let (weights, _) = WeightFiles::open(dir)?;
         let kept = read_kept_ids(&config, &weights)?;
-        let mut checkpoint = Checkpoint {
-            dir: dir.to_path_buf(),
-            provenance,
-            layers: Vec::new(),
-            linears: BTreeMap::new(),
-            manifest_digest: manifest::sha256_hex(manifest_text.as_bytes()),
-            tokenizer,
-            files_verified: manifest.digests.len(),
-            bytes_verified: 0,
+        Ok(Parts {
             config,
             quant,
+            tokenizer,
             weights,
-        };
-        checkpoint.check_tensors(&kept)?;
-        Ok(checkpoint)
+            kept,
+        })
     }
 
-    fn check_tensors(&mut self, kept: &[Option<Vec<usize>>]) -> Result<(), CheckpointError> {
-        let rules = layout::all_rules(&self.config, kept);
+    fn tensors(&self) -> TensorChecks<'_> {
+        TensorChecks {
+            config: &self.config,
+            quant: &self.quant,
+            weights: &self.weights,
+        }
+    }
+}
+
+/// The checks of every tensor against the layout rules and the engine's limits.
+struct TensorChecks<'a> {
+    config: &'a ModelConfig,
+    quant: &'a QuantScheme,
+    weights: &'a WeightFiles,
+}
+
+/// What [`TensorChecks::check`] established.
+struct CheckedTensors {
+    /// Every problem, in the order [`Checkpoint::open`] meets them.
+    problems: Vec<CheckpointError>,
+    /// The linear modules the rules vouch for.
+    linears: BTreeMap<String, LinearInfo>,
+    /// Each layer's MLP (empty when a rule failed).
+    layers: Vec<LayerMlp>,
+}
+
+impl TensorChecks<'_> {
+    /// Checks the tensors: every problem in rule order, then tensors no rule claims (by
+    /// name), then router bias widths, then the engine's limits.
+    fn check(&self, kept: &[Option<Vec<usize>>]) -> CheckedTensors {
+        let rules = layout::all_rules(self.config, kept);
         // The rules are checked in parallel (they read every value: each BF16 weight checked
-        // finite, each block scale checked); the problem reported is the first in rule order,
-        // as one after another.
+        // finite, each block scale checked); the problems come in rule order, as one after
+        // another.
         let matches: Vec<Result<RuleMatch, CheckpointError>> =
             rules.par_iter().map(|rule| self.check_rule(rule)).collect();
+        let mut problems = Vec::new();
+        let mut linears = BTreeMap::new();
         let mut used: BTreeSet<String> = BTreeSet::new();
-        for found in matches {
-            let found = found?;
-            used.extend(found.used);
-            if let Some((module, info)) = found.linear {
-                self.linears.insert(module, info);
+        // The tensors of a failed rule are its problem, not also unexpected ones.
+        let mut claimed: Vec<String> = Vec::new();
+        for (rule, found) in rules.iter().zip(matches) {
+            match found {
+                Ok(found) => {
+                    used.extend(found.used);
+                    linears.extend(found.linear);
+                }
+                Err(problem) => {
+                    problems.push(problem);
+                    claimed.push(match rule {
+                        Rule::Tensor { name, .. } => name.clone(),
+                        Rule::Linear { module, .. } => format!("{module}."),
+                    });
+                }
             }
         }
-        if let Some(extra) = self.weights.entries().keys().find(|name| !used.contains(*name)) {
-            return Err(unexpected(kept, extra));
+        let is_claimed = |name: &str| {
+            claimed
+                .iter()
+                .any(|c| name == c || (c.ends_with('.') && name.starts_with(c)))
+        };
+        problems.extend(
+            self.weights
+                .entries()
+                .keys()
+                .filter(|name| !used.contains(*name) && !is_claimed(name))
+                .map(|extra| unexpected(kept, extra)),
+        );
+        if !problems.is_empty() {
+            // The layers and the limits read tensors the rules vouch for.
+            return CheckedTensors {
+                problems,
+                linears,
+                layers: Vec::new(),
+            };
         }
-        self.layers = kept
+        let layers: Vec<LayerMlp> = kept
             .iter()
             .enumerate()
             .map(|(i, ids)| match ids {
@@ -244,13 +381,13 @@ impl Checkpoint {
                 }
             })
             .collect();
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in layers.iter().enumerate() {
             if let LayerMlp::Moe(moe) = layer {
                 let bias = names::layer(names::ROUTER_BIAS, i);
                 if let Some(entry) = self.weights.entry(&bias) {
                     let compact_bias = entry.shape[0] == moe.kept_expert_ids.len();
                     if compact_bias != (moe.router_width == RouterWidth::Compact) {
-                        return Err(CheckpointError::TensorMismatch {
+                        problems.push(CheckpointError::TensorMismatch {
                             name: bias,
                             expected: "the same width (compact or full) as the router".into(),
                             found: format!("{:?}", entry.shape),
@@ -259,7 +396,12 @@ impl Checkpoint {
                 }
             }
         }
-        Ok(())
+        problems.extend(limits::beyond_limits(self.config.head_dim, &linears, &layers));
+        CheckedTensors {
+            problems,
+            linears,
+            layers,
+        }
     }
 
     /// Checks one layout rule against the tensors: names, dtypes, shapes, formats and values.
@@ -297,7 +439,7 @@ impl Checkpoint {
                 bias,
                 kind,
             } => {
-                let (info, used) = linear::detect(&self.weights, module, shape, *bias, *kind)?;
+                let (info, used) = linear::detect(self.weights, module, shape, *bias, *kind)?;
                 if *kind == layout::LinearKind::Quantizable {
                     let expected = self.quant.expected_format(module);
                     if expected != info.format {
@@ -314,21 +456,6 @@ impl Checkpoint {
                 })
             }
         }
-    }
-
-    /// A validated BF16 or F32 tensor (norms, prefixes, codebooks) as f32 values.
-    pub fn float_tensor(&self, name: &str) -> Vec<f32> {
-        let entry = self
-            .weights
-            .entry(name)
-            .unwrap_or_else(|| panic!("validated checkpoint lacks {name}"));
-        crate::numerics::float_values(self.weights.bytes(entry), entry.dtype)
-            .unwrap_or_else(|| panic!("{name}: {:?} is not a float tensor", entry.dtype))
-    }
-
-    /// The validated description of a linear module.
-    pub fn linear(&self, module: &str) -> Option<&LinearInfo> {
-        self.linears.get(module)
     }
 }
 

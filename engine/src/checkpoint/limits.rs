@@ -1,0 +1,125 @@
+//! The engine's own limits: what its kernels run beyond what the contract requires
+//! (`docs/contract.md` §11). They are checked when a checkpoint opens, beside the
+//! contract's rules, so whatever `drama verify` accepts the engine loads, and whatever it
+//! refuses is refused by `synth`, `serve` and `trace` with the same words.
+
+use std::collections::BTreeMap;
+
+use drama_kernels::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM};
+
+use super::{CheckpointError, LayerMlp, LinearFormat, LinearInfo, names};
+use crate::spec::weight_format;
+
+/// Every engine limit the checkpoint passes beyond, in a fixed order: `head_dim`, then each
+/// linear's input width (by module name), then each layer's expert formats.
+pub fn beyond_limits(
+    head_dim: usize,
+    linears: &BTreeMap<String, LinearInfo>,
+    layers: &[LayerMlp],
+) -> Vec<CheckpointError> {
+    let mut found = Vec::new();
+    if !head_dim.is_multiple_of(HEAD_DIM_MULTIPLE) || head_dim > MAX_HEAD_DIM {
+        found.push(CheckpointError::EngineLimit {
+            what: "config.json key `head_dim`".into(),
+            found: head_dim.to_string(),
+            limit: format!(
+                "a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM} (the attention kernel's head layout)"
+            ),
+        });
+    }
+    for (module, info) in linears {
+        // The codec's convolutions run in kernels of their own, at any width.
+        if module.starts_with("codec.") {
+            continue;
+        }
+        let multiple = weight_format(info.format).width_multiple();
+        let width = info.shape[1];
+        if !width.is_multiple_of(multiple) {
+            found.push(CheckpointError::EngineLimit {
+                what: format!("linear {module}'s input width"),
+                found: width.to_string(),
+                limit: format!(
+                    "a multiple of {multiple} for {} weights (a row must start one load of its weights)",
+                    info.format.describe()
+                ),
+            });
+        }
+    }
+    for (layer, mlp) in layers.iter().enumerate() {
+        let LayerMlp::Moe(moe) = mlp else { continue };
+        for projection in names::EXPERT {
+            let format_of =
+                |expert: usize| -> LinearFormat { linears[&names::expert(projection, layer, expert)].format };
+            let first = moe.kept_expert_ids[0];
+            if let Some(&other) = moe.kept_expert_ids.iter().find(|&&e| format_of(e) != format_of(first)) {
+                found.push(CheckpointError::EngineLimit {
+                    what: format!("layer {layer}'s routed experts"),
+                    found: format!(
+                        "{} in {} but {} in {}",
+                        format_of(first).describe(),
+                        names::expert(projection, layer, first),
+                        format_of(other).describe(),
+                        names::expert(projection, layer, other)
+                    ),
+                    limit: "one format per projection across a layer's experts (one launch reads them all)".into(),
+                });
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{MoeLayer, RouterWidth};
+
+    fn linear(module: String, format: LinearFormat, width: usize) -> (String, LinearInfo) {
+        let info = LinearInfo {
+            module: module.clone(),
+            format,
+            shape: vec![32, width],
+            has_bias: false,
+            tensor_scale: 1.0,
+            stored_bytes: 0,
+        };
+        (module, info)
+    }
+
+    /// A layer whose experts mix formats in one projection is refused, naming both experts;
+    /// one format per projection (another in another projection) passes.
+    #[test]
+    fn experts_of_a_layer_share_one_format_per_projection() {
+        let layers = vec![LayerMlp::Moe(MoeLayer {
+            kept_expert_ids: vec![2, 5],
+            router_width: RouterWidth::Compact,
+            has_score_bias: false,
+        })];
+        let experts = |down_of_5: LinearFormat| -> BTreeMap<String, LinearInfo> {
+            [2, 5]
+                .into_iter()
+                .flat_map(|e| {
+                    names::EXPERT.iter().enumerate().map(move |(p, template)| {
+                        let format = match (p, e) {
+                            (2, 5) => down_of_5,
+                            (2, _) => LinearFormat::Nvfp4ModelOpt,
+                            _ => LinearFormat::Fp8Block,
+                        };
+                        linear(names::expert(template, 0, e), format, 64)
+                    })
+                })
+                .collect()
+        };
+        assert!(beyond_limits(16, &experts(LinearFormat::Nvfp4ModelOpt), &layers).is_empty());
+        let refused = beyond_limits(16, &experts(LinearFormat::Fp8Block), &layers);
+        let words: Vec<String> = refused.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            words,
+            [
+                "layer 0's routed experts is NVFP4 (ModelOpt) in model.layers.0.mlp.experts.2.down_proj but FP8 \
+              block-scaled in model.layers.0.mlp.experts.5.down_proj; this engine runs one format per projection \
+              across a layer's experts (one launch reads them all)"
+            ]
+        );
+    }
+}

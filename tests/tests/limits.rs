@@ -1,0 +1,102 @@
+//! The engine's limits (`docs/contract.md` §11), walked from just inside to just outside:
+//! inside, `drama verify` accepts the checkpoint and `drama synth` speaks with it; outside,
+//! both refuse it with the same words, naming the key or module, the value and the limit.
+
+use std::path::Path;
+
+use drama_fixtures::Preset;
+use drama_tests::drama_text;
+
+/// A change to the tiny preset's architecture, and what its refusal must say (None: inside).
+type Case = (&'static str, fn(&mut Preset), Option<&'static str>);
+
+const CASES: [Case; 6] = [
+    ("head_dim 32", |p| p.config.head_dim = 32, None),
+    (
+        "head_dim 24",
+        |p| p.config.head_dim = 24,
+        Some("config.json key `head_dim` is 24; this engine runs a multiple of 16 up to 1024"),
+    ),
+    ("head_dim 1024", |p| p.config.head_dim = 1024, None),
+    (
+        "head_dim 1040",
+        |p| p.config.head_dim = 1040,
+        Some("config.json key `head_dim` is 1040; this engine runs a multiple of 16 up to 1024"),
+    ),
+    // The dense layer's down projection (BF16, excluded from quantization) reads
+    // intermediate_size inputs; the voice tower's in_proj reads n_mels.
+    ("BF16 width 104", |p| p.config.intermediate_size = 104, None),
+    (
+        "BF16 width 100",
+        |p| p.config.intermediate_size = 100,
+        Some("linear model.layers.0.mlp.down_proj's input width is 100; this engine runs a multiple of 8 for BF16"),
+    ),
+];
+
+const TOWER_CASES: [Case; 2] = [
+    ("n_mels 16", |p| p.config.voice_tower.n_mels = 16, None),
+    (
+        "n_mels 20",
+        |p| p.config.voice_tower.n_mels = 20,
+        Some("linear voice_tower.in_proj's input width is 20; this engine runs a multiple of 8 for BF16"),
+    ),
+];
+
+fn walk(cases: &[Case]) {
+    let dir = tempfile::tempdir().unwrap();
+    // A reference voice, so the voice tower runs too.
+    let voice = dir.path().join("voice.wav");
+    let samples: Vec<f32> = (0..8000).map(|i| 0.3 * (i as f32 * 0.05).sin()).collect();
+    std::fs::write(&voice, drama_engine::audio::write_wav_pcm16(&samples, 16000).unwrap()).unwrap();
+    for (index, (label, change, refusal)) in cases.iter().enumerate() {
+        let mut preset = Preset::by_name("tiny").unwrap();
+        change(&mut preset);
+        let checkpoint = dir.path().join(format!("case{index}"));
+        drama_fixtures::generate(&preset, 5)
+            .unwrap()
+            .write(&checkpoint)
+            .unwrap();
+        let checkpoint = checkpoint.to_str().unwrap();
+        let out = dir.path().join(format!("case{index}.wav"));
+        let verify = drama_text(&["verify", "--checkpoint", checkpoint]);
+        let synth = drama_text(&[
+            "synth",
+            "--checkpoint",
+            checkpoint,
+            "--text",
+            "Hello.",
+            "--voice",
+            voice.to_str().unwrap(),
+            "--seed",
+            "1",
+            "--max-audio-tokens",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        match refusal {
+            None => {
+                assert_eq!(verify.0, Some(0), "{label}: verify refused: {}", verify.2);
+                assert_eq!(synth.0, Some(0), "{label}: synth refused: {}", synth.2);
+                assert!(Path::new(&out).exists(), "{label}");
+            }
+            Some(words) => {
+                for (command, (code, _, err)) in [("verify", &verify), ("synth", &synth)] {
+                    assert_eq!(*code, Some(1), "{label}: {command} accepted it: {err}");
+                    assert!(err.contains(words), "{label}: {command}: {err}");
+                }
+                assert!(!Path::new(&out).exists(), "{label}");
+            }
+        }
+    }
+}
+
+#[test]
+fn backbone_limits_hold_from_just_inside_to_just_outside() {
+    walk(&CASES);
+}
+
+#[test]
+fn the_voice_tower_width_limit_holds_from_just_inside_to_just_outside() {
+    walk(&TOWER_CASES);
+}
