@@ -8,7 +8,7 @@ use clap::Args;
 /// Arguments of `drama fixture`.
 #[derive(Args)]
 pub struct FixtureArgs {
-    /// Preset: tiny, tiny-sigmoid, tiny-fp8, demo or bench (about 9.2 GB).
+    /// Preset: tiny, tiny-sigmoid, tiny-fp8, awkward, demo or bench (about 9.2 GB).
     #[arg(long)]
     preset: String,
     /// New (or empty) directory to write into.

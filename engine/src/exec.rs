@@ -708,6 +708,9 @@ pub fn linear_launches(
     placeholder: &wgpu::Buffer,
     io: &LinearIo<'_>,
 ) -> Result<Vec<Dispatch>, EngineError> {
+    if linear.format == WeightFormat::Bf16 && !linear.in_features.is_multiple_of(WeightFormat::Bf16.width_multiple()) {
+        return ragged_launches(gpu, linear, placeholder, io);
+    }
     let kernel = Kernel::dense_linear(linear.format, io.cache.is_some(), io.input);
     linear
         .segments
@@ -715,6 +718,48 @@ pub fn linear_launches(
         .map(|segment| {
             let launch = segment_launch(kernel, linear, segment, placeholder, io)?;
             Ok(gpu.dispatch(kernel, &launch.params, &launch.resources, launch.grid)?)
+        })
+        .collect()
+}
+
+/// The launches of a BF16 linear whose input width [`Kernel::Linear`] cannot read (see
+/// [`WeightFormat::width_multiple`]): one [`Kernel::LinearRagged`] per weight segment, a
+/// workgroup per output. Plain outputs of f32 inputs only (bias, rounding, a residual):
+/// `checkpoint::limits` lets such widths only where the linear is used so.
+fn ragged_launches(
+    gpu: &Gpu,
+    linear: &GpuLinear,
+    placeholder: &wgpu::Buffer,
+    io: &LinearIo<'_>,
+) -> Result<Vec<Dispatch>, EngineError> {
+    if io.cache.is_some() || io.swiglu || io.input != LinearInput::F32 {
+        return Err(EngineError::Unsupported(format!(
+            "a BF16 linear of input width {} computes plain outputs of f32 inputs only",
+            linear.in_features
+        )));
+    }
+    let bias = linear.bias.as_ref().unwrap_or(placeholder);
+    linear
+        .segments
+        .iter()
+        .map(|segment| {
+            let params = LinearParams {
+                rows: io.rows as u32,
+                in_features: linear.in_features as u32,
+                out_features: segment.range.len() as u32,
+                out_offset: (io.column + segment.range.start) as u32,
+                y_stride: io.y_stride as u32,
+                x_row_div: 1,
+                flags: u32::from(linear.bias.is_some())
+                    | if io.round { 2 } else { 0 }
+                    | if io.residual.is_some() { 4 } else { 0 },
+                tensor_scale: 1.0,
+                bias_offset: segment.range.start as u32,
+                ..Default::default()
+            };
+            let resources = [io.x, &segment.codes, bias, io.y, io.residual.unwrap_or(placeholder)];
+            let grid = [segment.range.len() as u32, (io.rows as u32).min(u32::from(u16::MAX)), 1];
+            Ok(gpu.dispatch(Kernel::LinearRagged, &params, &resources, grid)?)
         })
         .collect()
 }

@@ -383,6 +383,83 @@ fn linear_bf16_matches_reference() {
     linear_case(WeightFormat::Bf16, 19, 9, 40, true, true, true);
 }
 
+/// BF16 linears at input widths `Kernel::Linear` cannot read (the voice tower's, from a
+/// checkpoint: 20 or 100 mels) run through `linear_launches` on `Kernel::LinearRagged`: the
+/// FP64 reference's bound with bias, rounding and a residual, the weight in two segments
+/// (the second starting mid-word when the width is odd), and every row alone gives the
+/// batch's bits.
+#[test]
+fn linear_bf16_at_any_width_matches_reference() {
+    let gpu = gpu();
+    for (rows, out, in_, with_bias, round, with_residual) in [
+        (1, 37, 20, true, true, false),
+        (7, 19, 100, true, false, true),
+        (3, 5, 1, false, true, false),
+        (70, 9, 77, true, true, true),
+        (2, 130, 3, false, false, false),
+    ] {
+        let label =
+            format!("ragged rows {rows} out {out} in {in_} bias {with_bias} round {round} residual {with_residual}");
+        let mut rng = rng(&label);
+        let w = random_weights(&mut rng, WeightFormat::Bf16, out, in_);
+        let x = bf16_values(&mut rng, rows * in_, 2.0);
+        let bias = with_bias.then(|| bf16_values(&mut rng, out, 0.5));
+        let residual = with_residual.then(|| uniform(&mut rng, rows * out, 3.0));
+        let split = out.div_ceil(2);
+        let segment = |range: std::ops::Range<usize>| drama_engine::weights::Segment {
+            codes: gpu.buffer_with("w", &w.packed[range.start * in_ * 2..range.end * in_ * 2]),
+            scales: gpu.buffer_with("scales", &[0; 4]),
+            expert_scales: None,
+            range,
+        };
+        let linear = GpuLinear {
+            format: WeightFormat::Bf16,
+            out,
+            in_features: in_,
+            segments: vec![segment(0..split), segment(split..out)],
+            bias: bias.as_ref().map(|b| gpu.buffer_with("bias", &pack_bf16(b))),
+            tensor_scale: 1.0,
+        };
+        let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
+        let compute = |rows: usize, x: &[f32], residual: Option<&[f32]>| {
+            let xb = gpu.buffer_with("x", &f32_bytes(x));
+            let rb = residual.map(|r| gpu.buffer_with("residual", &f32_bytes(r)));
+            let y = poisoned(gpu, "y", rows * out);
+            let mut io = LinearIo::plain(&xb, &y, rows, out, round);
+            io.residual = rb.as_ref();
+            let launches = linear_launches(gpu, &linear, &placeholder, &io).unwrap();
+            run(gpu, &launches);
+            gpu.read_f32(&y).unwrap()
+        };
+        let got = compute(rows, &x, residual.as_deref());
+        let (mut want, mut scale) = (Vec::new(), Vec::new());
+        for r in 0..rows {
+            for n in 0..out {
+                let terms = (0..in_).map(|k| w.decoded[n * in_ + k] * f64::from(x[r * in_ + k]));
+                let (mut exact, mut magnitude) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
+                if let Some(b) = &bias {
+                    exact += f64::from(b[n]);
+                    magnitude += f64::from(b[n]).abs();
+                }
+                let mut value = if round {
+                    f64::from(drama_engine::numerics::round_to_bf16(exact as f32))
+                } else {
+                    exact
+                };
+                let added = residual.as_ref().map_or(0.0, |res| f64::from(res[r * out + n]));
+                value += added;
+                want.push(value);
+                scale.push(magnitude + added.abs() + if round { bf16_ulp(exact) / TOL } else { 0.0 });
+            }
+        }
+        check(&label, &got, &want, &scale, TOL);
+        assert_rows_alone_match(&label, &got, rows, out, |r| {
+            let residual_row = residual.as_ref().map(|res| &res[r * out..(r + 1) * out]);
+            compute(1, &x[r * in_..(r + 1) * in_], residual_row)
+        });
+    }
+}
+
 #[test]
 fn linear_nvfp4_matches_reference() {
     linear_case(WeightFormat::Nvfp4, 1, 33, 48, false, true, false);

@@ -10,8 +10,19 @@ use rand_core::Rng;
 
 #[test]
 fn tower_matches_reference() {
-    let mut rng = rng("tower");
-    let fixture = Fixture::preset("tiny", rng.next_u64());
+    tower_case("tiny");
+}
+
+/// 20 mel bands and tower widths 36 and 52: every linear of the tower reads a width that is
+/// no multiple of 8 (`Kernel::LinearRagged`).
+#[test]
+fn tower_at_odd_widths_matches_reference() {
+    tower_case("awkward");
+}
+
+fn tower_case(preset: &str) {
+    let mut rng = rng(&format!("tower {preset}"));
+    let fixture = Fixture::preset(preset, rng.next_u64());
     let checkpoint = fixture.open();
     let n_mels = checkpoint.config.voice_tower.n_mels;
     for frames in [1usize, 13] {

@@ -174,6 +174,9 @@ pub const HEAD_DIM_MULTIPLE: usize = 16;
 /// 256 vec4s.
 pub const MAX_HEAD_DIM: usize = 1024;
 
+/// Row widths the RMSNorm kernel reads are a multiple of this: it reads rows as vec4s.
+pub const NORM_WIDTH_MULTIPLE: usize = 4;
+
 /// Expert groups a sigmoid router may have (`router.wgsl`'s MAX_GROUPS).
 pub const MAX_EXPERT_GROUPS: usize = 64;
 
@@ -212,6 +215,8 @@ impl KeptCapacity {
 pub enum Module {
     /// `linear.wgsl` with one weight format and workgroup width.
     Linear(WeightFormat, LinearWidth),
+    /// `linear_ragged.wgsl`: a BF16 linear at any input width.
+    LinearRagged,
     /// `norm.wgsl`.
     Norm,
     /// `attention.wgsl`: RoPE, KV writes, attention.
@@ -268,7 +273,7 @@ impl WeightFormat {
 
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 19] = [
+    pub const ALL: [Module; 20] = [
         Module::Linear(WeightFormat::Bf16, LinearWidth::Narrow),
         Module::Linear(WeightFormat::Bf16, LinearWidth::Standard),
         Module::Linear(WeightFormat::Bf16, LinearWidth::Wide),
@@ -278,6 +283,7 @@ impl Module {
         Module::Linear(WeightFormat::Fp8Block, LinearWidth::Narrow),
         Module::Linear(WeightFormat::Fp8Block, LinearWidth::Standard),
         Module::Linear(WeightFormat::Fp8Block, LinearWidth::Wide),
+        Module::LinearRagged,
         Module::Norm,
         Module::Attention,
         Module::Router(KeptCapacity::ALL[0]),
@@ -304,6 +310,7 @@ impl Module {
                     include_str!("wgsl/router.wgsl")
                 );
             }
+            Module::LinearRagged => ("", include_str!("wgsl/linear_ragged.wgsl")),
             Module::Norm => (REDUCE, include_str!("wgsl/norm.wgsl")),
             Module::Attention => (REDUCE, include_str!("wgsl/attention.wgsl")),
             Module::Elementwise => {
@@ -361,6 +368,9 @@ pub enum Kernel {
     /// Two BF16 linears over the same input in one launch, each with its own weight and
     /// output (a MoE layer's router logits and its shared expert's SwiGLU).
     LinearPair(LinearInput),
+    /// A BF16 linear at an input width [`Kernel::Linear`] cannot read (not a multiple of
+    /// [`WeightFormat::width_multiple`]), with plain outputs: bias, rounding, residual.
+    LinearRagged,
     /// Routed-expert linear: expert per slot read on the GPU, workgroups of a width.
     Gathered(WeightFormat, LinearWidth),
     /// Routed-expert linear over blocks of slots that share an expert (from
@@ -437,6 +447,7 @@ impl Kernel {
             .flatten()
             .collect();
         all.extend(LinearInput::ALL.map(Kernel::LinearPair));
+        all.push(Kernel::LinearRagged);
         for width in LinearWidth::ALL {
             all.extend(
                 formats
@@ -481,6 +492,7 @@ impl Kernel {
             Kernel::Linear(f, _) | Kernel::LinearKv(f, _) => Module::Linear(f, DENSE_LINEAR_WIDTH),
             Kernel::Gathered(f, width) | Kernel::GatheredGrouped(f, width) => Module::Linear(f, width),
             Kernel::LinearPair(_) => Module::Linear(WeightFormat::Bf16, SHARED_LAUNCH_LINEAR_WIDTH),
+            Kernel::LinearRagged => Module::LinearRagged,
             Kernel::RmsNorm | Kernel::CombineRmsNorm => Module::Norm,
             Kernel::Attend | Kernel::AttendAndCombine | Kernel::AttendCombine => Module::Attention,
             Kernel::Route(c) | Kernel::RouteLinear(c) => Module::Router(c),
@@ -503,6 +515,7 @@ impl Kernel {
             Kernel::LinearKv(_, LinearInput::Bf16Pairs) => "linear_kv_packed",
             Kernel::LinearPair(LinearInput::F32) => "linear_pair",
             Kernel::LinearPair(LinearInput::Bf16Pairs) => "linear_pair_packed",
+            Kernel::LinearRagged => "linear_ragged",
             Kernel::Gathered(..) => "gathered",
             Kernel::GatheredGrouped(..) => "gathered_grouped",
             Kernel::GroupSlots => "group_slots",
@@ -542,6 +555,8 @@ impl Kernel {
                 &[0, 1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16]
             }
             Kernel::Linear(..) | Kernel::LinearKv(..) => &[0, 1, 2, 3, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16],
+            // params, x, w, bias, y, residual
+            Kernel::LinearRagged => &[0, 1, 2, 4, 6, 8],
             // params, x, w, (scales,) bias, expert_ids, y, expert_scales, x_packed (x again)
             Kernel::Gathered(WeightFormat::Bf16, _) => &[0, 1, 2, 4, 5, 6, 7, 9],
             Kernel::Gathered(..) => &[0, 1, 2, 3, 4, 5, 6, 7, 9],

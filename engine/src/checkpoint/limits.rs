@@ -5,19 +5,16 @@
 
 use std::collections::BTreeMap;
 
-use drama_kernels::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM};
+use drama_kernels::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, NORM_WIDTH_MULTIPLE};
 
-use super::{CheckpointError, LayerMlp, LinearFormat, LinearInfo, names};
+use super::{CheckpointError, LayerMlp, LinearFormat, LinearInfo, ModelConfig, names};
 use crate::spec::weight_format;
 
-/// Every engine limit the checkpoint passes beyond, in a fixed order: `head_dim`, then each
-/// linear's input width (by module name), then each layer's expert formats.
-pub fn beyond_limits(
-    head_dim: usize,
-    linears: &BTreeMap<String, LinearInfo>,
-    layers: &[LayerMlp],
-) -> Vec<CheckpointError> {
+/// The limits `config.json` alone decides: `head_dim` (attention's head layout) and
+/// `voice_tower.dim` (the RMSNorm kernel reads rows as vec4s).
+pub fn config_beyond_limits(config: &ModelConfig) -> Vec<CheckpointError> {
     let mut found = Vec::new();
+    let head_dim = config.head_dim;
     if !head_dim.is_multiple_of(HEAD_DIM_MULTIPLE) || head_dim > MAX_HEAD_DIM {
         found.push(CheckpointError::EngineLimit {
             what: "config.json key `head_dim`".into(),
@@ -27,9 +24,25 @@ pub fn beyond_limits(
             ),
         });
     }
+    let tower_dim = config.voice_tower.dim;
+    if !tower_dim.is_multiple_of(NORM_WIDTH_MULTIPLE) {
+        found.push(CheckpointError::EngineLimit {
+            what: "config.json key `voice_tower.dim`".into(),
+            found: tower_dim.to_string(),
+            limit: format!("a multiple of {NORM_WIDTH_MULTIPLE} (the RMSNorm kernel reads rows as vec4s)"),
+        });
+    }
+    found
+}
+
+/// The limits of the tensors, by module name: each backbone linear's input width, then
+/// each layer's expert formats. (The voice tower's linears run at any width.)
+pub fn tensors_beyond_limits(linears: &BTreeMap<String, LinearInfo>, layers: &[LayerMlp]) -> Vec<CheckpointError> {
+    let mut found = Vec::new();
     for (module, info) in linears {
-        // The codec's convolutions run in kernels of their own, at any width.
-        if module.starts_with("codec.") {
+        // The codec's convolutions run in kernels of their own, and the voice tower's
+        // linears where their width needs it (`Kernel::LinearRagged`), at any width.
+        if module.starts_with("codec.") || module.starts_with("voice_tower.") {
             continue;
         }
         let multiple = weight_format(info.format).width_multiple();
@@ -110,8 +123,8 @@ mod tests {
                 })
                 .collect()
         };
-        assert!(beyond_limits(16, &experts(LinearFormat::Nvfp4ModelOpt), &layers).is_empty());
-        let refused = beyond_limits(16, &experts(LinearFormat::Fp8Block), &layers);
+        assert!(tensors_beyond_limits(&experts(LinearFormat::Nvfp4ModelOpt), &layers).is_empty());
+        let refused = tensors_beyond_limits(&experts(LinearFormat::Fp8Block), &layers);
         let words: Vec<String> = refused.iter().map(ToString::to_string).collect();
         assert_eq!(
             words,

@@ -396,7 +396,8 @@ impl TensorChecks<'_> {
                 }
             }
         }
-        problems.extend(limits::beyond_limits(self.config.head_dim, &linears, &layers));
+        problems.extend(limits::config_beyond_limits(self.config));
+        problems.extend(limits::tensors_beyond_limits(&linears, &layers));
         CheckedTensors {
             problems,
             linears,
