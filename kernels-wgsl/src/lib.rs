@@ -815,6 +815,94 @@ mod tests {
         }
     }
 
+    /// Metal runs a pipeline whose register use caps its threadgroup below the workgroup
+    /// size as a silent no-op (gfx-rs/wgpu#9176) unless the kernel declares its size: every
+    /// entry point's MSL carries `[[max_total_threads_per_threadgroup(N)]]`, N its workgroup
+    /// size, so Metal compiles it for N threads or fails the pipeline, an error the engine
+    /// reports (`GpuError::Pipeline`).
+    #[test]
+    fn every_metal_kernel_declares_its_threadgroup_size() {
+        for kernel in Kernel::all() {
+            let msl = msl_with(
+                kernel.module(),
+                kernel.overrides(),
+                ZERO_FILL_WORKGROUP_MEMORY,
+                FORCE_LOOP_BOUNDING,
+            )
+            .unwrap();
+            // naga's namer appends `_` to a name taken by another function of the module.
+            let declared = |name: &str| {
+                format!(
+                    "[[max_total_threads_per_threadgroup({})]] kernel void {name}(",
+                    kernel.workgroup_size()
+                )
+            };
+            let entry = kernel.entry_point();
+            assert!(
+                msl.contains(&declared(entry)) || msl.contains(&declared(&format!("{entry}_"))),
+                "{kernel:?}: no `{}` in its MSL",
+                declared(entry)
+            );
+        }
+    }
+
+    /// What Metal's default fast math may break in a WGSL source (it assumes no NaN or
+    /// infinity): a value compared with itself (a NaN test, which may fold to false) and a
+    /// float literal past f32's range (an infinity). Comments are skipped.
+    fn fast_math_hazards(source: &str) -> Vec<String> {
+        let operand = |c: char| c.is_ascii_alphanumeric() || "_.[]".contains(c);
+        let mut found = Vec::new();
+        for (number, line) in source.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for op in ["==", "!="] {
+                for (at, _) in code.match_indices(op) {
+                    let left: String = code[..at]
+                        .trim_end()
+                        .chars()
+                        .rev()
+                        .take_while(|&c| operand(c))
+                        .collect();
+                    let left: String = left.chars().rev().collect();
+                    let right: String = code[at + 2..]
+                        .trim_start()
+                        .chars()
+                        .take_while(|&c| operand(c))
+                        .collect();
+                    if !left.is_empty() && left == right {
+                        found.push(format!("line {}: `{left} {op} {right}`", number + 1));
+                    }
+                }
+            }
+            for token in code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '+')) {
+                let literal = token.trim_start_matches(['-', '+']).trim_end_matches('f');
+                let is_float = literal.starts_with(|c: char| c.is_ascii_digit()) && literal.contains(['.', 'e']);
+                if let Ok(value) = literal.parse::<f64>()
+                    && is_float
+                    && value > f64::from(f32::MAX)
+                {
+                    found.push(format!("line {}: `{literal}` is past f32's range", number + 1));
+                }
+            }
+        }
+        found
+    }
+
+    /// No kernel relies on NaN or infinity: no self-comparison, no infinite literal
+    /// (sentinels are finite, like attention's -3e38, or tested in integer bits, like
+    /// `round_bf16`). The check finds both in a planted source.
+    #[test]
+    fn no_kernel_relies_on_nan_or_infinity() {
+        for module in Module::ALL {
+            let hazards = fast_math_hazards(&module.source());
+            assert!(hazards.is_empty(), "{}: {hazards:?}", module.name());
+        }
+        let planted = "let m = -3.0e38; // 1e39 in a comment\nif (v != v) { return 1e39; }\nlet ok = a[i] == a[j];";
+        assert_eq!(
+            fast_math_hazards(planted),
+            ["line 2: `v != v`", "line 2: `1e39` is past f32's range"]
+        );
+    }
+
     /// The Metal code the engine's pipelines get counts no loop's iterations (naga's
     /// `loop_bound` counters; with the counting on, the linear module has them).
     #[test]

@@ -47,6 +47,20 @@ pub const CONCURRENT_LAUNCH_BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN.un
 /// and `memoryBarrierBuffer` in GLSL, which order memory within the workgroup only.
 pub const DEVICE_BARRIER_BACKENDS: wgpu::Backends = wgpu::Backends::VULKAN.union(wgpu::Backends::DX12);
 
+/// The most bytes the engine binds as one storage buffer, whatever the adapter reports:
+/// 2^31. On Metal, naga's bounds checks read a binding's length as a 32-bit `uint`, so a
+/// binding of 2^32 bytes or more reads zeros and drops writes past byte 2^32 - 4 with no
+/// error; wgpu 30 caps the reported limit below that only while its indirect-call
+/// validation is on, which the engine turns off (gfx-rs/wgpu#10305). 2^31 keeps every
+/// byte offset a kernel computes in 32 bits with room to spare.
+pub const MAX_STORAGE_BINDING: u64 = 1 << 31;
+
+/// The storage-binding limit the engine asks the device for: the adapter's, at most
+/// [`MAX_STORAGE_BINDING`].
+pub fn storage_binding_limit(reported: u64) -> u64 {
+    reported.min(MAX_STORAGE_BINDING)
+}
+
 impl Capabilities {
     /// Reads the report from the adapter's info, features and the limits the device got.
     pub fn read(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> Self {
@@ -65,5 +79,20 @@ impl Capabilities {
             concurrent_launches: CONCURRENT_LAUNCH_BACKENDS.contains(info.backend.into()),
             device_barriers: DEVICE_BARRIER_BACKENDS.contains(info.backend.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An adapter reporting 4 GiB or 13.3 GiB (an M4 Pro with wgpu 30) gets 2 GiB; smaller
+    /// limits (lavapipe's 128 MiB) stay as reported.
+    #[test]
+    fn storage_bindings_stay_below_two_gib_whatever_the_adapter_reports() {
+        assert_eq!(storage_binding_limit(14_302_248_960), 1 << 31);
+        assert_eq!(storage_binding_limit(u64::from(u32::MAX)), 1 << 31);
+        assert_eq!(storage_binding_limit(1 << 31), 1 << 31);
+        assert_eq!(storage_binding_limit(128 << 20), 128 << 20);
     }
 }

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use drama_kernels::{Kernel, ProbeParams};
 use wgpu::util::DeviceExt;
 
-pub use capabilities::{CONCURRENT_LAUNCH_BACKENDS, Capabilities, DEVICE_BARRIER_BACKENDS};
+pub use capabilities::{
+    CONCURRENT_LAUNCH_BACKENDS, Capabilities, DEVICE_BARRIER_BACKENDS, MAX_STORAGE_BINDING, storage_binding_limit,
+};
 pub use readback::Readback;
 pub(crate) use upload::bytes_of;
 pub use upload::{Stager, UPLOAD_BATCH};
@@ -245,6 +247,7 @@ impl Gpu {
         {
             return Err(GpuError::Capability("f16 packing in f32 shaders (SHADER_F16_IN_F32)"));
         }
+        limits.max_storage_buffer_binding_size = storage_binding_limit(limits.max_storage_buffer_binding_size);
         if let Some(cap) = options.max_storage_binding {
             let cap = cap.min(limits.max_storage_buffer_binding_size);
             limits.max_storage_buffer_binding_size = cap;
