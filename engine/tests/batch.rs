@@ -164,7 +164,7 @@ fn a_step_larger_than_the_device_allows_runs_as_several_forwards() {
     let fixture = Fixture::preset("tiny", rng.next_u64());
     let limited = Gpu::new(&GpuOptions {
         max_storage_binding: Some(16384),
-        ..Default::default()
+        ..options()
     })
     .unwrap();
     let limited = Engine::load(Arc::new(limited), fixture.open()).unwrap();
@@ -507,7 +507,7 @@ fn polled_waits_give_blocking_waits_bits() {
     let fixture = slow_playback_fixture(rng.next_u64());
     let polling = Gpu::new(&GpuOptions {
         poll_waits: Some(true),
-        ..Default::default()
+        ..options()
     })
     .unwrap();
     let engines = [

@@ -359,7 +359,7 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
             max_storage_binding: limit,
             upload_batch: Some(1),
             concurrent_launches: Some(concurrent),
-            ..Default::default()
+            ..options()
         })
         .unwrap();
         if let Some(limit) = limit {
@@ -445,7 +445,7 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
         let gpu = Gpu::new(&GpuOptions {
             concurrent_launches: Some(concurrent),
             device_barriers: Some(device_barriers),
-            ..Default::default()
+            ..options()
         })
         .unwrap();
         let engine = Engine::load(Arc::new(gpu), f.open()).unwrap();

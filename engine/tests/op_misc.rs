@@ -1081,7 +1081,7 @@ fn staged_buffers_hold_their_pieces() {
     let mut rng = rng("staged buffers");
     let gpu = drama_engine::gpu::Gpu::new(&drama_engine::gpu::GpuOptions {
         upload_batch: Some(8 << 20),
-        ..Default::default()
+        ..options()
     })
     .unwrap();
     let mut stager = drama_engine::gpu::Stager::new(&gpu);

@@ -296,8 +296,22 @@ impl Module {
         Module::Probe,
     ];
 
-    /// The assembled WGSL source.
+    /// The assembled WGSL source, as the kernels are written.
     pub fn source(self) -> String {
+        self.source_with(Numerics::AsWritten)
+    }
+
+    /// The assembled WGSL source with `numerics`: [`Numerics::FastMathEmulation`] does in
+    /// the source what Metal's default fast math may do to it (see [`Numerics`]).
+    pub fn source_with(self, numerics: Numerics) -> String {
+        let switch = format!(
+            "const FAST_MATH_EMULATION: bool = {};\n",
+            numerics == Numerics::FastMathEmulation
+        );
+        format!("{switch}{}", self.assembled())
+    }
+
+    fn assembled(self) -> String {
         // The helpers a family needs besides COMMON, and its file.
         let (helpers, family) = match self {
             Module::Linear(format, width) => return linear_source(format, width),
@@ -354,6 +368,23 @@ fn linear_source(format: WeightFormat, width: LinearWidth) -> String {
         width.invocations(),
         include_str!("wgsl/linear.wgsl")
     )
+}
+
+/// How the kernels' floating point is compiled. Apple's Metal compiler defaults to fast
+/// math (wgpu passes no math mode): it may reassociate and contract operations, assume no
+/// NaN or infinity and take fast transcendentals. [`Numerics::FastMathEmulation`] writes
+/// into the source what that may do to the kernels that rely on evaluation order, so the
+/// tests can run them so on any GPU: the codec's compensated sums become plain sums
+/// (compensation terms fold to zero under reassociation) and its hand-written `sin` the
+/// platform's `sin`. It does not emulate contraction into fused multiply-adds or Apple's
+/// own `exp` and `sin` accuracy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+pub enum Numerics {
+    /// The kernels as written (how Vulkan and DX12 compile them).
+    #[default]
+    AsWritten,
+    /// The kernels as Metal's fast math may compile them.
+    FastMathEmulation,
 }
 
 /// One entry point: what the engine dispatches.
@@ -693,7 +724,15 @@ pub enum KernelError {
 /// kernels use: f16 packing in f32 shaders, which Metal and Vulkan have); returns the IR and
 /// its analysis.
 pub fn validate(module: Module) -> Result<(naga::Module, naga::valid::ModuleInfo), KernelError> {
-    let source = module.source();
+    validate_with(module, Numerics::AsWritten)
+}
+
+/// [`validate`] of the module's source with `numerics`.
+pub fn validate_with(
+    module: Module,
+    numerics: Numerics,
+) -> Result<(naga::Module, naga::valid::ModuleInfo), KernelError> {
+    let source = module.source_with(numerics);
     let ir = naga::front::wgsl::parse_str(&source).map_err(|e| KernelError::Parse {
         module: module.name(),
         message: e.emit_to_string(&source),
@@ -769,6 +808,20 @@ fn msl_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fast-math emulation's sources parse and validate too, and differ from the
+    /// sources as written in the codec module only.
+    #[test]
+    fn every_module_validates_in_the_fast_math_emulation() {
+        for module in Module::ALL {
+            validate_with(module, Numerics::FastMathEmulation).unwrap_or_else(|e| panic!("{e}"));
+            let uses_switch = module
+                .source()
+                .lines()
+                .any(|line| line.contains("FAST_MATH_EMULATION") && !line.starts_with("const "));
+            assert_eq!(uses_switch, module == Module::Codec, "{}", module.name());
+        }
+    }
 
     #[test]
     fn every_module_validates_and_translates_to_msl() {

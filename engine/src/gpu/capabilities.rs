@@ -34,6 +34,13 @@ pub struct Capabilities {
     /// one of [`DEVICE_BARRIER_BACKENDS`]), so a launch's last workgroup to finish may read
     /// what the others wrote.
     pub device_barriers: bool,
+    /// The floating point of the kernels as compiled here: as written, or the source's
+    /// emulation of Metal's fast math (tests; see [`drama_kernels::Numerics`]). On Metal,
+    /// Apple's compiler applies fast math to the kernels as written.
+    pub numerics: drama_kernels::Numerics,
+    /// What the platform's shader compiler may do to floating point: Apple's Metal compiler
+    /// defaults to fast math (wgpu sets no math mode); Vulkan and DX12 compile as written.
+    pub compiler_math: &'static str,
 }
 
 /// The backends on which a launch that needs no barrier runs beside the launch before it:
@@ -78,6 +85,12 @@ impl Capabilities {
             max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             concurrent_launches: CONCURRENT_LAUNCH_BACKENDS.contains(info.backend.into()),
             device_barriers: DEVICE_BARRIER_BACKENDS.contains(info.backend.into()),
+            numerics: drama_kernels::Numerics::AsWritten,
+            compiler_math: if info.backend == wgpu::Backend::Metal {
+                "fast (Apple's default: reassociation, contraction, no NaN or infinity, fast sin/cos/exp)"
+            } else {
+                "as written (IEEE, no fast-math flags)"
+            },
         }
     }
 }

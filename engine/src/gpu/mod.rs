@@ -9,7 +9,7 @@ mod wait;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use drama_kernels::{Kernel, ProbeParams};
+use drama_kernels::{Kernel, Numerics, ProbeParams};
 use wgpu::util::DeviceExt;
 
 pub use capabilities::{
@@ -114,6 +114,9 @@ pub struct GpuOptions {
     /// [`Capabilities::device_barriers`]). None: as the backend has them (tests build the
     /// other form too, to compare their bits).
     pub device_barriers: Option<bool>,
+    /// How the kernels' floating point is compiled (tests run them as Metal's fast math may
+    /// compile them, on any GPU).
+    pub numerics: Numerics,
 }
 
 /// Why the GPU could not be used.
@@ -268,6 +271,7 @@ impl Gpu {
         let mut caps = Capabilities::read(&info, adapter.features(), &limits);
         caps.concurrent_launches = options.concurrent_launches.unwrap_or(caps.concurrent_launches);
         caps.device_barriers = options.device_barriers.unwrap_or(caps.device_barriers);
+        caps.numerics = options.numerics;
         let reported = Arc::new(Mutex::new(None));
         let first = reported.clone();
         device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
@@ -341,7 +345,7 @@ impl Gpu {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let descriptor = wgpu::ShaderModuleDescriptor {
             label: Some(&kernel.module().name()),
-            source: wgpu::ShaderSource::Wgsl(kernel.module().source().into()),
+            source: wgpu::ShaderSource::Wgsl(kernel.module().source_with(self.caps.numerics).into()),
         };
         let mut checks = wgpu::ShaderRuntimeChecks::checked();
         checks.force_loop_bounding = drama_kernels::FORCE_LOOP_BOUNDING;

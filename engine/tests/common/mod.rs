@@ -7,16 +7,32 @@ use std::sync::{Arc, OnceLock};
 
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::numerics::round_to_bf16;
+use drama_kernels::Numerics;
 use rand_chacha::ChaCha8Rng;
+
+/// The options every test device is opened with: the defaults, with the kernels compiled
+/// as Metal's fast math may compile them when `DRAMA_NUMERICS=fast-math-emulation` (CI runs
+/// the op, model, codec and tower tests both ways).
+pub fn options() -> GpuOptions {
+    let numerics = match std::env::var("DRAMA_NUMERICS").as_deref() {
+        Ok("fast-math-emulation") => Numerics::FastMathEmulation,
+        Ok("as-written") | Err(_) => Numerics::AsWritten,
+        Ok(other) => panic!("DRAMA_NUMERICS={other}: expected as-written or fast-math-emulation"),
+    };
+    GpuOptions {
+        numerics,
+        ..GpuOptions::default()
+    }
+}
 
 /// The test device (lavapipe in CI), opened once per test binary.
 pub fn shared_gpu() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
-        let gpu = Gpu::new(&GpuOptions::default()).expect("a GPU (install mesa-vulkan-drivers for lavapipe)");
+        let gpu = Gpu::new(&options()).expect("a GPU (install mesa-vulkan-drivers for lavapipe)");
         eprintln!(
-            "device: {} ({}, {})",
-            gpu.caps.adapter, gpu.caps.backend, gpu.caps.driver
+            "device: {} ({}, {}), kernels {:?}",
+            gpu.caps.adapter, gpu.caps.backend, gpu.caps.driver, gpu.caps.numerics
         );
         Arc::new(gpu)
     })

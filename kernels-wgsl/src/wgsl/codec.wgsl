@@ -99,6 +99,10 @@ struct Sum4 {
 }
 
 fn add4(s: Sum4, term: vec4<f32>) -> Sum4 {
+    // What fast math may make of the compensation: (t - value) - y folds to 0.
+    if (FAST_MATH_EMULATION) {
+        return Sum4(s.value + term, vec4<f32>(0.0));
+    }
     let y = term - s.carry;
     let t = s.value + y;
     return Sum4(t, (t - s.value) - y);
@@ -133,7 +137,8 @@ fn reduce_lanes(t: u32, s: array<Sum4, 4>, outputs: u32) {
                 let b = part_value[at + stride];
                 let sum = a + b;
                 let b_part = sum - a;
-                let rounding = (a - (sum - b_part)) + (b - b_part);
+                // Fast math may fold TwoSum's rounding term to 0.
+                let rounding = select((a - (sum - b_part)) + (b - b_part), vec4<f32>(0.0), FAST_MATH_EMULATION);
                 part_value[at] = sum;
                 part_error[at] = part_error[at] + part_error[at + stride] + rounding;
             }
@@ -391,6 +396,11 @@ fn transpose_weights(i: u32, o: u32, r: u32, phase: u32, phases: u32) -> Transpo
 // pi/4 in three parts (Cody-Waite; exact products for |x| up to about 8192), then minimax
 // polynomials for sin and cos on [-pi/4, pi/4] (Cephes' sinf).
 fn accurate_sin(value: f32) -> f32 {
+    // Fast math may reassociate the argument reduction below; the emulation takes the
+    // platform's own `sin` instead.
+    if (FAST_MATH_EMULATION) {
+        return sin(value);
+    }
     var sign = select(1.0, -1.0, value < 0.0);
     let x = abs(value);
     var octant = u32(x * 1.2732395);   // 4 / pi
