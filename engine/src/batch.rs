@@ -23,6 +23,10 @@ pub type Sink = Box<dyn FnMut(&[f32]) -> bool + Send>;
 /// Identifies an admitted job.
 pub type JobId = u64;
 
+/// A job that ended in a step: its stats, or the error that ended it alone (the other jobs
+/// of the step went on).
+pub type Ended = (JobId, Result<SynthesisStats, EngineError>);
+
 struct Job {
     id: JobId,
     request: SynthesisRequest,
@@ -44,6 +48,11 @@ struct Job {
     sink: Sink,
     /// The sink refused samples: the job ends with this step.
     cancelled: bool,
+    /// What ended this job alone (its sampler or its codec failed): it ends with this step,
+    /// with this error, and the other jobs go on.
+    failed: Option<EngineError>,
+    /// Test hook ([`Batcher::fail_at_next_step`]): the job fails in its next step.
+    fail_next_step: bool,
     stats: SynthesisStats,
     started: Instant,
 }
@@ -64,6 +73,8 @@ enum Next {
     Continue,
     Segment,
     Finished(Stop),
+    /// The job failed alone (its error is in `Job::failed`).
+    Failed,
 }
 
 /// Parts a job's codec chunk is submitted in, one behind each forward, when the job's audio
@@ -211,6 +222,18 @@ impl<'e> Batcher<'e> {
                 request.gamma, self.lanes
             )));
         }
+        for (s, segment) in request.segments.iter().enumerate() {
+            if let Some((t, &id)) = segment
+                .iter()
+                .enumerate()
+                .find(|&(_, &id)| id as usize >= c.text_vocab_size)
+            {
+                return Err(EngineError::Input(format!(
+                    "segment {s}, token {t}: text id {id} is not below text_vocab_size {}",
+                    c.text_vocab_size
+                )));
+            }
+        }
         let p = c.speech.voice_prefix_len;
         for segment in &request.segments {
             let needed = Self::positions_needed(p, segment.len(), request.max_audio_tokens);
@@ -245,13 +268,16 @@ impl<'e> Batcher<'e> {
                 self.free.len()
             )));
         }
-        let cond_lane = self.free.pop().expect("checked");
-        let uncond_lane = (needed == 2).then(|| self.free.pop().expect("checked"));
+        // Everything that can fail comes before the lanes and the decoder are taken.
+        let sampler = Sampler::new(request.sampling)?;
+        let cond_lane = self.free[self.free.len() - 1];
+        let uncond_lane = (needed == 2).then(|| self.free[self.free.len() - 2]);
         let prefix = request.prefix.clone().unwrap_or_else(|| self.default_prefix.clone());
         self.session.set_prefix(cond_lane, &prefix)?;
         if let Some(lane) = uncond_lane {
             self.session.set_prefix(lane, &self.null_prefix)?;
         }
+        self.free.truncate(self.free.len() - needed);
         let codec = match self.idle_decoders.pop() {
             Some(mut decoder) => {
                 decoder.reset();
@@ -263,7 +289,7 @@ impl<'e> Batcher<'e> {
         self.next_id += 1;
         self.jobs.push(Job {
             id,
-            sampler: Sampler::new(request.sampling)?,
+            sampler,
             stats: SynthesisStats {
                 tokens: 0,
                 samples: 0,
@@ -288,6 +314,8 @@ impl<'e> Batcher<'e> {
             chunk_submitted: None,
             sink,
             cancelled: false,
+            failed: None,
+            fail_next_step: false,
             started: Instant::now(),
         });
         Ok(id)
@@ -315,8 +343,11 @@ impl<'e> Batcher<'e> {
         }
     }
 
-    /// Runs one batched step for every job; returns the jobs that ended, with their stats.
-    pub fn step(&mut self) -> Result<Vec<(JobId, SynthesisStats)>, EngineError> {
+    /// Runs one batched step for every job; returns the jobs that ended, with their stats or
+    /// the error that ended one alone (its sampler or codec failed: the other jobs go on,
+    /// with the bits they would have alone). An error of the step itself (the GPU) is the
+    /// `Err`, and the jobs are then as before the step.
+    pub fn step(&mut self) -> Result<Vec<Ended>, EngineError> {
         if self.jobs.is_empty() {
             return Ok(Vec::new());
         }
@@ -357,7 +388,9 @@ impl<'e> Batcher<'e> {
         // Rows past the forward limit run as further forwards behind the first.
         let (head, rest) = first_rows.split_at(first_rows.len().min(self.max_forward_rows));
         let submitted = self.session.submit(head)?;
-        let codec_time = self.submit_chunks(step)? + self.deliver_finished_chunks(step)?;
+        // Nothing between the submission and the read of its logits fails (each job's codec
+        // errors are its own), so the submitted step never stays pinned unread.
+        let codec_time = self.submit_chunks(step) + self.deliver_finished_chunks(step);
         let mut first = self.session.logits(submitted)?;
         for part in rest.chunks(self.max_forward_rows) {
             first.extend(self.session.step(part, false)?.logits);
@@ -390,11 +423,21 @@ impl<'e> Batcher<'e> {
         let mut index = 0;
         let mut outcomes = Vec::new();
         for (job, token) in self.jobs.iter_mut().zip(tokens) {
-            outcomes.push(if job.cancelled {
-                Next::Finished(Stop::Cancelled)
+            if std::mem::take(&mut job.fail_next_step) {
+                job.failed
+                    .get_or_insert(EngineError::Input("a failure injected by a test".into()));
+            }
+            let outcome = if job.failed.is_some() {
+                Ok(Next::Failed)
+            } else if job.cancelled {
+                Ok(Next::Finished(Stop::Cancelled))
             } else {
-                Self::advance(self.engine, job, token?)?
-            });
+                token.and_then(|token| Self::advance(self.engine, job, token))
+            };
+            outcomes.push(outcome.unwrap_or_else(|error| {
+                job.failed = Some(error);
+                Next::Failed
+            }));
         }
         for outcome in outcomes {
             let job = &mut self.jobs[index];
@@ -407,22 +450,40 @@ impl<'e> Batcher<'e> {
                     job.last_token = None;
                     index += 1;
                 }
-                Next::Finished(stop) => finished.push(self.release(index, stop)),
+                Next::Finished(stop) => {
+                    let (id, stats) = self.release(index, stop);
+                    finished.push((id, Ok(stats)));
+                }
+                Next::Failed => {
+                    let error = job.failed.take().expect("a failed job has its error");
+                    let (id, _) = self.release(index, Stop::Failed);
+                    finished.push((id, Err(error)));
+                }
             }
         }
         Ok(finished)
     }
 
+    /// Test hook: job `id` fails in its next step, as if its sampler or codec had, so tests
+    /// can show that the other jobs go on untouched. False when no such job runs.
+    pub fn fail_at_next_step(&mut self, id: JobId) -> bool {
+        let job = self.jobs.iter_mut().find(|j| j.id == id);
+        job.map(|job| job.fail_next_step = true).is_some()
+    }
+
     /// Submits every job's codec work for this step (its time is counted as codec time): a
     /// full chunk (whole or its first part: see [`parts_for`]), or the next part of a chunk
     /// begun earlier; returns the time it took.
-    fn submit_chunks(&mut self, step: u64) -> Result<Duration, EngineError> {
+    fn submit_chunks(&mut self, step: u64) -> Duration {
         let all = Instant::now();
-        for job in &mut self.jobs {
+        for job in self.jobs.iter_mut().filter(|job| job.failed.is_none()) {
             let start = Instant::now();
             if !job.chunk.is_empty() {
                 let parts = parts_for(job.playback_ahead(start), self.step_time);
-                job.codec.submit_in_parts(&job.chunk, parts)?;
+                if let Err(error) = job.codec.submit_in_parts(&job.chunk, parts) {
+                    job.failed = Some(error);
+                    continue;
+                }
                 job.chunk.clear();
                 job.stats.chunks_in_parts += usize::from(job.codec.parts_left());
             } else if job.codec.parts_left() {
@@ -435,22 +496,25 @@ impl<'e> Batcher<'e> {
             }
             job.stats.time_split.codec += start.elapsed();
         }
-        Ok(all.elapsed())
+        all.elapsed()
     }
 
     /// Hands out the samples of every codec chunk whose last part was submitted before this
     /// step (so it ran before this step's forward, which is submitted: the GPU has work while
     /// the host reads and hands them out); a job whose sink refuses them is marked cancelled.
     /// Returns the time it took (codec time).
-    fn deliver_finished_chunks(&mut self, step: u64) -> Result<Duration, EngineError> {
+    fn deliver_finished_chunks(&mut self, step: u64) -> Duration {
         let all = Instant::now();
         for job in &mut self.jobs {
-            if job.chunk_submitted.is_some_and(|submitted| submitted < step) {
+            if job.failed.is_none() && job.chunk_submitted.is_some_and(|submitted| submitted < step) {
                 job.chunk_submitted = None;
-                job.cancelled |= !Self::deliver(job, |codec| codec.finish())?;
+                match Self::deliver(job, |codec| codec.finish()) {
+                    Ok(accepted) => job.cancelled |= !accepted,
+                    Err(error) => job.failed = Some(error),
+                }
             }
         }
-        Ok(all.elapsed())
+        all.elapsed()
     }
 
     /// Every job's next token from its lanes' logits (cond, and uncond with guidance): the
@@ -575,8 +639,8 @@ impl<'e> Batcher<'e> {
         };
         let id = self.admit(request, Box::new(|_| true))?;
         loop {
-            if let Some((_, stats)) = self.step()?.into_iter().find(|(ended, _)| *ended == id) {
-                return Ok(Some(stats));
+            if let Some((_, ended)) = self.step()?.into_iter().find(|(ended, _)| *ended == id) {
+                return ended.map(Some);
             }
         }
     }
@@ -594,7 +658,10 @@ impl<'e> Batcher<'e> {
         job.stats.wall = job.started.elapsed();
         self.free.push(job.cond_lane);
         self.free.extend(job.uncond_lane);
-        self.idle_decoders.push(job.codec);
+        // A decoder whose work failed is not trusted with the next job's.
+        if stop != Stop::Failed {
+            self.idle_decoders.push(job.codec);
+        }
         (job.id, job.stats)
     }
 }

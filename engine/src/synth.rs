@@ -51,6 +51,8 @@ pub enum Stop {
     Finished,
     /// The sink asked to stop.
     Cancelled,
+    /// The job failed alone (its sampler or codec): the batcher returns the error.
+    Failed,
 }
 
 /// What a synthesis did.
@@ -131,8 +133,8 @@ pub fn synthesize(
                 cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         }
-        if let Some((_, stats)) = finished.into_iter().next() {
-            return Ok(stats);
+        if let Some((_, ended)) = finished.into_iter().next() {
+            return ended;
         }
         if cancelled.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(batcher.cancel(0).expect("the one job is running"));

@@ -137,9 +137,10 @@ fn batched_jobs_equal_solo_runs() {
             finished.extend(batcher.step().unwrap());
         }
         assert_eq!(finished.len(), 3);
-        assert!(finished.iter().all(|(_, stats)| stats.stop == Stop::Finished));
+        let finished: Vec<_> = finished.into_iter().map(|(_, ended)| ended.unwrap()).collect();
+        assert!(finished.iter().all(|stats| stats.stop == Stop::Finished));
         assert!(
-            finished.iter().any(|(_, stats)| stats.chunks_in_parts > 0),
+            finished.iter().any(|stats| stats.chunks_in_parts > 0),
             "no chunk went in parts"
         );
         assert_eq!(batcher.free_lanes(), 5, "every lane comes back");
@@ -227,7 +228,7 @@ fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
         ended.extend(batcher.step().unwrap());
     }
     assert_eq!(ended[0].0, id);
-    assert_eq!(ended[0].1.stop, Stop::Cancelled);
+    assert_eq!(ended[0].1.as_ref().unwrap().stop, Stop::Cancelled);
     assert_eq!(batcher.free_lanes(), 2);
     assert_eq!(run_alone(&mut batcher, r), fresh);
     let too_long = request(vec![1; 60], 1.0, GuidanceMode::Paired, 1);
@@ -542,4 +543,80 @@ fn polled_waits_give_blocking_waits_bits() {
         samples += blocking.0.len();
     }
     assert!(samples > 0, "the comparison needs audio");
+}
+
+/// One job's failure ends that job alone: with three jobs in a batch, the middle one fails
+/// at its third step (the test hook stands in for a sampler or codec error); the two others
+/// finish with the bits they have alone, the failed one ends with its error, every lane comes
+/// back, and a job admitted afterwards gets a fresh run's bits. A text id past the
+/// vocabulary is refused at admission, naming its segment and token, and takes no lane.
+#[test]
+fn a_failing_job_ends_alone_and_the_others_keep_their_bits() {
+    let mut rng = rng("job failure isolation");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let make = |seed| request(vec![5, 17, 42, 99], 1.5, GuidanceMode::Paired, seed);
+    let (first, _) = long_enough(&engine, &mut rng, make);
+    let (middle, _) = long_enough(&engine, &mut rng, make);
+    let (last, _) = long_enough(&engine, &mut rng, |seed| {
+        request(vec![7, 8], 1.0, GuidanceMode::Paired, seed)
+    });
+    let mut batcher = Batcher::new(&engine, 5, 64).unwrap();
+    let solo = [
+        run_alone(&mut batcher, first.clone()),
+        run_alone(&mut batcher, last.clone()),
+    ];
+    assert!(solo.iter().all(|pcm| !pcm.is_empty()), "the comparison needs audio");
+
+    let outputs: Vec<Arc<Mutex<Vec<f32>>>> = (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+    let sink = |i: usize| {
+        let out = outputs[i].clone();
+        Box::new(move |pcm: &[f32]| {
+            out.lock().unwrap().extend_from_slice(pcm);
+            true
+        }) as drama_engine::batch::Sink
+    };
+    let ids = [
+        batcher.admit(first.clone(), sink(0)).unwrap(),
+        batcher.admit(middle, sink(1)).unwrap(),
+        batcher.admit(last.clone(), sink(2)).unwrap(),
+    ];
+    let mut ended = Vec::new();
+    for _ in 0..2 {
+        ended.extend(batcher.step().unwrap());
+    }
+    assert!(batcher.fail_at_next_step(ids[1]));
+    while batcher.active() > 0 {
+        ended.extend(batcher.step().unwrap());
+    }
+    assert_eq!(ended.len(), 3);
+    for (id, outcome) in &ended {
+        match outcome {
+            Ok(stats) => assert!(*id != ids[1] && stats.stop == Stop::Finished, "job {id}: {stats:?}"),
+            Err(e) => {
+                assert_eq!(*id, ids[1], "job {id} failed: {e}");
+                assert!(e.to_string().contains("a failure injected by a test"), "{e}");
+            }
+        }
+    }
+    assert_eq!(*outputs[0].lock().unwrap(), solo[0], "the first job's bits changed");
+    assert_eq!(*outputs[2].lock().unwrap(), solo[1], "the last job's bits changed");
+    assert_eq!(batcher.free_lanes(), 5, "every lane comes back");
+    assert_eq!(
+        run_alone(&mut batcher, first.clone()),
+        solo[0],
+        "a job after the failure differs"
+    );
+    // A text id past the vocabulary: refused before any lane is taken.
+    let vocab = engine.checkpoint.config.text_vocab_size as u32;
+    let mut bad = first;
+    bad.segments = vec![vec![1, 2], vec![3, vocab, 4]];
+    let refusal = batcher.admit(bad, Box::new(|_| true)).unwrap_err().to_string();
+    assert!(
+        refusal.contains(&format!(
+            "segment 1, token 1: text id {vocab} is not below text_vocab_size {vocab}"
+        )),
+        "{refusal}"
+    );
+    assert_eq!(batcher.free_lanes(), 5);
 }

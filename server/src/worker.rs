@@ -39,7 +39,7 @@ pub enum Outcome {
     Ran(SynthesisStats),
     /// Its time ran out while it waited for lanes.
     ExpiredWaiting,
-    /// A step failed (which fails every job of the step).
+    /// It failed: alone (its sampler or codec), or with every job of a step that failed.
     Failed(String),
 }
 
@@ -188,8 +188,17 @@ pub fn run(
         let compiled = batcher.compiled_steps();
         metrics.compiled_steps.store(compiled.steps as u64, Ordering::SeqCst);
         metrics.compiled_step_bytes.store(compiled.bytes, Ordering::SeqCst);
-        for (id, stats) in finished {
+        for (id, ended) in finished {
             if let Some(job) = running.remove(&id) {
+                let stats = match ended {
+                    Ok(stats) => stats,
+                    Err(e) => {
+                        // This job alone failed; the others of the step go on.
+                        eprintln!("drama serve: a job failed: {e}");
+                        let _ = job.done.send(Outcome::Failed(format!("synthesis failed: {e}")));
+                        continue;
+                    }
+                };
                 if stats.stop == Stop::Cancelled {
                     metrics.cancellations.fetch_add(1, Ordering::SeqCst);
                 } else {
