@@ -118,13 +118,7 @@ fn batched_jobs_equal_solo_runs() {
             batcher.set_max_forward_rows(rows);
         }
         let outputs: Vec<Arc<Mutex<Vec<f32>>>> = (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
-        let sink = |i: usize| {
-            let out = outputs[i].clone();
-            Box::new(move |pcm: &[f32]| {
-                out.lock().unwrap().extend_from_slice(pcm);
-                true
-            }) as drama_engine::batch::Sink
-        };
+        let sink = |i: usize| collecting_sink(&outputs[i]);
         batcher.admit(requests[0].clone(), sink(0)).unwrap();
         batcher.admit(requests[1].clone(), sink(1)).unwrap();
         // The third joins after a few steps, while the others are mid-generation.
@@ -246,18 +240,18 @@ fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
 }
 
 /// Runs `request` as the batcher's only job until it ends; returns its PCM.
+/// A sink that appends every chunk to `out`.
+fn collecting_sink(out: &Arc<Mutex<Vec<f32>>>) -> drama_engine::batch::Sink {
+    let out = out.clone();
+    Box::new(move |pcm: &[f32]| {
+        out.lock().unwrap().extend_from_slice(pcm);
+        true
+    })
+}
+
 fn run_alone(batcher: &mut Batcher<'_>, request: SynthesisRequest) -> Vec<f32> {
     let out = Arc::new(Mutex::new(Vec::new()));
-    let o = out.clone();
-    batcher
-        .admit(
-            request,
-            Box::new(move |c| {
-                o.lock().unwrap().extend_from_slice(c);
-                true
-            }),
-        )
-        .unwrap();
+    batcher.admit(request, collecting_sink(&out)).unwrap();
     while batcher.active() > 0 {
         batcher.step().unwrap();
     }
@@ -569,13 +563,7 @@ fn a_failing_job_ends_alone_and_the_others_keep_their_bits() {
     assert!(solo.iter().all(|pcm| !pcm.is_empty()), "the comparison needs audio");
 
     let outputs: Vec<Arc<Mutex<Vec<f32>>>> = (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
-    let sink = |i: usize| {
-        let out = outputs[i].clone();
-        Box::new(move |pcm: &[f32]| {
-            out.lock().unwrap().extend_from_slice(pcm);
-            true
-        }) as drama_engine::batch::Sink
-    };
+    let sink = |i: usize| collecting_sink(&outputs[i]);
     let ids = [
         batcher.admit(first.clone(), sink(0)).unwrap(),
         batcher.admit(middle, sink(1)).unwrap(),
