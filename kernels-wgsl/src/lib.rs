@@ -34,6 +34,9 @@ const COMMON: &str = include_str!("wgsl/common.wgsl");
 /// invocation.
 const REDUCE: &str = include_str!("wgsl/reduce.wgsl");
 
+/// The linear kernels' parameter block, shared by `linear.wgsl` and `linear_ragged.wgsl`.
+const LINEAR_PARAMS: &str = include_str!("wgsl/linear_params.wgsl");
+
 /// How a linear's weights are stored on the GPU (exactly as in the checkpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum WeightFormat {
@@ -324,7 +327,7 @@ impl Module {
                     include_str!("wgsl/router.wgsl")
                 );
             }
-            Module::LinearRagged => ("", include_str!("wgsl/linear_ragged.wgsl")),
+            Module::LinearRagged => (LINEAR_PARAMS, include_str!("wgsl/linear_ragged.wgsl")),
             Module::Norm => (REDUCE, include_str!("wgsl/norm.wgsl")),
             Module::Attention => (REDUCE, include_str!("wgsl/attention.wgsl")),
             Module::Elementwise => {
@@ -364,7 +367,7 @@ fn linear_source(format: WeightFormat, width: LinearWidth) -> String {
         WeightFormat::Fp8Block => include_str!("wgsl/fmt_fp8.wgsl"),
     };
     format!(
-        "{COMMON}\nconst WG: u32 = {}u;\n{}\n{format_source}",
+        "{COMMON}\nconst WG: u32 = {}u;\n{LINEAR_PARAMS}\n{}\n{format_source}",
         width.invocations(),
         include_str!("wgsl/linear.wgsl")
     )

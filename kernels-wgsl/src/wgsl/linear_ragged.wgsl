@@ -11,27 +11,7 @@
 
 const WG: u32 = 64u;
 
-// The layout of linear.wgsl's parameter block (the host fills one for both).
-struct Params {
-    rows: u32,
-    in_features: u32,
-    out_features: u32,
-    out_offset: u32,
-    y_stride: u32,
-    x_row_div: u32,
-    expert_begin: u32,
-    expert_end: u32,
-    flags: u32,
-    tensor_scale: f32,
-    bias_offset: u32,
-    head_dim: u32,
-    q_width: u32,
-    capacity: u32,
-    split_groups: u32,
-    second_out_features: u32,
-    second_y_stride: u32,
-    second_flags: u32,
-}
+// `Params`: linear_params.wgsl, prepended to this file.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
