@@ -217,7 +217,13 @@ fn send<T>(slot: &Mutex<Option<std::sync::mpsc::Sender<T>>>, message: T) -> Resu
 
 async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
     let path = request.uri().path().to_string();
-    let response = match (request.method().clone(), path.as_str()) {
+    // HEAD is GET without the body: hyper sends the headers of the GET answer (its length
+    // included) and leaves the body out.
+    let method = match request.method() {
+        &Method::HEAD => Method::GET,
+        other => other.clone(),
+    };
+    let response = match (method, path.as_str()) {
         (Method::GET, "/health") => json(200, serde_json::json!({"status": "ok"})),
         (Method::GET, "/ready") => {
             if state.ready.load(Ordering::SeqCst) {
@@ -251,8 +257,8 @@ async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> 
             let id = &p["/v1/voices/".len()..];
             match state.store.delete(id, &state.checkpoint) {
                 Ok(true) => json(200, serde_json::json!({"id": id, "deleted": true})),
-                Ok(false) => error(&ApiError::status(404, format!("unknown voice {id:?}"))),
-                Err(e) => error(&ApiError::status(500, format!("cannot delete voice {id:?}: {e}"))),
+                Ok(false) => error(&ApiError::status(404, format!("unknown voice '{id}'"))),
+                Err(e) => error(&ApiError::status(500, format!("cannot delete voice '{id}': {e}"))),
             }
         }
         _ => match allowed_methods(&path) {
@@ -274,9 +280,9 @@ async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> 
 /// The methods a route takes, for a 405's `Allow` header; `None` for no route.
 fn allowed_methods(path: &str) -> Option<&'static str> {
     match path {
-        "/health" | "/ready" | "/metrics" => Some("GET"),
+        "/health" | "/ready" | "/metrics" => Some("GET, HEAD"),
         "/v1/audio/speech" => Some("POST"),
-        "/v1/voices" => Some("GET, POST"),
+        "/v1/voices" => Some("GET, HEAD, POST"),
         p if p.starts_with("/v1/voices/") => Some("DELETE"),
         _ => None,
     }

@@ -68,7 +68,7 @@ impl VoiceStore {
                     "voice",
                     format!("voice {id} cannot be used: {e}; upload its reference recording again (POST /v1/voices)"),
                 )),
-                None => Err(ApiError::invalid("voice", format!("unknown voice {id:?}"))),
+                None => Err(ApiError::invalid("voice", format!("unknown voice '{id}'"))),
             },
         }
     }

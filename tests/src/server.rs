@@ -118,6 +118,11 @@ impl Server {
         Self::answer(Self::agent().get(format!("{}{path}", self.base)).call())
     }
 
+    /// HEAD `path`.
+    pub fn head(&self, path: &str) -> Answer {
+        Self::answer(Self::agent().head(format!("{}{path}", self.base)).call())
+    }
+
     /// DELETE `path`.
     pub fn delete(&self, path: &str) -> Answer {
         Self::answer(Self::agent().delete(format!("{}{path}", self.base)).call())

@@ -451,12 +451,30 @@ fn refusals_have_the_right_status_and_name_the_field() {
     // A route asked with a method it does not take: 405 naming the ones it does.
     for (answer, allowed) in [
         (server.get("/v1/audio/speech"), "POST"),
-        (server.delete("/v1/voices"), "GET, POST"),
+        (server.delete("/v1/voices"), "GET, HEAD, POST"),
         (server.get("/v1/voices/0123456789abcdef"), "DELETE"),
     ] {
         assert_eq!(answer.header("allow"), Some(allowed));
         expect(answer, 405, None);
     }
+    let refused = server.head("/v1/audio/speech");
+    assert_eq!((refused.status, refused.header("allow")), (405, Some("POST")));
+    // HEAD on every GET route: the GET answer's status and headers, no body.
+    for path in ["/health", "/ready", "/metrics", "/v1/voices"] {
+        let (get, head) = (server.get(path), server.head(path));
+        assert_eq!((head.status, get.status), (200, 200), "{path}");
+        assert!(head.body.is_empty(), "{path}: HEAD answered with a body");
+        for name in ["content-type", "content-length"] {
+            assert_eq!(head.header(name), get.header(name), "{path}: {name}");
+        }
+    }
+    // Ids are quoted once in messages (the JSON escapes them, nothing else).
+    let unknown = server.speech(&json!({"model": "drama-3", "input": "hi", "voice": "no\"body"}));
+    let message = unknown.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(message, "unknown voice 'no\"body'");
     // A model that is not a string is named as such.
     let typed = server.speech(&json!({"model": 3, "input": "hi"}));
     let message = typed.json()["error"]["message"]
