@@ -81,6 +81,13 @@ fn error(e: &ApiError) -> Response<Body> {
             .headers_mut()
             .insert("retry-after", HeaderValue::from_static("1"));
     }
+    // A body refused before its end (too large, or too slow) is left unread, so the
+    // connection cannot carry another request: the client is told it closes.
+    if matches!(e.status, 408 | 413) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     response
 }
 

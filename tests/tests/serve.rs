@@ -432,11 +432,13 @@ fn refusals_have_the_right_status_and_name_the_field() {
         400,
         Some("gamma"),
     );
-    expect(
-        server.post("/v1/audio/speech", "application/json", &vec![b' '; 8192]),
-        413,
-        None,
+    let too_large = server.post("/v1/audio/speech", "application/json", &vec![b' '; 8192]);
+    assert_eq!(
+        too_large.header("connection"),
+        Some("close"),
+        "a 413 closes the connection"
     );
+    expect(too_large, 413, None);
     expect(server.post("/v1/voices", "audio/wav", b"RIFF....WAVEjunk"), 400, None);
     // A reference longer than a voice is made from (61 s at 20 Hz: small, but long).
     let long = server.post(
@@ -676,9 +678,14 @@ fn slow_clients_time_out_and_connections_are_capped() {
     let start = Instant::now();
     let answer = raw_exchange(
         server.address(),
-        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"input\":",
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"input\":",
     );
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    // The client asked to keep the connection; the server says it closes it.
+    assert!(
+        answer.to_ascii_lowercase().contains("\r\nconnection: close\r\n"),
+        "{answer}"
+    );
     assert!(answer.contains("the body did not arrive within 2 s"), "{answer}");
     assert!(start.elapsed() > Duration::from_millis(1500), "{:?}", start.elapsed());
     // Only the connection asking for the metrics is open once the others are gone.
