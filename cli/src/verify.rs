@@ -1,7 +1,6 @@
 //! `drama verify`: validate a checkpoint and print the report (text or JSON), or with
 //! `--all` every deviation it has, grouped by kind.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Result, bail};
@@ -45,26 +44,26 @@ struct DeviationReport {
 }
 
 fn group(deviations: &[CheckpointError]) -> DeviationReport {
-    let mut order: Vec<&'static str> = Vec::new();
-    let mut by_kind: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    let mut kinds: Vec<KindReport> = Vec::new();
     for deviation in deviations {
         let kind = deviation.kind();
-        if !by_kind.contains_key(kind) {
-            order.push(kind);
-        }
-        by_kind.entry(kind).or_default().push(deviation.to_string());
-    }
-    let kinds = order
-        .into_iter()
-        .map(|kind| {
-            let all = by_kind.remove(kind).unwrap_or_default();
-            KindReport {
-                kind,
-                count: all.len(),
-                examples: all.into_iter().take(EXAMPLES_PER_KIND).collect(),
+        let at = match kinds.iter().position(|k| k.kind == kind) {
+            Some(at) => at,
+            None => {
+                kinds.push(KindReport {
+                    kind,
+                    count: 0,
+                    examples: Vec::new(),
+                });
+                kinds.len() - 1
             }
-        })
-        .collect();
+        };
+        let report = &mut kinds[at];
+        report.count += 1;
+        if report.examples.len() < EXAMPLES_PER_KIND {
+            report.examples.push(deviation.to_string());
+        }
+    }
     DeviationReport {
         ok: deviations.is_empty(),
         deviations: deviations.len(),

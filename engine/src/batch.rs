@@ -82,9 +82,7 @@ enum Next {
 /// steps; its last part goes out CODEC_CHUNK - 1 steps after its first, so the step after
 /// that reads its samples before the next chunk starts. Queued whole behind one forward, a
 /// chunk delays the next forward by its GPU time less the host's sampling; in parts, each
-/// runs while the host samples. (H200, bench checkpoint, one call: 500 tokens of synthesis
-/// 1.59 -> 1.50 s; served audio with four, two and one clients 11.3 -> 12.0, 8.9 -> 9.5 and
-/// 6.3 -> 6.6 s per second; three parts gave about a third of that.)
+/// runs while the host samples (measured in `docs/performance-history.md`).
 pub const CODEC_CHUNK_PARTS: usize = CODEC_CHUNK - 1;
 
 /// How many parts a job's next codec chunk is submitted in, given how much longer the audio
@@ -92,8 +90,8 @@ pub const CODEC_CHUNK_PARTS: usize = CODEC_CHUNK - 1;
 /// time the last step took (`step_time`): [`CODEC_CHUNK_PARTS`] when `ahead` covers twice
 /// the steps a chunk in parts takes to arrive, otherwise one (whole). In parts a chunk's
 /// samples arrive about CODEC_CHUNK_PARTS steps later than whole, so a listener playing the
-/// stream as it comes would run dry where steps are slow next to the audio they make (an
-/// Apple GPU's step may take several times an H200's). With nothing ahead (a job's first
+/// stream as it comes would run dry where steps are slow next to the audio they make (a
+/// slower GPU's steps, say). With nothing ahead (a job's first
 /// chunk) the chunk runs whole, so the first audio does not wait.
 pub fn parts_for(ahead: Duration, step_time: Duration) -> usize {
     if !ahead.is_zero() && ahead >= step_time * (2 * (CODEC_CHUNK_PARTS as u32 + 1)) {
@@ -520,9 +518,7 @@ impl<'e> Batcher<'e> {
     /// Every job's next token from its lanes' logits (cond, and uncond with guidance): the
     /// guidance mix, then the job's sampler. The GPU has nothing to run meanwhile but the
     /// codec chunks queued behind the forward, and each job's sampler and logits are its
-    /// own, so the jobs sample in parallel. (H200 host, bench checkpoint: an unfiltered
-    /// sample of 4097 candidates takes about 0.17 ms; served audio with four clients went
-    /// from 10.88-10.99 to 11.06-11.14 s per second, two rounds each, alternating.)
+    /// own, so the jobs sample in parallel (measured in `docs/performance-history.md`).
     fn sample_tokens(
         engine: &Engine,
         jobs: &mut [Job],

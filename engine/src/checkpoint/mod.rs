@@ -234,6 +234,7 @@ impl Checkpoint {
         }
         found
     }
+
     /// A validated BF16 or F32 tensor (norms, prefixes, codebooks) as f32 values.
     pub fn float_tensor(&self, name: &str) -> Vec<f32> {
         let entry = self

@@ -461,8 +461,8 @@ impl Gpu {
     /// wgpu 30's poll, while another thread polls or submits (a submission retires finished
     /// ones too), can read its fence, then find the queue empty because the other thread
     /// retired a later submission meanwhile, and panic on its own assertion (fixed upstream
-    /// by gfx-rs/wgpu#9958). On an H200, 17 of 20 runs of op_misc's tests, whose threads
-    /// share one device, hit it with neither serialised, 3 of 20 with only the polls.
+    /// by gfx-rs/wgpu#9958; op_misc's tests, whose threads share one device, hit it: see
+    /// `docs/performance.md`).
     pub fn submit_commands(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) -> wgpu::SubmissionIndex {
         let _one_at_a_time = self.polling();
         self.queue.submit(commands)
