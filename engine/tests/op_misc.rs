@@ -75,6 +75,16 @@ fn attention_with_wide_heads_matches_reference() {
     attention_case("attention-wide", 2, 1, 160, 80, [3, 70, 80]);
 }
 
+/// Head widths whose vec4 columns the kernel's four quarters of a dot product do not share
+/// evenly (24: six columns, quarters of two, two, one and one; 8: two columns, two quarters
+/// idle), over two chunks.
+#[test]
+fn attention_at_head_widths_no_multiple_of_16_matches_reference() {
+    let chunk = drama_kernels::ATTENTION_CHUNK;
+    attention_case("attention-hd24", 6, 2, 24, chunk + 9, [3, chunk, chunk + 9]);
+    attention_case("attention-hd8", 3, 3, 8, chunk + 2, [chunk + 2, 1, 17]);
+}
+
 /// The same over several attention chunks: lengths one short of, exactly at and past chunk
 /// boundaries, and a head width whose key columns do not fill the kernel's load batches.
 #[test]

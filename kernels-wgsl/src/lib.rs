@@ -169,9 +169,9 @@ pub const FORCE_LOOP_BOUNDING: bool = false;
 /// [`KeptCapacity`], `moe.wgsl`'s MAX_EXPERTS: their workgroup arrays).
 pub const MAX_KEPT_EXPERTS: usize = 512;
 
-/// `head_dim` the attention kernel runs is a multiple of this: a position's dot product is
-/// four quarters of the head, each whole vec4s.
-pub const HEAD_DIM_MULTIPLE: usize = 16;
+/// `head_dim` the attention kernel runs is a multiple of this: it reads a head as vec4s,
+/// and RoPE pairs each vec4 of the first half with one of the second.
+pub const HEAD_DIM_MULTIPLE: usize = 8;
 
 /// The largest `head_dim` the attention kernel runs: its workgroup holds a query head as
 /// 256 vec4s.

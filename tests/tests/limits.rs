@@ -11,17 +11,17 @@ use drama_tests::drama_text;
 type Case = (&'static str, fn(&mut Preset), Option<&'static str>);
 
 const CASES: [Case; 6] = [
-    ("head_dim 32", |p| p.config.head_dim = 32, None),
+    ("head_dim 24", |p| p.config.head_dim = 24, None),
     (
-        "head_dim 24",
-        |p| p.config.head_dim = 24,
-        Some("config.json key `head_dim` is 24; this engine runs a multiple of 16 up to 1024"),
+        "head_dim 20",
+        |p| p.config.head_dim = 20,
+        Some("config.json key `head_dim` is 20; this engine runs a multiple of 8 up to 1024"),
     ),
     ("head_dim 1024", |p| p.config.head_dim = 1024, None),
     (
         "head_dim 1040",
         |p| p.config.head_dim = 1040,
-        Some("config.json key `head_dim` is 1040; this engine runs a multiple of 16 up to 1024"),
+        Some("config.json key `head_dim` is 1040; this engine runs a multiple of 8 up to 1024"),
     ),
     // The dense layer's down projection (BF16, excluded from quantization) reads
     // intermediate_size inputs; the voice tower's in_proj reads n_mels.

@@ -386,7 +386,7 @@ fn an_utterance_without_audio_says_why() {
 }
 
 /// The awkward preset (20 mel bands, tower and codec widths that are no multiple of 8,
-/// head_dim 48, three query heads per key/value head, five layers) goes end to end: verify
+/// head_dim 40, three query heads per key/value head, five layers) goes end to end: verify
 /// accepts it, synth speaks with a reference voice, and paired guidance gives separate's
 /// bytes.
 #[test]

@@ -45,7 +45,16 @@ pub struct QuantScheme {
     kind: SchemeKind,
     unquantized: GlobSet,
     unquantized_patterns: Vec<String>,
+    /// ModelOpt's `kv_cache_quant_algo`, when it names one: an exporter's hint for serving
+    /// engines that quantize their KV cache. The model's attention reads keys and values at
+    /// full precision (`docs/contract.md` §4.8), so the engine keeps its cache in f32 and
+    /// says so in the report.
+    kv_cache_hint: Option<String>,
 }
+
+/// The values of ModelOpt's `kv_cache_quant_algo` the engine accepts as a hint (those its
+/// exports write and serving engines read); any other is refused as a likely typo.
+const KV_CACHE_HINTS: [&str; 2] = ["FP8", "NVFP4"];
 
 #[derive(Debug, Clone, PartialEq)]
 enum SchemeKind {
@@ -75,13 +84,17 @@ impl QuantScheme {
 
     /// A one-line description for reports.
     pub fn describe(&self) -> String {
-        match &self.kind {
+        let weights = match &self.kind {
             SchemeKind::Uniform(f) => format!(
                 "{} except {} excluded pattern(s)",
                 f.describe(),
                 self.unquantized_patterns.len()
             ),
             SchemeKind::Mixed(map) => format!("mixed precision, {} quantized module(s)", map.len()),
+        };
+        match &self.kv_cache_hint {
+            Some(hint) => format!("{weights}; kv_cache_quant_algo {hint} not applied (the KV cache stays f32)"),
+            None => weights,
         }
     }
 
@@ -150,13 +163,21 @@ impl QuantScheme {
     }
 
     fn from_modelopt(q: &Value, where_: &str) -> Result<Self, CheckpointError> {
-        if let Some(kv) = q.get("kv_cache_quant_algo")
-            && !kv.is_null()
-        {
-            return Err(CheckpointError::QuantConfig(format!(
-                "{where_}: kv_cache_quant_algo {kv} is not supported (the KV cache stays in full precision)"
-            )));
-        }
+        let kv_cache_hint = match q.get("kv_cache_quant_algo") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(hint)) if KV_CACHE_HINTS.contains(&hint.as_str()) => Some(hint.clone()),
+            Some(other) => {
+                return Err(CheckpointError::QuantConfig(format!(
+                    "{where_}: kv_cache_quant_algo {other} is not one of null, \"FP8\", \"NVFP4\""
+                )));
+            }
+        };
+        let mut scheme = Self::modelopt_weights(q, where_)?;
+        scheme.kv_cache_hint = kv_cache_hint;
+        Ok(scheme)
+    }
+
+    fn modelopt_weights(q: &Value, where_: &str) -> Result<Self, CheckpointError> {
         let algo = str_key(q, "quant_algo", where_)?;
         let exclude = patterns(q, "exclude_modules", where_)?;
         match algo {
@@ -209,6 +230,7 @@ impl QuantScheme {
             kind,
             unquantized,
             unquantized_patterns,
+            kv_cache_hint: None,
         })
     }
 }
@@ -282,8 +304,29 @@ mod tests {
         let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 32}}"#;
         let err = QuantScheme::from_sources(Some(q), "{}").unwrap_err().to_string();
         assert!(err.contains("group_size"), "{err}");
-        let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": "FP8"}}"#;
+        let q = r#"{"quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": "fp8"}}"#;
         let err = QuantScheme::from_sources(Some(q), "{}").unwrap_err().to_string();
-        assert!(err.contains("kv_cache_quant_algo"), "{err}");
+        assert!(
+            err.contains(r#"kv_cache_quant_algo "fp8" is not one of null, "FP8", "NVFP4""#),
+            "{err}"
+        );
+    }
+
+    /// ModelOpt's KV-cache hint (ModelOpt NVFP4 exports commonly write "FP8") is accepted,
+    /// not applied, and named in the report; the weights' scheme is the same as without it.
+    #[test]
+    fn a_kv_cache_hint_is_accepted_and_reported() {
+        let with = |kv: &str| {
+            let q = format!(
+                r#"{{"quantization": {{"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": {kv}}}}}"#
+            );
+            QuantScheme::from_sources(Some(&q), "{}").unwrap()
+        };
+        assert_eq!(with("\"FP8\""), with("null"));
+        assert_eq!(
+            with("\"FP8\"").describe(),
+            "NVFP4 (ModelOpt) except 0 excluded pattern(s); kv_cache_quant_algo FP8 not applied (the KV cache stays f32)"
+        );
+        assert_eq!(with("null").describe(), "NVFP4 (ModelOpt) except 0 excluded pattern(s)");
     }
 }

@@ -41,6 +41,11 @@ pub struct Capabilities {
     /// What the platform's shader compiler may do to floating point: Apple's Metal compiler
     /// defaults to fast math (wgpu sets no math mode); Vulkan and DX12 compile as written.
     pub compiler_math: &'static str,
+    /// The `head_dim` values attention runs: multiples of this...
+    pub head_dim_multiple: usize,
+    /// ...up to this (its workgroup holds one query head; the same on every backend, as
+    /// the kernel's workgroup memory fits WebGPU's minimum of 16 KiB).
+    pub max_head_dim: usize,
 }
 
 /// The backends on which a launch that needs no barrier runs beside the launch before it:
@@ -91,6 +96,8 @@ impl Capabilities {
             } else {
                 "as written (IEEE, no fast-math flags)"
             },
+            head_dim_multiple: drama_kernels::HEAD_DIM_MULTIPLE,
+            max_head_dim: drama_kernels::MAX_HEAD_DIM,
         }
     }
 }

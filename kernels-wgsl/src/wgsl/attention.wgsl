@@ -107,10 +107,12 @@ fn stage_query(r: u32, h: u32, t: u32) {
 }
 
 // Quarter `quarter` of the staged query's dot product with the key at `k_base`: its vec4
-// columns quarter, quarter + 4, ..., eight key loads in flight (past the end: repeated,
-// unused).
+// columns quarter, quarter + 4, ..., eight key loads in flight (past the end: its last
+// column repeated, unused). `columns` is even (head_dim a multiple of 8), not necessarily a
+// multiple of 4: a quarter may own one column fewer than another, or none.
 fn quarter_dot(k_base: u32, quarter: u32, columns: u32) -> f32 {
-    let last = columns - 4u + quarter;
+    // Only read when the quarter owns a column (quarter < columns).
+    let last = quarter + 4u * ((columns - 1u - quarter) / 4u);
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
     for (var c = quarter; c < columns; c += 32u) {
