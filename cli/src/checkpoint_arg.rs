@@ -23,6 +23,13 @@ pub struct CheckpointArg {
 }
 
 impl CheckpointArg {
+    /// The argument as if given on the command line (`pinned` or a directory).
+    pub fn named(checkpoint: String) -> CheckpointArg {
+        CheckpointArg {
+            checkpoint: Some(checkpoint),
+        }
+    }
+
     /// The folder the checkpoint is read from, without validating it (the demo is generated
     /// if missing; the pinned checkpoint must have been fetched).
     pub fn dir(&self) -> Result<PathBuf> {

@@ -21,6 +21,7 @@ mod fixture;
 mod gpu_arg;
 mod graph;
 mod output;
+mod qualify;
 mod serve;
 mod synth;
 mod trace;
@@ -60,6 +61,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Teacher-forced run: logits, hidden states and router choices as F32 tensors.
     Trace(trace::TraceArgs),
+    /// Check that drama is right and how fast it is on this GPU; print and write a receipt.
+    Qualify(qualify::QualifyArgs),
 }
 
 /// Turns off Mesa's Vulkan device-selection layer unless the user set it up. wgpu asks for
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
         Command::Fixture(args) => fixture::run(args),
         Command::Graph(args) => graph::run(args),
         Command::Trace(args) => trace::run(args),
+        Command::Qualify(args) => qualify::run(args),
         Command::Bench(args) => bench::run(args),
     };
     match result {

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use drama_engine::checkpoint::{Checkpoint, Provenance};
 use drama_engine::session::Engine;
 use drama_engine::synth::GuidanceMode;
 use drama_engine::text::TextFrontEnd;
@@ -89,16 +88,6 @@ pub enum ServerError {
     Engine(String),
 }
 
-/// How responses name the served checkpoint: the pin for the pinned one; for a local one its
-/// manifest digest (its first 16 hex digits), never its path, which would tell every client
-/// about the server's file system.
-fn public_label(checkpoint: &Checkpoint) -> String {
-    match &checkpoint.provenance {
-        Provenance::Pinned { .. } => checkpoint.provenance.to_string(),
-        Provenance::Local(_) => format!("local sha256:{:.16}", checkpoint.manifest_digest),
-    }
-}
-
 /// What the service claims from the operating system (its listening socket and its voice
 /// store), claimed before the engine loads: a busy address or an unusable data directory
 /// fails at once, not after seconds of loading weights.
@@ -152,7 +141,7 @@ pub async fn serve(
     let (upload_sender, upload_receiver) = std::sync::mpsc::channel();
     let state = Arc::new(http::State {
         text,
-        provenance: public_label(&engine.checkpoint),
+        provenance: engine.checkpoint.public_label(),
         sample_rate: c.codec.sample_rate,
         prefix_len: c.speech.voice_prefix_len,
         max_positions: c.max_position_embeddings,

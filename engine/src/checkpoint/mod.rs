@@ -138,6 +138,16 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// How the checkpoint is named where others read it (HTTP responses, `drama qualify`'s
+    /// receipt): the pin for the pinned one; a local one by its manifest digest (its first
+    /// 16 hex digits), never its path, which would tell about the machine's file system.
+    pub fn public_label(&self) -> String {
+        match &self.provenance {
+            Provenance::Pinned { .. } => self.provenance.to_string(),
+            Provenance::Local(_) => format!("local sha256:{:.16}", self.manifest_digest),
+        }
+    }
+
     /// Opens, verifies and validates the checkpoint in `dir`.
     pub fn open(dir: &Path, provenance: Provenance) -> Result<Self, CheckpointError> {
         if !dir.is_dir() {

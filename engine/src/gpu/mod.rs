@@ -63,6 +63,16 @@ impl BackendChoice {
         })
     }
 
+    /// The name [`BackendChoice::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Metal => "metal",
+            BackendChoice::Vulkan => "vulkan",
+            BackendChoice::Dx12 => "dx12",
+        }
+    }
+
     /// Whether launches that need no barrier run beside the launch before them on the API
     /// this choice opens (see [`Capabilities::concurrent_launches`]).
     pub fn runs_launches_concurrently(self) -> bool {

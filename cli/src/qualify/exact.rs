@@ -1,0 +1,272 @@
+//! The engine's exactness promises on a generated tiny checkpoint, each a bit-for-bit
+//! comparison (`docs/contract.md` §10): paired == separate guidance lanes, chunked ==
+//! whole codec decoding, batched == solo requests, voice file == recording, the same seed
+//! twice; and the codec and the voice tower against the FP64 reference.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, ensure};
+use drama_engine::batch::Batcher;
+use drama_engine::codec::{CodecDecoder, CodecWeights};
+use drama_engine::reference::ops::Rounding;
+use drama_engine::sampling::SamplingParams;
+use drama_engine::session::Engine;
+use drama_engine::synth::{GuidanceMode, SynthesisRequest, synthesize};
+use drama_engine::tower::VoiceTower;
+use drama_engine::trace::{LaneMode, TraceRequest, trace};
+use drama_engine::voice::{prefix_from_wav, read_voice_file, voice_file_bytes};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+use super::Plant;
+use super::receipt::{Check, Measured};
+
+/// Audio tokens each synthesis generates at most.
+const TOKENS: usize = 24;
+
+/// The guidance scale of the guided checks: two lanes per request.
+const GAMMA: f32 = 1.5;
+
+/// Values whose bits differ between two results (a length difference counts every value
+/// past the shorter).
+pub fn differing_bits(a: &[f32], b: &[f32]) -> usize {
+    let differing = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    differing + a.len().abs_diff(b.len())
+}
+
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// A guided request for `text` with `prefix` (None: the default voice) and `seed`.
+pub fn request(text: Vec<u32>, prefix: Option<Vec<f32>>, seed: u64) -> SynthesisRequest {
+    SynthesisRequest {
+        segments: vec![text],
+        prefix,
+        gamma: GAMMA,
+        guidance: GuidanceMode::Paired,
+        sampling: SamplingParams::unfiltered(seed),
+        max_audio_tokens: TOKENS,
+    }
+}
+
+/// The PCM of `request` synthesized alone.
+pub fn speak(engine: &Engine, request: &SynthesisRequest) -> Result<Vec<f32>> {
+    let mut pcm = Vec::new();
+    synthesize(engine, request, &mut |chunk| {
+        pcm.extend_from_slice(chunk);
+        true
+    })?;
+    Ok(pcm)
+}
+
+/// A half-second test recording at 16 kHz: two tones and a sweep.
+pub fn recording() -> Vec<u8> {
+    let samples: Vec<f32> = (0..8000)
+        .map(|i| {
+            let t = i as f32 / 16000.0;
+            0.2 * (2.0 * std::f32::consts::PI * 220.0 * t).sin()
+                + 0.1 * (2.0 * std::f32::consts::PI * (300.0 + 900.0 * t) * t).sin()
+        })
+        .collect();
+    drama_engine::audio::write_wav_pcm16(&samples, 16000).expect("a valid recording")
+}
+
+/// The checks, on `engine` (a generated tiny checkpoint).
+pub fn checks(engine: &Engine, seed: u64, plant: &Plant) -> Vec<Check> {
+    let c = &engine.checkpoint.config;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut text = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.next_u32() % c.text_vocab_size as u32).collect() };
+    let (first, second) = (text(11), text(7));
+    let codes: Vec<u32> = (0..40).map(|_| rng.next_u32() % c.speech.audio_codes as u32).collect();
+    vec![
+        Check::run("exact.paired-separate", || {
+            paired_separate(engine, &first, &codes[..6], plant)
+        }),
+        Check::run("exact.codec-chunked", || codec_chunked(engine, &codes, plant)),
+        Check::run("exact.batched-solo", || {
+            batched_solo(engine, &first, &second, seed, plant)
+        }),
+        Check::run("exact.voice-file", || voice_file(engine, &first, seed, plant)),
+        Check::run("exact.same-seed", || {
+            let a = speak(engine, &request(first.clone(), None, seed))?;
+            let mut b = speak(engine, &request(first.clone(), None, seed))?;
+            plant.corrupt("exact.same-seed", &mut b);
+            Ok(Measured::exact(
+                differing_bits(&a, &b),
+                format!("{} samples, one seed, twice", a.len()),
+            ))
+        }),
+        Check::run("reference.codec", || codec_reference(engine, seed, plant)),
+        Check::run("reference.voice-tower", || tower_reference(engine, seed, plant)),
+    ]
+}
+
+fn paired_separate(engine: &Engine, text: &[u32], codes: &[u32], plant: &Plant) -> Result<Measured> {
+    let run = |lanes| -> Result<Vec<f32>> {
+        let traced = trace(
+            engine,
+            &TraceRequest {
+                text,
+                codes,
+                prefix: None,
+                gamma: GAMMA,
+                lanes,
+            },
+        )?;
+        traced.f32s("logits.mixed").context("the trace has no mixed logits")
+    };
+    let paired = run(LaneMode::Paired)?;
+    let mut separate = run(LaneMode::Separate)?;
+    plant.corrupt("exact.paired-separate", &mut separate);
+    Ok(Measured::exact(
+        differing_bits(&paired, &separate),
+        format!("{} guided logits, lanes in one forward vs two", paired.len()),
+    ))
+}
+
+fn codec_chunked(engine: &Engine, codes: &[u32], plant: &Plant) -> Result<Measured> {
+    let mut decoder = CodecDecoder::new(CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?);
+    let whole = decoder.decode(codes)?;
+    let mut differing = 0;
+    for pieces in [vec![8usize; codes.len() / 8], vec![1, 3, 4, codes.len() - 8]] {
+        decoder.reset();
+        let mut streamed = Vec::new();
+        let mut start = 0;
+        for n in pieces {
+            streamed.extend(decoder.decode(&codes[start..start + n])?);
+            start += n;
+        }
+        plant.corrupt("exact.codec-chunked", &mut streamed);
+        differing += differing_bits(&whole, &streamed);
+    }
+    Ok(Measured::exact(
+        differing,
+        format!(
+            "{} samples of {} codes, whole vs in chunks (8 each; 1, 3, 4, rest)",
+            whole.len(),
+            codes.len()
+        ),
+    ))
+}
+
+fn batched_solo(engine: &Engine, first: &[u32], second: &[u32], seed: u64, plant: &Plant) -> Result<Measured> {
+    let requests = [
+        request(first.to_vec(), None, seed),
+        request(second.to_vec(), None, seed + 1),
+    ];
+    let solo: Vec<Vec<f32>> = requests.iter().map(|r| speak(engine, r)).collect::<Result<_>>()?;
+    let capacity = requests
+        .iter()
+        .map(|r| {
+            Batcher::positions_needed(
+                engine.checkpoint.config.speech.voice_prefix_len,
+                r.segments[0].len(),
+                TOKENS,
+            )
+        })
+        .max()
+        .unwrap_or(1);
+    let mut batcher = Batcher::new(engine, 4, capacity)?;
+    let outputs: Vec<Arc<Mutex<Vec<f32>>>> = requests.iter().map(|_| Arc::default()).collect();
+    for (r, out) in requests.iter().zip(&outputs) {
+        let out = out.clone();
+        batcher.admit(
+            r.clone(),
+            Box::new(move |pcm: &[f32]| {
+                out.lock().expect("one writer").extend_from_slice(pcm);
+                true
+            }),
+        )?;
+    }
+    let mut ended = 0;
+    while ended < requests.len() {
+        for (_, result) in batcher.step()? {
+            result?;
+            ended += 1;
+        }
+    }
+    let mut differing = 0;
+    for (alone, together) in solo.iter().zip(&outputs) {
+        let mut together = together.lock().expect("the batcher is done").clone();
+        plant.corrupt("exact.batched-solo", &mut together);
+        differing += differing_bits(alone, &together);
+    }
+    Ok(Measured::exact(
+        differing,
+        "two guided requests in one batch vs each alone",
+    ))
+}
+
+fn voice_file(engine: &Engine, text: &[u32], seed: u64, plant: &Plant) -> Result<Measured> {
+    let tower = VoiceTower::new(engine.gpu.clone(), &engine.checkpoint)?;
+    let from_recording = prefix_from_wav(&recording(), &tower)?;
+    let from_file = read_voice_file(
+        &voice_file_bytes(&from_recording, &engine.checkpoint)?,
+        &engine.checkpoint,
+    )?;
+    let a = speak(engine, &request(text.to_vec(), Some(from_recording), seed))?;
+    let mut b = speak(engine, &request(text.to_vec(), Some(from_file), seed))?;
+    plant.corrupt("exact.voice-file", &mut b);
+    Ok(Measured::exact(
+        differing_bits(&a, &b),
+        format!("{} samples, a recording's voice vs its voice file", a.len()),
+    ))
+}
+
+/// Six utterances of random codes: the fourth best must match the contract-rounding
+/// reference to f32 precision and none may be beyond a BF16 flip's reach (5e-2), as the
+/// codec tests require.
+fn codec_reference(engine: &Engine, seed: u64, plant: &Plant) -> Result<Measured> {
+    let checkpoint = &engine.checkpoint;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xC0DEC);
+    let mut decoder = CodecDecoder::new(CodecWeights::upload(engine.gpu.clone(), checkpoint)?);
+    let mut errors = Vec::new();
+    for _ in 0..6 {
+        let codes: Vec<u32> = (0..12)
+            .map(|_| rng.next_u32() % checkpoint.config.speech.audio_codes as u32)
+            .collect();
+        decoder.reset();
+        let mut pcm = decoder.decode(&codes)?;
+        plant.corrupt("reference.codec", &mut pcm);
+        errors.push(rel_l2(
+            &pcm,
+            &drama_engine::reference::codec::decode(checkpoint, &codes, Rounding::Contract),
+        ));
+    }
+    errors.sort_by(f64::total_cmp);
+    ensure!(
+        errors[5] <= 5e-2,
+        "an utterance is beyond a BF16 flip's reach: {errors:?}"
+    );
+    Ok(Measured::new(
+        errors[3],
+        1e-6,
+        format!(
+            "4th best PCM rel-L2 of 6 utterances vs the contract-rounding FP64 reference (worst {:.1e})",
+            errors[5]
+        ),
+    ))
+}
+
+fn tower_reference(engine: &Engine, seed: u64, plant: &Plant) -> Result<Measured> {
+    let checkpoint = &engine.checkpoint;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x70E4);
+    let n_mels = checkpoint.config.voice_tower.n_mels;
+    let frames = 13;
+    let mel: Vec<f32> = (0..frames * n_mels)
+        .map(|_| (rng.next_u32() as f64 / f64::from(u32::MAX) * 6.5 - 4.5) as f32)
+        .collect();
+    let tower = VoiceTower::new(engine.gpu.clone(), checkpoint)?;
+    let mut got = tower.encode(&mel, frames)?;
+    plant.corrupt("reference.voice-tower", &mut got);
+    let mel64: Vec<f64> = mel.iter().map(|&v| f64::from(v)).collect();
+    let want = drama_engine::reference::tower::encode(checkpoint, &mel64, frames, Rounding::Contract);
+    Ok(Measured::new(
+        rel_l2(&got, &want),
+        5e-3,
+        format!("voice prefix rel-L2 of {frames} mel frames vs the contract-rounding FP64 reference"),
+    ))
+}

@@ -1,0 +1,239 @@
+//! The linear kernels, one check per weight format, against the FP64 reference on seeded
+//! random inputs, their outputs poisoned before the launch. The weights cover what a
+//! checkpoint may hold: every E2M1 code in both nibble positions, E4M3 block scales at the
+//! subnormal, normal and maximum boundaries, the NVFP4 per-tensor factor of both
+//! conventions, FP8 128x128 tiles with ragged edges, and a BF16 width no multiple of 8.
+//! (Attention, norms, routing, SwiGLU and the codec run in the model checks, against the
+//! same reference.)
+
+use anyhow::{Result, ensure};
+use drama_engine::exec::{LinearIo, linear_launches};
+use drama_engine::gpu::Gpu;
+use drama_engine::numerics::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, f32_to_bf16_bits};
+use drama_engine::weights::GpuLinear;
+use drama_kernels::WeightFormat;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+use super::Plant;
+use super::receipt::{Check, Measured};
+
+/// The error bound of an FP32-accumulated linear, relative to the sum of its terms'
+/// magnitudes (`docs/tolerances.md`).
+pub const LINEAR_TOLERANCE: f64 = 2e-6;
+
+/// Activation rows of each launch: more than one, not a power of two.
+const ROWS: usize = 5;
+
+/// A linear's weights in one stored format, and their decoded values.
+struct Weights {
+    format: WeightFormat,
+    out: usize,
+    width: usize,
+    codes: Vec<u8>,
+    scales: Vec<u8>,
+    tensor_scale: f32,
+    decoded: Vec<f64>,
+}
+
+/// The cases: (check name, format, outputs, input width, per-tensor factor).
+fn cases() -> [(&'static str, WeightFormat, usize, usize, TensorScale); 5] {
+    [
+        ("kernel.linear.bf16", WeightFormat::Bf16, 72, 136, TensorScale::One),
+        (
+            "kernel.linear.bf16-ragged",
+            WeightFormat::Bf16,
+            24,
+            20,
+            TensorScale::One,
+        ),
+        (
+            "kernel.linear.nvfp4-modelopt",
+            WeightFormat::Nvfp4,
+            40,
+            144,
+            TensorScale::ModelOpt,
+        ),
+        (
+            "kernel.linear.nvfp4-compressed-tensors",
+            WeightFormat::Nvfp4,
+            40,
+            144,
+            TensorScale::CompressedTensors,
+        ),
+        (
+            "kernel.linear.fp8-block",
+            WeightFormat::Fp8Block,
+            200,
+            272,
+            TensorScale::One,
+        ),
+    ]
+}
+
+/// How an NVFP4 checkpoint states its per-tensor factor (`docs/contract.md` §4.3, §4.4).
+#[derive(Clone, Copy)]
+enum TensorScale {
+    /// None (BF16, FP8).
+    One,
+    /// ModelOpt: `weight_scale_2`, multiplied.
+    ModelOpt,
+    /// compressed-tensors: `weight_global_scale`, divided by: the engine multiplies by its
+    /// f32 reciprocal.
+    CompressedTensors,
+}
+
+impl TensorScale {
+    fn draw(self, rng: &mut ChaCha8Rng) -> f32 {
+        match self {
+            TensorScale::One => 1.0,
+            TensorScale::ModelOpt => 0.001 + (rng.next_u32() % 1000) as f32 * 1e-4,
+            TensorScale::CompressedTensors => 1.0 / (100.0 + (rng.next_u32() % 10_000) as f32 * 0.37),
+        }
+    }
+}
+
+/// E4M3 block scales worth covering: the smallest and largest subnormal, the smallest
+/// normal, the maximum (448) and random normal values.
+fn block_scale(rng: &mut ChaCha8Rng) -> u8 {
+    match rng.next_u32() % 8 {
+        0 => 0x01,
+        1 => 0x07,
+        2 => 0x08,
+        3 => 0x7E,
+        _ => 0x20 + (rng.next_u32() % 0x30) as u8,
+    }
+}
+
+fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, out: usize, width: usize, scale: TensorScale) -> Weights {
+    let tensor_scale = scale.draw(rng);
+    let (codes, scales, decoded): (Vec<u8>, Vec<u8>, Vec<f64>) = match format {
+        WeightFormat::Bf16 => {
+            let values: Vec<u16> = (0..out * width).map(|_| f32_to_bf16_bits(signed_unit(rng))).collect();
+            let decoded = values.iter().map(|&b| f64::from(bf16_to_f32(b))).collect();
+            (bytemuck::cast_slice(&values).to_vec(), vec![0; 4], decoded)
+        }
+        WeightFormat::Nvfp4 => {
+            let mut codes: Vec<u8> = (0..out * width / 2).map(|_| rng.next_u32() as u8).collect();
+            for (i, byte) in codes.iter_mut().take(16).enumerate() {
+                *byte = (i as u8) | (((15 - i) as u8) << 4);
+            }
+            let scales: Vec<u8> = (0..out * width / 16).map(|_| block_scale(rng)).collect();
+            let decoded = (0..out * width)
+                .map(|i| {
+                    let (r, c) = (i / width, i % width);
+                    let byte = codes[i / 2];
+                    let code = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+                    f64::from(e2m1_to_f32(code))
+                        * f64::from(e4m3_to_f32(scales[r * width / 16 + c / 16]))
+                        * f64::from(tensor_scale)
+                })
+                .collect();
+            (codes, scales, decoded)
+        }
+        WeightFormat::Fp8Block => {
+            // Any E4M3 but NaN (0x7F, 0xFF).
+            let codes: Vec<u8> = (0..out * width)
+                .map(|_| {
+                    loop {
+                        let b = rng.next_u32() as u8;
+                        if b & 0x7F != 0x7F {
+                            break b;
+                        }
+                    }
+                })
+                .collect();
+            let grid = (out.div_ceil(128), width.div_ceil(128));
+            let tiles: Vec<f32> = (0..grid.0 * grid.1).map(|i| 0.001 * (1 + i) as f32).collect();
+            let decoded = (0..out * width)
+                .map(|i| {
+                    let (r, c) = (i / width, i % width);
+                    f64::from(e4m3_to_f32(codes[i])) * f64::from(tiles[(r / 128) * grid.1 + c / 128])
+                })
+                .collect();
+            (codes, bytemuck::cast_slice(&tiles).to_vec(), decoded)
+        }
+    };
+    Weights {
+        format,
+        out,
+        width,
+        codes,
+        scales,
+        tensor_scale,
+        decoded,
+    }
+}
+
+/// A random value in [-1, 1] as f32.
+fn signed_unit(rng: &mut ChaCha8Rng) -> f32 {
+    (rng.next_u32() as f64 / f64::from(u32::MAX) * 2.0 - 1.0) as f32
+}
+
+/// Runs `w` on `x` ([ROWS, width]) on the GPU: y unrounded, [ROWS, out].
+fn run_on_gpu(gpu: &Gpu, w: &Weights, x: &[f32]) -> Result<Vec<f32>> {
+    let mut linear = GpuLinear::one_segment(gpu, w.format, (w.out, w.width), &w.codes, &w.scales);
+    linear.tensor_scale = w.tensor_scale;
+    let xb = gpu.buffer_with("qualify x", bytemuck::cast_slice(x));
+    // NaN bit patterns: an output the kernel does not write stays NaN and fails.
+    let y = gpu.buffer_with("qualify y", &vec![0xFF; ROWS * w.out * 4]);
+    let placeholder = gpu.buffer("placeholder", 4);
+    let launches = linear_launches(
+        gpu,
+        &linear,
+        &placeholder,
+        &LinearIo::plain(&xb, &y, ROWS, w.out, false),
+    )?;
+    gpu.submit(&launches);
+    Ok(gpu.read_f32(&y)?)
+}
+
+/// The worst error of `got` against the FP64 product, relative to the sum of the terms'
+/// magnitudes of each output.
+fn worst_relative_error(w: &Weights, x: &[f32], got: &[f32]) -> Result<f64> {
+    ensure!(
+        got.len() == ROWS * w.out,
+        "{} outputs, want {}",
+        got.len(),
+        ROWS * w.out
+    );
+    let mut worst = 0.0f64;
+    for r in 0..ROWS {
+        for n in 0..w.out {
+            let (mut sum, mut magnitude) = (0.0f64, 0.0f64);
+            for k in 0..w.width {
+                let term = w.decoded[n * w.width + k] * f64::from(x[r * w.width + k]);
+                sum += term;
+                magnitude += term.abs();
+            }
+            let g = got[r * w.out + n];
+            ensure!(g.is_finite(), "output ({r}, {n}) is {g}: not written, or overflowed");
+            worst = worst.max((f64::from(g) - sum).abs() / magnitude.max(f64::MIN_POSITIVE));
+        }
+    }
+    Ok(worst)
+}
+
+/// One check per weight format.
+pub fn checks(gpu: &Gpu, seed: u64, plant: &Plant) -> Vec<Check> {
+    cases()
+        .into_iter()
+        .map(|(name, format, out, width, scale)| {
+            Check::run(name, || {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (out * 1009 + width) as u64);
+                let w = random_weights(&mut rng, format, out, width, scale);
+                let x: Vec<f32> = (0..ROWS * width)
+                    .map(|_| bf16_to_f32(f32_to_bf16_bits(2.0 * signed_unit(&mut rng))))
+                    .collect();
+                let mut got = run_on_gpu(gpu, &w, &x)?;
+                plant.corrupt(name, &mut got);
+                let worst = worst_relative_error(&w, &x, &got)?;
+                Ok(Measured::new(
+                    worst,
+                    LINEAR_TOLERANCE,
+                    format!("{ROWS}x{width} by {out}x{width}: worst error / sum of |terms|"),
+                ))
+            })
+        })
+        .collect()
+}

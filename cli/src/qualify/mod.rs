@@ -1,0 +1,261 @@
+//! `drama qualify`: the receipt a user produces on their own GPU, OS or checkpoint. It
+//! checks that drama is right here (kernels and generated tiny checkpoints against the
+//! in-binary FP64 reference, the exactness promises, the given checkpoint end to end
+//! through a real `drama serve`) and measures how fast it is; every check is reported with
+//! its figure and its limit, and the run fails when any check does.
+
+mod exact;
+mod given;
+mod kernels;
+mod model;
+mod receipt;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use drama_engine::bench::{BenchOptions, BenchPart};
+use drama_engine::checkpoint::{Checkpoint, Provenance};
+use drama_engine::session::Engine;
+
+use crate::checkpoint_arg::CheckpointArg;
+use crate::gpu_arg::GpuArg;
+use crate::output;
+use receipt::{BenchFigures, Build, Check, Platform, RECEIPT_SCHEMA, Receipt};
+
+/// The seed of every random input (a receipt is reproducible).
+const SEED: u64 = 0x5EED_D4A3;
+
+/// The presets whose traces are checked: softmax routing over compact routers (tiny),
+/// grouped sigmoid (tiny-sigmoid), FP8 experts (tiny-fp8), and the widths of the engine's
+/// limits with a full-width router (awkward). `--quick` checks the first.
+const PRESETS: [&str; 4] = ["tiny", "tiny-sigmoid", "tiny-fp8", "awkward"];
+
+/// Arguments of `drama qualify`.
+#[derive(Args)]
+pub struct QualifyArgs {
+    /// A checkpoint to check end to end besides the generated ones: a directory, or
+    /// `pinned`. Without it those checks are skipped (and the receipt says so).
+    #[arg(long)]
+    checkpoint: Option<String>,
+    #[command(flatten)]
+    gpu: GpuArg,
+    /// Also write the receipt as JSON to this file.
+    #[arg(short = 'o', long = "out")]
+    out: Option<PathBuf>,
+    /// One preset instead of four and shorter measurements.
+    #[arg(long)]
+    quick: bool,
+    /// Corrupts the GPU result of the named check before it is compared, to show that the
+    /// check can fail (tests).
+    #[arg(long, hide = true)]
+    plant: Option<String>,
+}
+
+/// A deliberate defect in one check's GPU result (`--plant`).
+pub struct Plant(Option<String>);
+
+impl Plant {
+    /// Moves the first value of `values` by far more than any tolerance when `check` is the
+    /// planted one.
+    pub fn corrupt(&self, check: &str, values: &mut [f32]) {
+        if self.0.as_deref() == Some(check)
+            && let Some(first) = values.first_mut()
+        {
+            *first = *first * 1.5 + 0.25;
+        }
+    }
+
+    /// The same for bytes.
+    pub fn corrupt_bytes(&self, check: &str, bytes: &mut [u8]) {
+        if self.0.as_deref() == Some(check)
+            && let Some(first) = bytes.first_mut()
+        {
+            *first ^= 0x5A;
+        }
+    }
+}
+
+/// A folder for generated checkpoints and server data, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Result<Scratch> {
+        let dir = std::env::temp_dir().join(format!("drama-qualify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+/// Runs `drama qualify`.
+pub fn run(args: QualifyArgs) -> Result<()> {
+    let started = Instant::now();
+    if let Some(out) = &args.out {
+        output::check(out)?;
+    }
+    let plant = Plant(args.plant.clone());
+    let given = args
+        .checkpoint
+        .as_ref()
+        .map(|c| CheckpointArg::named(c.clone()).open())
+        .transpose()?;
+    let gpu = args.gpu.open()?;
+    let scratch = Scratch::new()?;
+    let progress = |what: &str| eprintln!("qualify: {what}");
+
+    progress("kernels");
+    let mut checks = kernels::checks(&gpu, SEED, &plant);
+    let presets = if args.quick { &PRESETS[..1] } else { &PRESETS[..] };
+    for preset in presets {
+        progress(&format!("model {preset}"));
+        checks.extend(model::checks(&gpu, preset, SEED, &scratch.0, &plant));
+    }
+    progress("exactness");
+    let tiny = generated(&gpu, "tiny", &scratch.0.join("exact"))?;
+    checks.extend(exact::checks(&tiny, SEED, &plant));
+
+    let label = given.as_ref().map(public_label);
+    let bench_engine = match given {
+        Some(checkpoint) => {
+            progress("the given checkpoint");
+            let engine = Engine::load(gpu.clone(), checkpoint)?;
+            let mut serve_args = vec!["--checkpoint".to_string(), args.checkpoint.clone().unwrap_or_default()];
+            serve_args.extend(["--backend".to_string(), args.gpu.backend().name().to_string()]);
+            checks.extend(given::checks(&engine, SEED, &serve_args, &scratch.0, &plant));
+            engine
+        }
+        None => {
+            for name in [
+                "given.same-seed",
+                "given.voice-a-b-a",
+                "given.serve-stream-whole",
+                "given.serve-after-cancel",
+            ] {
+                checks.push(Check::skipped(name, "no --checkpoint given"));
+            }
+            tiny
+        }
+    };
+    progress("bench");
+    let bench = bench(&bench_engine, args.quick)?;
+
+    let mut receipt = Receipt {
+        schema: RECEIPT_SCHEMA,
+        build: Build {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: env!("DRAMA_COMMIT"),
+            wgpu: env!("DRAMA_WGPU_VERSION"),
+            profile: if cfg!(debug_assertions) { "debug" } else { "release" },
+        },
+        platform: Platform {
+            os: os_version(),
+            arch: std::env::consts::ARCH,
+            capabilities: gpu.caps.clone(),
+        },
+        checkpoint: label,
+        quick: args.quick,
+        checks,
+        bench,
+        passed: 0,
+        failed: 0,
+        skipped: 0,
+        total_s: started.elapsed().as_secs_f64(),
+    };
+    receipt.count();
+    out!("{}", receipt.summary())?;
+    if let Some(out) = &args.out {
+        output::write(out, serde_json::to_string_pretty(&receipt)?.as_bytes())?;
+    }
+    if receipt.failed > 0 {
+        let failed: Vec<&str> = receipt
+            .checks
+            .iter()
+            .filter(|c| c.status == receipt::Status::Fail)
+            .map(|c| c.name.as_str())
+            .collect();
+        bail!("{} check(s) failed: {}", failed.len(), failed.join(", "));
+    }
+    Ok(())
+}
+
+/// A fresh checkpoint of `preset` in `dir`, loaded.
+fn generated(gpu: &std::sync::Arc<drama_engine::gpu::Gpu>, preset: &str, dir: &Path) -> Result<Engine> {
+    drama_fixtures::write_preset(preset, SEED, dir).with_context(|| format!("generating {preset}"))?;
+    let checkpoint = Checkpoint::open(dir, Provenance::Local(dir.to_path_buf()))?;
+    Ok(Engine::load(gpu.clone(), checkpoint)?)
+}
+
+/// How the receipt names a checkpoint: the pin, or a local one by its manifest digest,
+/// never by its path.
+fn public_label(checkpoint: &Checkpoint) -> String {
+    checkpoint.public_label()
+}
+
+/// Decode steps at 1, 2, 4 and 8 lanes, a prefill and a guided synthesis on `engine`.
+fn bench(engine: &Engine, quick: bool) -> Result<BenchFigures> {
+    let max_positions = engine.checkpoint.config.max_position_embeddings;
+    let options = BenchOptions {
+        repeats: if quick { 3 } else { 7 },
+        context: (max_positions / 2).min(256),
+        prefill_rows: (max_positions / 2).min(256),
+        synthesis_tokens: (max_positions / 4).min(if quick { 32 } else { 200 }),
+        rotation_bytes: 0,
+        parts: vec![BenchPart::Decode, BenchPart::Prefill, BenchPart::Synthesis],
+    };
+    let report = drama_engine::bench::run(
+        engine,
+        &options,
+        env!("DRAMA_WGPU_VERSION"),
+        env!("DRAMA_COMMIT"),
+        &mut |_| {},
+    )?;
+    Ok(BenchFigures {
+        checkpoint: public_label(&engine.checkpoint),
+        decode_step_ms: report.decode.iter().flatten().map(|s| (s.lanes, s.wall_ms)).collect(),
+        context: options.context,
+        prefill_ms: report.prefill.map(|p| p.gpu_ms),
+        prefill_rows: options.prefill_rows,
+        real_time_factor: report.synthesis.as_ref().map(|s| s.real_time_factor),
+        first_audio_s: report.synthesis.as_ref().map(|s| s.first_audio_s),
+        peak_resident_mib: peak_resident_mib(),
+    })
+}
+
+/// The process's peak resident set, from `getrusage` (KiB on Linux, bytes on macOS).
+fn peak_resident_mib() -> Option<f64> {
+    // SAFETY: getrusage writes one plain struct that we own.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let max = usage.ru_maxrss as f64;
+    Some(if cfg!(target_os = "macos") {
+        max / (1 << 20) as f64
+    } else {
+        max / 1024.0
+    })
+}
+
+/// The operating system and its release (`uname -sr`; on macOS the product version too).
+fn os_version() -> String {
+    let run = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let kernel = run("uname", &["-sr"]).unwrap_or_else(|| std::env::consts::OS.to_string());
+    match run("sw_vers", &["-productVersion"]) {
+        Some(macos) => format!("macOS {macos} ({kernel})"),
+        None => kernel,
+    }
+}

@@ -1,0 +1,224 @@
+//! Generated tiny checkpoints against the FP64 reference: teacher-forced logits, every
+//! layer's hidden state and every router choice of fresh random utterances. The presets
+//! cover softmax and grouped-sigmoid routing, compact and full-width routers over pruned
+//! expert ids, NVFP4 and FP8 experts, and the widths of `docs/contract.md` §11 (the awkward
+//! preset).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use drama_engine::checkpoint::{Checkpoint, Provenance};
+use drama_engine::gpu::Gpu;
+use drama_engine::reference::ops::Rounding;
+use drama_engine::reference::{ForcedRoutes, ReferenceModel, ReferenceTrace};
+use drama_engine::session::{Engine, Row, RowSource, Session, StepOutput};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+use super::Plant;
+use super::receipt::{Check, Measured};
+
+/// Utterances per checkpoint.
+const UTTERANCES: usize = 5;
+
+/// Fresh checkpoints a preset may take to show one utterance at f32 precision. Two correct
+/// implementations may round a value to the other BF16 neighbour where f32 arithmetic lands
+/// within an ulp of a rounding boundary, and the flip spreads through random weights; every
+/// utterance shares the audio BOS row, so one flip there moves them all.
+const CHECKPOINTS: usize = 3;
+
+/// The median utterance's logits stay within this relative L2 of the contract-rounding
+/// reference (a BF16 flip's reach is about 1e-2).
+const LOGITS_MEDIAN_LIMIT: f64 = 5e-3;
+
+/// At least one utterance matches the contract-rounding reference to f32 precision.
+const F32_PRECISION: f64 = 1e-6;
+
+/// Every layer's hidden state within a BF16 flip's reach.
+const HIDDEN_LIMIT: f64 = 1e-2;
+
+/// The GPU may choose other experts than the reference only at a near-tie: where the
+/// reference's decision margin is below this.
+const NEAR_TIE: f64 = 5e-2;
+
+/// What one utterance showed.
+struct UtteranceFigures {
+    logits: f64,
+    hidden: f64,
+    /// The largest margin at which the GPU chose differently (0: the same choices).
+    route_margin: f64,
+}
+
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// The checks of one preset: logits (median), f32 precision (best), hidden states, routes.
+pub fn checks(gpu: &Arc<Gpu>, preset: &str, seed: u64, scratch: &Path, plant: &Plant) -> Vec<Check> {
+    let names = ["logits", "f32-precision", "hidden", "routes"].map(|n| format!("model.{preset}.{n}"));
+    let started = std::time::Instant::now();
+    let attempts = match run_preset(gpu, preset, seed, scratch, plant, &names[0]) {
+        Ok(attempts) => attempts,
+        Err(e) => {
+            let failed = Check::run(&names[0], || Err(e));
+            return std::iter::once(failed)
+                .chain(names[1..].iter().map(|n| Check::skipped(n, "the preset did not run")))
+                .collect();
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64() / 4.0;
+    let last = attempts.last().expect("at least one checkpoint");
+    let mut median: Vec<f64> = last.iter().map(|u| u.logits).collect();
+    median.sort_by(f64::total_cmp);
+    let all = attempts.iter().flatten();
+    let best = all.clone().map(|u| u.logits).fold(f64::INFINITY, f64::min);
+    let hidden = all.clone().map(|u| u.hidden).fold(0.0, f64::max);
+    let margin = all.clone().map(|u| u.route_margin).fold(0.0, f64::max);
+    let n = attempts.len();
+    let mut checks = vec![
+        Check::run(&names[0], || {
+            Ok(Measured::new(
+                median[UTTERANCES / 2],
+                LOGITS_MEDIAN_LIMIT,
+                format!("median logits rel-L2 of {UTTERANCES} utterances vs the contract-rounding FP64 reference"),
+            ))
+        }),
+        Check::run(&names[1], || {
+            Ok(Measured::new(
+                best,
+                F32_PRECISION,
+                format!("best utterance's logits rel-L2 ({n} checkpoint(s) of {UTTERANCES} utterances)"),
+            ))
+        }),
+        Check::run(&names[2], || {
+            Ok(Measured::new(
+                hidden,
+                HIDDEN_LIMIT,
+                "worst layer's hidden-state rel-L2 over every utterance",
+            ))
+        }),
+        Check::run(&names[3], || {
+            Ok(Measured::new(
+                margin,
+                NEAR_TIE,
+                "largest reference decision margin at which the GPU chose other experts (0: none)",
+            ))
+        }),
+    ];
+    for check in &mut checks {
+        check.seconds = seconds;
+    }
+    checks
+}
+
+/// Up to [`CHECKPOINTS`] fresh checkpoints of `preset`, until one has an utterance at f32
+/// precision: each checkpoint's utterances' figures.
+fn run_preset(
+    gpu: &Arc<Gpu>,
+    preset: &str,
+    seed: u64,
+    scratch: &Path,
+    plant: &Plant,
+    plant_name: &str,
+) -> Result<Vec<Vec<UtteranceFigures>>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut attempts = Vec::new();
+    for attempt in 0..CHECKPOINTS {
+        let dir = scratch.join(format!("{preset}-{attempt}"));
+        drama_fixtures::write_preset(preset, rng.next_u64(), &dir).with_context(|| format!("generating {preset}"))?;
+        let checkpoint = Checkpoint::open(&dir, Provenance::Local(dir.clone()))?;
+        let reference = ReferenceModel::load(&checkpoint);
+        let engine = Engine::load(gpu.clone(), checkpoint)?;
+        let figures = (0..UTTERANCES)
+            .map(|_| utterance(&engine, &reference, &mut rng, plant, plant_name))
+            .collect::<Result<Vec<_>>>()?;
+        std::fs::remove_dir_all(&dir).ok();
+        let clean = figures.iter().any(|u| u.logits <= F32_PRECISION);
+        attempts.push(figures);
+        if clean {
+            break;
+        }
+    }
+    Ok(attempts)
+}
+
+/// One teacher-forced utterance with a fresh voice prefix, text and codes.
+fn utterance(
+    engine: &Engine,
+    reference: &ReferenceModel,
+    rng: &mut ChaCha8Rng,
+    plant: &Plant,
+    plant_name: &str,
+) -> Result<UtteranceFigures> {
+    let c = &engine.checkpoint.config;
+    let p = c.speech.voice_prefix_len;
+    let text: Vec<u32> = (0..9).map(|_| rng.next_u32() % c.text_vocab_size as u32).collect();
+    let mut audio = vec![c.speech.audio_bos() as u32];
+    audio.extend((0..6).map(|_| rng.next_u32() % c.speech.audio_codes as u32));
+    let prefix: Vec<f32> = (0..p * c.hidden_size)
+        .map(|_| (rng.next_u32() as f64 / f64::from(u32::MAX) * 3.0 - 1.5) as f32)
+        .collect();
+    let rows: Vec<Row> = (0..p)
+        .map(RowSource::Prefix)
+        .chain(text.iter().map(|&t| RowSource::Text(t)))
+        .chain(audio.iter().map(|&a| RowSource::Audio(a)))
+        .enumerate()
+        .map(|(pos, source)| Row { source, lane: 0, pos })
+        .collect();
+    let mut session = Session::new(engine, 1, rows.len())?;
+    session.set_prefix(0, &prefix)?;
+    let mut out = session.step(&rows, true)?;
+    plant.corrupt(plant_name, &mut out.logits);
+    let prefix64: Vec<f64> = prefix.iter().map(|&v| f64::from(v)).collect();
+    let inputs = reference.embed(&prefix64, &text, &audio);
+    let (contract, route_margin) = follow_near_ties(reference, &inputs, &out);
+    let hidden = out
+        .hidden
+        .iter()
+        .zip(&contract.hidden)
+        .map(|(got, want)| rel_l2(got, want))
+        .fold(0.0, f64::max);
+    Ok(UtteranceFigures {
+        logits: rel_l2(&out.logits, &contract.logits),
+        hidden,
+        route_margin,
+    })
+}
+
+/// The contract-rounding reference, made to follow the GPU's expert choices where they
+/// differ (so the rest stays comparable), and the largest reference decision margin at
+/// which they differed.
+fn follow_near_ties(reference: &ReferenceModel, inputs: &[f64], out: &StepOutput) -> (ReferenceTrace, f64) {
+    let mut forced = ForcedRoutes::new();
+    let mut margin = 0.0f64;
+    let mut contract = reference.forward(inputs, Rounding::Contract);
+    // Following one choice changes the layers after it; a few passes settle it.
+    for _ in 0..4 {
+        let mut changed = false;
+        for (layer, route) in out.routes.iter().enumerate() {
+            let (Some((ids, _)), Some(want), Some(margins)) =
+                (route, &contract.routes[layer], &contract.margins[layer])
+            else {
+                continue;
+            };
+            let k = ids.len() / want.len().max(1);
+            for (pos, chosen) in want.iter().enumerate() {
+                let got: Vec<usize> = ids[pos * k..(pos + 1) * k].iter().map(|&e| e as usize).collect();
+                let want_ids: Vec<usize> = chosen.iter().map(|c| c.0).collect();
+                if got != want_ids && !forced.contains_key(&(layer, pos)) {
+                    margin = margin.max(margins[pos]);
+                    forced.insert((layer, pos), got);
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+        contract = reference.forward_routed(inputs, Rounding::Contract, &forced);
+    }
+    (contract, margin)
+}
