@@ -5,6 +5,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use drama_engine::gpu::{BackendChoice, Gpu, GpuOptions};
+use drama_kernels::Numerics;
 
 /// GPU selection.
 #[derive(Args)]
@@ -23,8 +24,14 @@ impl GpuArg {
 
     /// Opens the device.
     pub fn open(&self) -> Result<Arc<Gpu>> {
+        self.open_with(Numerics::AsWritten)
+    }
+
+    /// Opens the device with its kernels compiled for `numerics`.
+    pub fn open_with(&self, numerics: Numerics) -> Result<Arc<Gpu>> {
         let gpu = Gpu::new(&GpuOptions {
             backend: self.backend,
+            numerics,
             ..Default::default()
         })
         .context("opening the GPU")?;

@@ -18,6 +18,7 @@ use clap::Args;
 use drama_engine::bench::{BenchOptions, BenchPart};
 use drama_engine::checkpoint::{Checkpoint, Provenance};
 use drama_engine::session::Engine;
+use drama_kernels::Numerics;
 
 use crate::checkpoint_arg::CheckpointArg;
 use crate::gpu_arg::GpuArg;
@@ -47,10 +48,22 @@ pub struct QualifyArgs {
     /// One preset instead of four and shorter measurements.
     #[arg(long)]
     quick: bool,
+    /// Compile the kernels as written, or as Metal's default fast math may compile them
+    /// (`fast-math-emulation`: to see on another GPU that the checks survive it). The
+    /// `drama serve` processes of the checkpoint checks compile them as written.
+    #[arg(long, value_enum, default_value = "as-written")]
+    numerics: NumericsArg,
     /// Corrupts the GPU result of the named check before it is compared, to show that the
     /// check can fail (tests).
     #[arg(long, hide = true)]
     plant: Option<String>,
+}
+
+/// `--numerics`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum NumericsArg {
+    AsWritten,
+    FastMathEmulation,
 }
 
 /// A deliberate defect in one check's GPU result (`--plant`).
@@ -106,7 +119,10 @@ pub fn run(args: QualifyArgs) -> Result<()> {
         .as_ref()
         .map(|c| CheckpointArg::named(c.clone()).open())
         .transpose()?;
-    let gpu = args.gpu.open()?;
+    let gpu = args.gpu.open_with(match args.numerics {
+        NumericsArg::AsWritten => Numerics::AsWritten,
+        NumericsArg::FastMathEmulation => Numerics::FastMathEmulation,
+    })?;
     let scratch = Scratch::new()?;
     let progress = |what: &str| eprintln!("qualify: {what}");
 

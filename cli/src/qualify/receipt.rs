@@ -196,7 +196,7 @@ impl Receipt {
     pub fn summary(&self) -> String {
         let caps = &self.platform.capabilities;
         let mut text = format!(
-            "drama {} ({}, wgpu {}) on {} {}: {} via {} ({}), compiler math: {}\n",
+            "drama {} ({}, wgpu {}) on {} {}: {} via {} ({}), compiler math: {}, kernels: {:?}\n",
             self.build.version,
             self.build.commit,
             self.build.wgpu,
@@ -205,7 +205,8 @@ impl Receipt {
             caps.adapter,
             caps.backend,
             caps.driver,
-            caps.compiler_math
+            caps.compiler_math,
+            caps.numerics
         );
         for check in &self.checks {
             let status = match check.status {
