@@ -230,7 +230,16 @@ impl Build<'_> {
         swiglu: bool,
     ) -> Result<ValueId, GraphError> {
         let in_features = self.b_width(x);
-        let (x, input) = self.linear_input(label, x)?;
+        // A BF16 weight whose rows the main linear kernel cannot read (see
+        // `WeightFormat::width_multiple`) runs in the ragged-width kernel, which reads f32.
+        let ragged = members.iter().any(|m| {
+            m.format == WeightFormat::Bf16 && !in_features.is_multiple_of(WeightFormat::Bf16.width_multiple())
+        });
+        let (x, input) = if ragged {
+            (x, LinearInput::F32)
+        } else {
+            self.linear_input(label, x)?
+        };
         self.b.node1(
             label,
             Op::Linear {

@@ -10,7 +10,7 @@ use drama_tests::drama_text;
 /// A change to the tiny preset's architecture, and what its refusal must say (None: inside).
 type Case = (&'static str, fn(&mut Preset), Option<&'static str>);
 
-const CASES: [Case; 6] = [
+const CASES: [Case; 7] = [
     ("head_dim 24", |p| p.config.head_dim = 24, None),
     (
         "head_dim 20",
@@ -23,13 +23,21 @@ const CASES: [Case; 6] = [
         |p| p.config.head_dim = 1040,
         Some("config.json key `head_dim` is 1040; this engine runs a multiple of 8 up to 1024"),
     ),
-    // The dense layer's down projection (BF16, excluded from quantization) reads
-    // intermediate_size inputs; the voice tower's in_proj reads n_mels.
-    ("BF16 width 104", |p| p.config.intermediate_size = 104, None),
+    // A dense layer's down projection (BF16, excluded from quantization) runs at any input
+    // width (`Kernel::LinearRagged`); the shared expert's runs beside routing, in the main
+    // kernel, whose BF16 rows are multiples of 8.
+    ("dense width 98", |p| p.config.intermediate_size = 98, None),
     (
-        "BF16 width 100",
-        |p| p.config.intermediate_size = 100,
-        Some("linear model.layers.0.mlp.down_proj's input width is 100; this engine runs a multiple of 8 for BF16"),
+        "shared width 56",
+        |p| p.config.shared_expert_intermediate_size = 56,
+        None,
+    ),
+    (
+        "shared width 52",
+        |p| p.config.shared_expert_intermediate_size = 52,
+        Some(
+            "linear model.layers.1.mlp.shared_expert.down_proj's input width is 52; this engine runs a multiple of 8 for BF16",
+        ),
     ),
 ];
 

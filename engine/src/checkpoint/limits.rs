@@ -36,13 +36,14 @@ pub fn config_beyond_limits(config: &ModelConfig) -> Vec<CheckpointError> {
 }
 
 /// The limits of the tensors, by module name: each backbone linear's input width, then
-/// each layer's expert formats. (The voice tower's linears run at any width.)
+/// each layer's expert formats. (The voice tower's linears and a dense layer's BF16 down
+/// projection run at any width.)
 pub fn tensors_beyond_limits(linears: &BTreeMap<String, LinearInfo>, layers: &[LayerMlp]) -> Vec<CheckpointError> {
     let mut found = Vec::new();
     for (module, info) in linears {
         // The codec's convolutions run in kernels of their own, and the voice tower's
         // linears where their width needs it (`Kernel::LinearRagged`), at any width.
-        if module.starts_with("codec.") || module.starts_with("voice_tower.") {
+        if module.starts_with("codec.") || module.starts_with("voice_tower.") || runs_ragged(module, info) {
             continue;
         }
         let multiple = weight_format(info.format).width_multiple();
@@ -80,6 +81,12 @@ pub fn tensors_beyond_limits(linears: &BTreeMap<String, LinearInfo>, layers: &[L
         }
     }
     found
+}
+
+/// Whether a backbone linear runs at any input width: a dense layer's BF16 down projection
+/// (`Kernel::LinearRagged`, which reads plain f32 inputs and adds the residual stream).
+fn runs_ragged(module: &str, info: &LinearInfo) -> bool {
+    info.format == LinearFormat::Bf16 && module.starts_with("model.layers.") && module.ends_with(".mlp.down_proj")
 }
 
 #[cfg(test)]
