@@ -539,9 +539,8 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     // run one after another, routing's launch computes it too where it can (a launch fewer
     // per layer). Where a launch that needs no barrier runs beside the one before it, it is a
     // launch of its own beside the routed gate/up, and routing lists its input so that the
-    // barrier before routing makes that visible (on an H200 a guidance-pair decode step took
-    // 2.145-2.172 ms against 2.180-2.214 ms with the projection in routing's launch, the PCM
-    // identical).
+    // barrier before routing makes that visible (on an H200 this made a guidance-pair decode
+    // step shorter than with the projection in routing's launch, the PCM identical).
     let shared_down = PairHalf {
         members: g.members(&[(shared_down, s.hidden, false)]),
         round_output: true,

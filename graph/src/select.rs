@@ -38,8 +38,8 @@ pub const GROUPED_EXPERT_ROWS: usize = 16;
 /// BF16 pairs, packed by a launch of their own ([`Op::PackBf16`]) where they are made, half
 /// the bytes and loads of f32 (the grouped routed experts always; the dense linears too,
 /// except a MoE layer's shared-expert down projection where it runs beside the launch before
-/// it, reading its input as routing lists it, as the linear pair wrote it; an H200's 256-row
-/// prefill took 63.6 against 74.8 ms, the bits the same). Decode steps keep f32: a pack is a
+/// it, reading its input as routing lists it, as the linear pair wrote it; this made an
+/// H200's prefill markedly shorter, the bits the same). Decode steps keep f32: a pack is a
 /// launch more, which a step of few rows does not earn back.
 pub fn linear_input(rows: usize) -> LinearInput {
     if rows >= GROUPED_EXPERT_ROWS {
@@ -53,10 +53,8 @@ pub fn linear_input(rows: usize) -> LinearInput {
 /// head)'s chunks to finish, in attention's launch ([`Op::Attention`]'s
 /// `last_chunk_combines`), on a device with `device_barriers` (see
 /// [`crate::drama3::StepShape::device_barriers`]): steps of fewer than
-/// [`GROUPED_EXPERT_ROWS`] rows. On an H200, three runs each in one call, the same bits:
-/// decode steps of 1 / 2 / 4 / 8 lanes took 1.717-1.743 / 2.041-2.052 / 2.594-2.600 /
-/// 3.868-3.888 ms against 1.745-1.780 / 2.076-2.094 / 2.644-2.655 / 3.910-3.916 ms with the
-/// combine a launch of its own, but the 256-row prefill 63.41-63.44 against 63.15-63.17 ms.
+/// [`GROUPED_EXPERT_ROWS`] rows. On an H200, the same bits, the decode steps of every lane
+/// count were shorter than with the combine a launch of its own, but the prefill longer.
 pub fn last_chunk_combines(rows: usize, device_barriers: bool) -> bool {
     device_barriers && rows < GROUPED_EXPERT_ROWS
 }
@@ -69,13 +67,10 @@ pub fn last_chunk_combines(rows: usize, device_barriers: bool) -> bool {
 pub const PIPELINE_ROWS: [usize; 3] = [1, 8, GROUPED_EXPERT_ROWS];
 
 /// The workgroup width of a step's routed-expert launches ([`crate::ir::Op::Experts`]):
-/// narrow for one or two rows and for grouped steps, standard between. On an H200, against
-/// 64 invocations in one call, every linear kernel at 32 made the one-lane and pair decode
-/// steps 1.751-1.752 / 2.068-2.084 against 1.789-1.793 / 2.098-2.100 ms (their gathered
-/// launches 655-657 / 869-872 against 668-669 / 875-879 us of the profiled steps), the
-/// prefill's grouped launches 44.3-44.4 against 45.1 ms, but the eight-lane step's gathered
-/// launches 2045-2058 against 2027-2037 us. At four rows the two widths measured the same
-/// (2.622-2.632 ms narrow against 2.620-2.638 ms standard).
+/// narrow for one or two rows and for grouped steps, standard between. On an H200, every
+/// linear kernel at 32 invocations against 64 shortened the one-lane and pair decode steps
+/// and the prefill's grouped launches, but lengthened the eight-lane step's gathered
+/// launches; at four rows the two widths measured the same.
 pub fn expert_width(rows: usize) -> LinearWidth {
     if rows <= 2 || rows >= GROUPED_EXPERT_ROWS {
         LinearWidth::Narrow
@@ -88,11 +83,9 @@ pub fn expert_width(rows: usize) -> LinearWidth {
 /// routing's launch ([`crate::ir::Op::Router`]'s linear) for a layer of `kept` kept experts,
 /// or launches the two apart. Beside routing, the linear's workgroups carry routing's
 /// workgroup memory ([`KeptCapacity`]): about 5.6 KB each for up to 128 kept experts, 16 KB
-/// for 512 (4.5 and 15 KB when the figures below were measured). One or two rows gain a
-/// launch per layer either way. Up to eight rows gain with the smallest capacity (on an H200
-/// an eight-row decode step took 4.369-4.372 ms against 4.460-4.478 ms apart) but lost with
-/// 15 KB (5.21 ms against 4.88 ms apart); a 256-row prefill took 106 ms against 87 ms apart
-/// with 15 KB.
+/// for 512. One or two rows gain a launch per layer either way. Up to eight rows gain with
+/// the smallest capacity (on an H200 an eight-row decode step was shorter than with the two
+/// apart) but lost with the largest, and a 256-row prefill lost by far more with it.
 pub fn routes_beside_linear(rows: usize, kept: usize) -> bool {
     let smallest = KeptCapacity::for_kept(kept) == Some(KeptCapacity::ALL[0]);
     rows <= 2 || (smallest && rows <= 8)

@@ -34,13 +34,9 @@ const POINTWISE_CHANNELS_PER_THREAD: usize = 16;
 const TRANSPOSE_CHANNELS_PER_THREAD: usize = 32;
 
 // Fewer channels per thread mean more threads per output channel and a longer tree to add
-// their sums; more mean longer loops on fewer threads. H200, one chunk of 8 codes of the bench
-// codec (channels 1024 to 64), each kind alone against 8 channels per thread for all (1.55
-// ms): conv1d with taps at 4 / 16 / 32 channels 1.58 / 1.71 / 2.06 ms; 1x1 at 4 / 16 / 32 /
-// 64 channels 1.64 / 1.52 / 1.52 / 1.62 ms; transposed at 4 / 16 / 32 channels 1.63 / 1.47 /
-// 1.44 ms. Transposed at 32 / 64 / 128 with 1x1 at 32: 1.418 / 1.451 / 1.507 ms; 1x1 at 16
-// with transposed at 32: 1.416 ms. With two channels per transposed thread, transposed at 16:
-// 1.369 against 1.348 ms.
+// their sums; more mean longer loops on fewer threads. Each floor above is the one that
+// measured fastest on an H200 for a chunk of the bench codec, each kind varied alone and
+// then together (see docs/performance-history.md).
 
 /// Threads per output channel of a convolution over `cin` input channels: the largest power
 /// of two up to 64 that leaves each thread at least `least` channels (one thread below).
@@ -52,9 +48,8 @@ fn conv_lanes(cin: usize, least: usize) -> usize {
 /// The fewest threads per output channel that leave no thread row of a conv1d workgroup
 /// without a channel: a workgroup holds 64 / lanes * CONV_CHANNELS channels, so a convolution with
 /// fewer outputs (the output convolution's one) gives the threads it would leave idle to the
-/// channels it has. (H200, the bench codec's output convolution, 64 -> 1 channels over 3840
-/// frames: 37-38 us with 8 lanes, seven of each workgroup's eight thread rows idle; 16-17 us
-/// with 64.)
+/// channels it has. (With 8 lanes the output convolution, 64 -> 1 channels, left seven of
+/// each workgroup's eight thread rows idle and measured markedly slower on an H200.)
 fn lanes_for_few_outputs(cout: usize) -> usize {
     let groups = cout.div_ceil(CONV_CHANNELS).clamp(1, 64);
     64 / (1 << groups.ilog2())

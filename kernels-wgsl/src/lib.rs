@@ -93,14 +93,13 @@ impl LinearWidth {
     }
 }
 
-/// The workgroup width of the dense linears ([`Kernel::Linear`], [`Kernel::LinearKv`]). On an
-/// H200, against 64 invocations in one call, their launches in the profiled decode steps took
-/// 521-522 / 649-658 / 821-833 us against 532-535 / 676-681 / 858-864 us for 1 / 2 / 8 lanes,
-/// the prefill's the same.
+/// The workgroup width of the dense linears ([`Kernel::Linear`], [`Kernel::LinearKv`]): wide,
+/// which on an H200 made their launches in the decode steps of every lane count shorter than
+/// at 64 invocations, the prefill's the same.
 pub const DENSE_LINEAR_WIDTH: LinearWidth = LinearWidth::Wide;
 
-/// The workgroup width of the launches a linear shares: [`Kernel::LinearPair`] (wide, its
-/// eight-lane launches took 595 against 560 us) and the routing modules' linear
+/// The workgroup width of the launches a linear shares: [`Kernel::LinearPair`] (wide made its
+/// eight-lane launches longer) and the routing modules' linear
 /// ([`Kernel::RouteLinear`]). Routing sums its softmax denominator over the first WG
 /// invocations in both its entry points (`router.wgsl`), so another width there would change
 /// routing's bits.
@@ -160,9 +159,8 @@ pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
 /// convolution's lanes, the roofline's stride, a linear's workgroup rows; attention's
 /// `parts` loops run only when `parts` is nonzero) toward a bound that the counter reaches
 /// without wrapping (sizes stay below 2^31). A new loop must keep to that. The counters
-/// cost: on an H200 the decode steps took 1.855 / 2.244 / 4.463 ms without them against
-/// 1.993 / 2.389 / 4.739 ms with them in the same call, the prefill 81.0 against 86.9 ms,
-/// a codec chunk 1.83 against 1.95 ms, the PCM identical.
+/// cost: on an H200 they made the decode steps, the prefill and a codec chunk longer, the
+/// PCM identical.
 pub const FORCE_LOOP_BOUNDING: bool = false;
 
 /// Kept experts per MoE layer that routing and slot grouping take at most (the largest
@@ -189,9 +187,8 @@ pub const MAX_ROUTED_PER_TOKEN: usize = 16;
 /// The kept experts a routing module's workgroup arrays hold (`router.wgsl`'s MAX_KEPT): a
 /// layer routes with the smallest capacity that holds its kept experts, since routing's
 /// workgroup memory (about 16 KB at 512) is carried by every workgroup of its launch, the
-/// linear's beside it too. (On an H200, with 128 kept experts compiled for 128 instead of
-/// 512, a guidance-pair decode step took 2.181-2.188 against 2.250-2.254 ms in one call, its
-/// 23 `route_linear` launches 368-371 against 407-409 us of the profiled step; the bits the
+/// linear's beside it too. (On an H200, 128 kept experts compiled for 128 instead of 512
+/// made a guidance-pair decode step and its `route_linear` launches shorter, the bits the
 /// same.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeptCapacity(u16);

@@ -45,15 +45,13 @@ fn qkv_width() -> u32 {
 // to finish does, the same bits with a launch less (see `combine_if_last`). Chunks are
 // fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
 // cache, never on the batch. (One workgroup per (row, head), scores through global memory,
-// took about 19 us per attention in an H200 decode step, bound by its chain of dependent
-// memory round trips on 16 of 132 SMs. Loading an invocation's first eight values before
-// the scores, or its first eight keys too before staging the query, made the 24 launches
-// of a pair step's profile 330-335 and 274-277 against 253-256 us. Both launches in one, a
-// workgroup per (row, head) taking its chunks four at a time, 64 invocations per chunk each
-// doing the work of four of `attend`'s, then combining them itself (the same bits): one
-// launch less per layer, but each step 0.3 ms longer, 1.78 / 2.11 / 3.97 -> 2.11-2.15 /
-// 2.41-2.43 / 4.17-4.19 ms, and more at longer contexts: an invocation's four times longer
-// chain costs more than the launch it saves.)
+// was slow in an H200 decode step, bound by its chain of dependent memory round trips on 16
+// of 132 SMs. Loading an invocation's first eight values before the scores, or its first
+// eight keys too before staging the query, made the launches longer. Both launches in one,
+// a workgroup per (row, head) taking its chunks four at a time, 64 invocations per chunk
+// each doing the work of four of `attend`'s, then combining them itself (the same bits):
+// one launch less per layer, but every step longer, and more so at longer contexts: an
+// invocation's four times longer chain costs more than the launch it saves.)
 //
 // `scratch` holds a block per (row, head), block index row * heads + head, of
 // chunks_of(capacity) * (columns + 1) vec4s (columns = head_dim / 4): each chunk's o
@@ -183,8 +181,7 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`, and
 // with LAST_CHUNK_COMBINES the combined output of the row's and head's chunks if this chunk
 // finished last (see `combine_if_last`). (The body as a function of (row, head, chunk) made
-// the H200's 256-row prefill's 24 attention launches 2360-2369 against 2123-2125 us of its
-// profile.)
+// the H200 prefill's attention launches longer.)
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
@@ -252,12 +249,10 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 // no trees, no barriers), then sums the denominator and its column in one pass. Chunks are
 // read COMBINE_BATCH at a time, every load of a batch issued before its values are used, so
 // a row of up to COMBINE_BATCH chunks waits for one memory round trip for the maxima and
-// one for the sums. (One chunk at a time, an H200 decode step's 24 launches took 214
-// against 188 us of its profile. Two scalar columns per invocation, the denominator and each
-// column summed in passes of their own, the guidance pair's took 182-185 against 162-167 us
-// in one call, the steps 1.801-1.806 / 2.116-2.118 / 4.004-4.006 against 1.786-1.791 /
-// 2.104-2.109 / 3.971-3.974 ms, the prefill 77.13 against 77.30 ms; eight chunks a batch
-// measured no faster.)
+// one for the sums. (On an H200, reading one chunk at a time made the launches longer; two
+// scalar columns per invocation, the denominator and each column summed in passes of their
+// own, made the launches and the decode steps longer, the prefill about the same. Eight
+// chunks a batch measured no faster.)
 const COMBINE_BATCH: u32 = 4u;
 
 // Chunk c's term of a sum in chunk order, `value exp(m_c - M)`; nothing past the row's last
@@ -385,17 +380,15 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 // `scratch`): plain loads may be served by a cache of its own that still holds what the
 // buffer held before. On an H200 a linear whose last workgroup normed the rows the others
 // had written read, with plain loads, values from before (in some step forms, every time),
-// and the right ones with atomic loads. (Against plain loads, in one call: the decode steps
-// the same within their spread. Reading one chunk at a time instead of four made them up
-// to 1.5% longer.)
+// and the right ones with atomic loads. (Against plain loads the decode steps measured the
+// same within their spread; reading one chunk at a time instead of four made them longer.)
 @group(0) @binding(9) var<storage, read_write> chunks_done: array<atomic<u32>>;
 @group(0) @binding(10) var<storage, read_write> scratch_bits: array<atomic<u32>>;
 var<workgroup> finished_chunks: u32;
 // A pipeline constant rather than a flag of the parameter block, so that the pipeline of
 // steps that combine in a launch of their own carries none of the combine's code: with a
-// flag, the atomic reads made the 256-row prefill's attention launches, which never
-// combine, 2315-2318 against 2051-2053 us of the H200's profile (63.88 against 63.62 ms in
-// all); with the constant 2126 us (63.69-63.74 ms), the decode steps the same.
+// flag, the atomic reads made the H200 prefill's attention launches, which never combine,
+// longer; the constant takes back most of that, the decode steps the same.
 override LAST_CHUNK_COMBINES: bool = false;
 
 // The end of a chunk's workgroup with LAST_CHUNK_COMBINES (every invocation must call it):

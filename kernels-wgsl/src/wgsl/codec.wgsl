@@ -73,17 +73,13 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // frames, and neighbouring threads load neighbouring channels. A thread sums its terms in a
 // fixed order with compensation, then the lanes' sums are added by a fixed compensated
 // tree, so an output depends only on the layer and its inputs, never on the chunk or tile
-// it falls in. (One thread per output, summing every term alone, took about 14 ms per chunk
-// of 8 codes of the bench codec on an H200.) A thread also computes several outputs that
-// share its activation loads: a conv1d thread CHANNELS output channels, a conv_transpose
-// thread PHASES phases (their weights lie side by side) of TRANSPOSE_CHANNELS channels. Each
-// output's terms keep their order, so neither changes a bit. H200, one chunk of 8 codes of
-// the bench codec, conv1d launches: 1, 2, 4 channels per thread 3.4, 2.0, 1.5 ms (the same
-// registers spent on frames, 2 channels x 8 frames or 1 x 16, 1.58 and 1.90 ms: the
-// activation loads are the cost); conv_transpose: 1, 2, 8 phases per thread 0.77, 0.51, 0.54
-// ms (one channel and phase per thread, with the epilogues in their own launches, took 1.80
-// and 0.49 ms); later, with 32 input channels per thread, 2 phases of 1 and 2 channels 302-304
-// and 241-242 us.
+// it falls in. (One thread per output, summing every term alone, was far slower.) A thread
+// also computes several outputs that share its activation loads: a conv1d thread CHANNELS
+// output channels, a conv_transpose thread PHASES phases (their weights lie side by side)
+// of TRANSPOSE_CHANNELS channels. Each output's terms keep their order, so neither changes
+// a bit. The counts are the fastest measured on an H200 for the bench codec: the activation
+// loads are the cost, so the same registers spent on more frames instead of channels
+// measured slower, and more than two phases bought nothing.
 const FRAMES: u32 = 4u;
 const CHANNELS: u32 = 4u;
 const PHASES: u32 = 2u;
@@ -149,8 +145,8 @@ fn reduce_lanes(t: u32, s: array<Sum4, 4>, outputs: u32) {
 
 // After `reduce_lanes`: frame f of output k of the channel whose lane 0 is thread `first`.
 // Any thread of the workgroup may read it, so a channel's lanes share the writing of its
-// outputs (with its lane 0 writing them all, the epilogues ran one after another: the
-// bench codec's twelve 1x1 convolutions took 631 us of an H200 chunk against 346 us).
+// outputs (with its lane 0 writing them all, the epilogues ran one after another, and the
+// 1x1 convolutions of an H200 chunk took markedly longer).
 fn reduced(k: u32, first: u32, f: u32) -> f32 {
     let at = k * WG + first;
     return (part_value[at] + part_error[at])[f];
@@ -175,8 +171,8 @@ fn extended4(e: u32, i: u32) -> vec4<f32> {
 
 // Whether frames e .. e + 3 of [hist | x] all lie in the chunk (x), where `frames4` reads
 // them with four plain loads (uniform across a workgroup: e depends on the tile and tap).
-// (H200, one chunk of 8 codes of the bench codec, against extended4 everywhere: 1.833 ->
-// 1.656 ms, the dilated convolutions 990 -> 849 us, the same bits.)
+// (Against extended4 everywhere this made an H200 codec chunk shorter, most of it in the
+// dilated convolutions, the same bits.)
 fn in_chunk(e: u32) -> bool {
     return e >= p.history && e + 3u < p.history + p.frames;
 }

@@ -4,8 +4,8 @@
 // pass over its weights, and a launch gives every pass its own workgroup row (see
 // `linear_rows`). Eight-row passes, one after another in each workgroup, were the choice
 // for steps of more than two rows until the passes got workgroups of their own: then two
-// rows per pass made an H200 eight-lane decode step 5.35 -> 4.82 ms (prefill unchanged, one
-// and two lanes unchanged). Every row is computed with the same partition and reduction
+// rows per pass made an H200 eight-lane decode step shorter (prefill, one and two lanes
+// unchanged). Every row is computed with the same partition and reduction
 // tree whichever pass and workgroup it falls in, so a row's bits never depend on the rows
 // beside it.
 //
@@ -19,30 +19,27 @@
 //
 // A workgroup is WG / LANES thread rows of LANES threads; each thread row computes two
 // weight rows (A and B) side by side, so every activation vec4 a thread loads serves both
-// (one row per thread measured 3.35 against 3.30 ms per H200 decode step, 8.96 against
-// 7.50 ms for 8 lanes). Each thread walks its units two at a time, issuing the four weight
-// loads (two units of each row; the last batch too) before decoding any, so enough bytes
-// are in flight to cover memory latency (eight loads in flight measured no faster). A pass
-// of one activation row also issues the next batch's loads before this batch's math
-// (`pipelined_sums`; single-lane H200 decode step 2.63 -> 2.47 ms when it was introduced);
-// a pass of two rows does not (`batched_sums`), which made the H200's eight-lane decode
-// step 4.244-4.247 -> 4.027-4.038 ms and the prefill 79.9 -> 77.5 ms in one call, one and
-// two lanes unchanged (pipelining every pass, as before; without it for one row too, the
-// single-lane step took 1.863-1.875 ms against 1.802-1.812), and the bench's NVFP4 GEMV of
-// 768 x 2048 weights over two rows 9.0 -> 10.2 us (the model's NVFP4 weights run in the
-// gathered kernels). Pipelining NVFP4's two-row passes again (the row count passed to
-// `pipelined_sums` at run time: 9.9 us), together with one loop body shared by both forms,
-// made the BF16 steps slower: 1.839-1.854 / 4.099-4.102 against 1.817 / 4.024 ms for one
-// and eight lanes. The shared body alone (a struct of a batch's loads, `load_batch` and
-// `apply_batch` under both loops; the same bits) left the decode steps as they were but
-// made the BF16 two-row passes 0.3-0.7 us longer and the prefill's dense linears 12.53-12.56
-// -> 12.79-12.81 ms of its profile (76.7-76.8 -> 77.0 ms), so the two loops stay written
-// out. The gathered kernels, four weight
-// rows per thread row, load one unit of each row per iteration (see `expert_sums`): larger
-// batches, and the next batch's loads before this batch's math, measured slower there. The
-// sums still run in unit order. Small per-thread arrays (decoded weights, the per-row sums)
-// are only ever indexed by constants: NVIDIA's compiler left loop-indexed ones in local
-// memory (3.87 -> 3.36 ms per H200 decode step when written out).
+// (one row per thread measured slower in H200 decode steps, much slower at 8 lanes). Each
+// thread walks its units two at a time, issuing the four weight loads (two units of each
+// row; the last batch too) before decoding any, so enough bytes are in flight to cover
+// memory latency (eight loads in flight measured no faster). A pass of one activation row
+// also issues the next batch's loads before this batch's math (`pipelined_sums`, which
+// shortened the single-lane H200 decode step); a pass of two rows does not
+// (`batched_sums`), which shortened the H200's eight-lane decode step and the prefill, one
+// and two lanes unchanged (pipelining every pass, as before; without it for one row too,
+// the single-lane step was longer), though the bench's NVFP4 GEMV over two rows got longer
+// (the model's NVFP4 weights run in the gathered kernels). Pipelining NVFP4's two-row
+// passes again (the row count passed to `pipelined_sums` at run time), together with one
+// loop body shared by both forms, made the BF16 steps slower. The shared body alone (a
+// struct of a batch's loads, `load_batch` and `apply_batch` under both loops; the same
+// bits) left the decode steps as they were but made the BF16 two-row passes and the
+// prefill's dense linears longer, so the two loops stay written out. The gathered kernels,
+// four weight rows per thread row, load one unit of each row per iteration (see
+// `expert_sums`): larger batches, and the next batch's loads before this batch's math,
+// measured slower there. The sums still run in unit order. Small per-thread arrays
+// (decoded weights, the per-row sums) are only ever indexed by constants: NVIDIA's compiler
+// left loop-indexed ones in local memory, and the H200 decode step got markedly shorter
+// when they were written out.
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP weight rows; each unit is decoded once
@@ -370,9 +367,9 @@ fn linear_packed(
 // An attention layer's [q | k | v] projection, writing the KV caches as it goes (see
 // `write_cache`). Its own entry point, passing `cache` as a constant, so that a compiler that
 // inlines `linear_rows` (NVIDIA's did) drops that code from the other linears (with it behind
-// a flag of the parameter block, the large NVFP4 linear of the bench took 930 us on the H200,
-// 664-801 us this way, 583 us before the cache write existed). Every dense entry point still
-// names the cache bindings and the pair's second weight and output.
+// a flag of the parameter block, the bench's large NVFP4 linear was markedly slower on the
+// H200). Every dense entry point still names the cache bindings and the pair's second
+// weight and output.
 @compute @workgroup_size(WG)
 fn linear_kv(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -578,12 +575,10 @@ fn linear_rows(wg: vec3<u32>, row_blocks: u32, t: u32, cache: bool, second: bool
 // Gathered launches give each thread row four weight rows (two [gate, up] pairs with the
 // SwiGLU epilogue): routed NVFP4 experts load 64 activation bytes per 8-byte unit, so
 // sharing each activation load among more rows matters more than for the dense kernel
-// (H200 decode step with two rows per thread row -> four: pair 3.10 -> 2.90 ms, 8 lanes
-// 6.71 -> 5.93 ms, one lane 2.49 -> 2.43 ms). NVFP4's thread rows are LANES (16) threads
-// here too: with 32, each thread walking half as many units, the one-lane step got shorter
-// but the others longer (1.757-1.760 / 2.190-2.195 / 4.291-4.297 against 1.787-1.789 /
-// 2.102-2.108 / 3.957-3.968 ms, prefill 91.9 against 77.3 ms), and a row's bits must not
-// depend on how many rows its step has.
+// (four rows per thread row instead of two shortened every H200 decode step, most at eight
+// lanes). NVFP4's thread rows are LANES (16) threads here too: with 32, each thread walking
+// half as many units, the one-lane step got shorter but the others and the prefill longer,
+// and a row's bits must not depend on how many rows its step has.
 const GATHERED_ROWS: u32 = 4u * THREAD_ROWS;   // weight rows per gathered workgroup
 
 // One unit of each of four rows dotted with one unit of activations, each activation vec4
@@ -667,8 +662,8 @@ fn reduce_quad(t: u32) -> vec4<f32> {
 }
 
 // Slots of one expert a `gathered_grouped` workgroup computes in one pass over its rows
-// (eight against four: H200 256-row prefill 92.2 -> 89.7 ms, its grouped experts 51.6 ->
-// 49.1 ms; decode steps do not group).
+// (eight against four shortened the H200 prefill's grouped experts; decode steps do not
+// group).
 const GROUP_SLOTS: u32 = 8u;
 
 // Where each of a block's slots reads its activations (vec4 index), by slot.
@@ -677,9 +672,8 @@ alias SlotVecs = array<u32, GROUP_SLOTS>;
 // One unit of each of the four rows (scaled by `scale`) added to the sums of the first
 // `count` slots of a block, slot i's activations at `x_at[i] + offset` (of `x_packed` with
 // `packed`): each slot gets the term it gets when computed alone. (Written out: every array
-// index is a constant. As loops over the slots, here and in `gathered_grouped`, the H200
-// pair step took 2.90 against 2.60 ms and the prefill 102.5 against 89.7 ms: the arrays
-// went to local memory.)
+// index is a constant. As loops over the slots, here and in `gathered_grouped`, the arrays
+// went to local memory and the H200 pair step and prefill got markedly longer.)
 fn add_unit(
     acc: ptr<function, array<vec4<f32>, GROUP_SLOTS>>,
     a: Unit,
@@ -733,10 +727,8 @@ fn expert_sums(n: vec4<u32>, valid: bool, lane: u32, x_at: SlotVecs, count: u32,
     let base = n * units;
     let unit_vecs = select(VECS, VECS / 2u, packed);
     // One unit of each row per iteration: on the H200 the fewer loads in flight per thread,
-    // the shorter the launches. Against two units per iteration, in one call, the gathered
-    // launches of the pair's profiled step took 879-888 us against 915-923 us, the prefill
-    // 79.1 against 80.6 ms; in another, four units took 990-998 us against 908-916 us and
-    // eight 1119-1132 us.
+    // the shorter the launches (two, four and eight units per iteration made the pair
+    // step's gathered launches longer, the more the longer; two made the prefill longer too).
     for (var k = lane; k < units; k += LANES) {
         let s = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
         add_unit(&acc, w[base.x + k], w[base.y + k], w[base.z + k], w[base.w + k], s, x_at, k * unit_vecs, count, packed);
@@ -837,8 +829,7 @@ fn store_slot_sums(slot: u32, t: u32, acc: vec4<f32>) {
 // `slot_order`) in `reduce_quad`'s order and tree, so each output gets the bits
 // `finish_slot` gives it, but every slot's reduction at once: two barriers for the block
 // instead of two per slot, the sums and the writes spread over the workgroup. (Against one
-// slot after another, in one call, three runs each: the H200's 256-row prefill 76.39-76.45
-// -> 74.28-74.33 ms, its grouped launches 44.33-44.39 -> 42.11-42.15 ms.)
+// slot after another this shortened the H200 prefill and its grouped launches.)
 fn finish_block(t: u32, group: u32, first: u32, acc: array<vec4<f32>, GROUP_SLOTS>, local_expert: u32, count: u32) {
     store_slot_sums(0u, t, acc[0]);
     store_slot_sums(1u, t, acc[1]);
@@ -885,9 +876,8 @@ fn finish_block(t: u32, group: u32, first: u32, acc: array<vec4<f32>, GROUP_SLOT
 // expert's rows are read once for the block's slots instead of once per slot (steps of
 // many rows, whose slots share experts). Each slot gets the bits `gathered` gives it. The
 // activations are read as BF16 pairs, which halves the loads that dominate these launches
-// (each 8-byte weight unit is applied to 64 bytes of f32 activations per slot): in a timing
-// emulation (the f32 buffer read as pairs) the H200's 256-row prefill took 68.51-68.57
-// against 74.81-74.85 ms, its grouped launches 36.31-36.34 against 42.58-42.59 ms.
+// (each 8-byte weight unit is applied to 64 bytes of f32 activations per slot; a timing
+// emulation, the f32 buffer read as pairs, shortened the H200 prefill's grouped launches).
 @compute @workgroup_size(WG)
 fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let quad = plan_quad(wg.x, t / LANES);
