@@ -13,6 +13,7 @@ pub mod layout;
 mod limits;
 pub mod linear;
 pub mod manifest;
+pub mod numerics;
 pub mod quant;
 mod report;
 pub mod shards;

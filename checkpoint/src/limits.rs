@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use drama_kernels::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, NORM_WIDTH_MULTIPLE};
 
 use super::{CheckpointError, LayerMlp, LinearFormat, LinearInfo, ModelConfig, names};
-use crate::spec::weight_format;
 
 /// The limits `config.json` alone decides: `head_dim` (attention's head layout) and
 /// `voice_tower.dim` (the RMSNorm kernel reads rows as vec4s).
@@ -46,7 +45,7 @@ pub fn tensors_beyond_limits(linears: &BTreeMap<String, LinearInfo>, layers: &[L
         if module.starts_with("codec.") || module.starts_with("voice_tower.") || runs_ragged(module, info) {
             continue;
         }
-        let multiple = weight_format(info.format).width_multiple();
+        let multiple = info.format.kernel_format().width_multiple();
         let width = info.shape[1];
         if !width.is_multiple_of(multiple) {
             found.push(CheckpointError::EngineLimit {
@@ -92,7 +91,7 @@ fn runs_ragged(module: &str, info: &LinearInfo) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{MoeLayer, RouterWidth};
+    use crate::{MoeLayer, RouterWidth};
 
     fn linear(module: String, format: LinearFormat, width: usize) -> (String, LinearInfo) {
         let info = LinearInfo {

@@ -29,6 +29,17 @@ pub enum LinearFormat {
 
 impl LinearFormat {
     /// Human-readable name used in reports and errors.
+    /// The kernels' weight format of linears stored in this format (the two NVFP4
+    /// conventions differ only in how their per-tensor factor is stored).
+    pub fn kernel_format(self) -> drama_kernels::WeightFormat {
+        use drama_kernels::WeightFormat;
+        match self {
+            LinearFormat::Bf16 => WeightFormat::Bf16,
+            LinearFormat::Nvfp4ModelOpt | LinearFormat::Nvfp4CompressedTensors => WeightFormat::Nvfp4,
+            LinearFormat::Fp8Block => WeightFormat::Fp8Block,
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             LinearFormat::Bf16 => "BF16",

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use drama_engine::checkpoint::fetch::{FetchRequest, fetch};
-use drama_engine::checkpoint::{Checkpoint, PINNED_REPO, PINNED_REVISION, Provenance};
+use drama_checkpoint::fetch::{FetchRequest, fetch};
+use drama_checkpoint::{Checkpoint, PINNED_REPO, PINNED_REVISION, Provenance};
 
 /// The demo checkpoint's preset and seed.
 const DEMO_PRESET: &str = "demo";

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use drama_engine::checkpoint::fetch::{FetchRequest, fetch};
+use drama_checkpoint::fetch::{FetchRequest, fetch};
 
 use crate::checkpoint_arg::default_pinned_dir;
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use clap::Args;
-use drama_engine::checkpoint::{Checkpoint, CheckpointError};
+use drama_checkpoint::{Checkpoint, CheckpointError};
 use serde::Serialize;
 
 use crate::checkpoint_arg::CheckpointArg;

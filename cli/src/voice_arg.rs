@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use drama_engine::checkpoint::Checkpoint;
+use drama_checkpoint::Checkpoint;
 use drama_engine::gpu::Gpu;
 use drama_engine::tower::VoiceTower;
 use drama_engine::voice::{prefix_from_wav, read_voice_file};

@@ -4,12 +4,12 @@
 use std::process::{Command, Output};
 
 /// Every command, in the order `drama --help` lists them.
-const COMMANDS: [&str; 9] = [
-    "synth", "serve", "voice", "verify", "fetch", "fixture", "graph", "bench", "trace",
+const COMMANDS: [&str; 10] = [
+    "synth", "serve", "voice", "verify", "fetch", "fixture", "graph", "bench", "trace", "qualify",
 ];
 
 /// The commands that write a file.
-const WRITERS: [&str; 5] = ["synth", "voice", "fixture", "bench", "trace"];
+const WRITERS: [&str; 6] = ["synth", "voice", "fixture", "bench", "trace", "qualify"];
 
 fn drama(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_drama")).args(args).output().unwrap()

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use crate::checkpoint::names;
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::guidance::{check_gamma, mix};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::{Engine, Row, RowSource, Session, StepCacheUsage};
 use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats, TimeSplit};
+use drama_checkpoint::names;
 
 /// Receives a job's PCM as it is produced; returns false to cancel the job.
 pub type Sink = Box<dyn FnMut(&[f32]) -> bool + Send>;

@@ -16,7 +16,6 @@ use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::batch::Batcher;
-use crate::checkpoint::{LayerMlp, ModelConfig};
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::exec::{LinearIo, linear_launches};
@@ -25,6 +24,7 @@ use crate::sampling::SamplingParams;
 use crate::session::{Engine, Row, RowSource, Session};
 use crate::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest, synthesize};
 use crate::weights::GpuLinear;
+use drama_checkpoint::{LayerMlp, ModelConfig};
 
 /// What to run.
 #[derive(Debug, Clone, Serialize)]
@@ -702,7 +702,7 @@ pub fn decode_step(
     let capacity = options.decode_capacity(c.max_position_embeddings)?;
     let steps = options.repeats + 3;
     let mut session = Session::new(engine, lanes, capacity)?;
-    let null = engine.checkpoint.float_tensor(crate::checkpoint::names::NULL_PREFIX);
+    let null = engine.checkpoint.float_tensor(drama_checkpoint::names::NULL_PREFIX);
     for lane in (1..lanes).step_by(2) {
         session.set_prefix(lane, &null)?;
     }

@@ -12,9 +12,9 @@ use drama_kernels::{
     CODEC_CONV_FRAMES, CodecLaunch, CodecParams, ConvOutput, Kernel, conv_transpose_launch, conv1d_launch,
 };
 
-use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
 use crate::gpu::{Dispatch, Gpu, Readback};
+use drama_checkpoint::{Checkpoint, names};
 
 /// A stream history: the frames the next chunk needs, in one of two buffers that take turns
 /// (see [`Builder::with_history`]).
@@ -48,7 +48,7 @@ pub struct CodecWeights {
     codebook: Vec<f32>,
     codebook_dim: usize,
     codes: usize,
-    config: crate::checkpoint::config::CodecConfig,
+    config: drama_checkpoint::config::CodecConfig,
 }
 
 /// A chunk whose launches are submitted in parts (see [`CodecDecoder::submit_in_parts`]):
@@ -291,7 +291,7 @@ impl Builder<'_> {
     /// are in `input`, in decoding order; returns the output (PCM) and its samples.
     fn decoder(
         &mut self,
-        c: &crate::checkpoint::config::CodecConfig,
+        c: &drama_checkpoint::config::CodecConfig,
         input: &wgpu::Buffer,
         frames: usize,
     ) -> Result<(wgpu::Buffer, usize), EngineError> {
@@ -388,7 +388,7 @@ impl Builder<'_> {
 /// The convolutions that carry history, in decoding order: (frames kept, channels). A
 /// conv1d of kernel size 1 carries none (see [`Builder::conv1d`]); a transposed convolution
 /// always keeps one frame.
-fn history_shapes(c: &crate::checkpoint::config::CodecConfig) -> Vec<(usize, usize)> {
+fn history_shapes(c: &drama_checkpoint::config::CodecConfig) -> Vec<(usize, usize)> {
     let k = c.kernel_size;
     let mut shapes = Vec::new();
     let mut conv = |frames: usize, channels: usize| {

@@ -1,8 +1,8 @@
 //! The engine's error type at its library boundary.
 
 use crate::audio::AudioError;
-use crate::checkpoint::CheckpointError;
 use crate::gpu::GpuError;
+use drama_checkpoint::CheckpointError;
 
 /// Why the engine could not load or run a model.
 #[derive(Debug, thiserror::Error)]

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use drama_graph::drama3::{self, ModelSpec, StepShape, row_source};
 use rayon::prelude::*;
 
-use crate::checkpoint::{Checkpoint, LayerMlp};
 use crate::error::EngineError;
 use crate::exec::{Bindings, Executable, largest_step_buffer};
 use crate::gpu::{Gpu, GpuError};
-use crate::reference::ops::rope_table;
+use crate::rope::rope_table;
 use crate::spec::{CheckpointNames, model_spec};
 use crate::step_cache::StepCache;
 use crate::weights::GpuWeights;
+use drama_checkpoint::{Checkpoint, LayerMlp};
 
 /// A validated checkpoint with its backbone weights on the GPU.
 pub struct Engine {
@@ -265,7 +265,7 @@ impl<'e> Session<'e> {
         let rope_table = gpu.buffer_with("rope table", bytemuck::cast_slice(&table));
         let p = c.speech.voice_prefix_len;
         let h = c.hidden_size;
-        let default_prefix = engine.checkpoint.float_tensor(crate::checkpoint::names::DEFAULT_PREFIX);
+        let default_prefix = engine.checkpoint.float_tensor(drama_checkpoint::names::DEFAULT_PREFIX);
         let prefixes = default_prefix.repeat(lanes);
         debug_assert_eq!(prefixes.len(), lanes * p * h);
         // The voice-prefix table is state the steps bind, written only when a prefix is set.

@@ -7,18 +7,8 @@ use drama_graph::drama3::{GlobalWeight, LayerWeight, ModelSpec, MoeSpec, WeightN
 use drama_graph::ir::Projection;
 use drama_kernels::WeightFormat;
 
-use crate::checkpoint::config::ScoringFunc;
-use crate::checkpoint::{Checkpoint, LayerMlp, LinearFormat, RouterWidth, names};
-
-/// The kernel-side format of a stored linear format (both NVFP4 conventions run the same
-/// kernel: the tensor scale is folded at load).
-pub fn weight_format(format: LinearFormat) -> WeightFormat {
-    match format {
-        LinearFormat::Bf16 => WeightFormat::Bf16,
-        LinearFormat::Nvfp4ModelOpt | LinearFormat::Nvfp4CompressedTensors => WeightFormat::Nvfp4,
-        LinearFormat::Fp8Block => WeightFormat::Fp8Block,
-    }
-}
+use drama_checkpoint::config::ScoringFunc;
+use drama_checkpoint::{Checkpoint, LayerMlp, RouterWidth, names};
 
 /// The checkpoint's tensor names, for the graph builder.
 pub struct CheckpointNames;
@@ -57,7 +47,7 @@ pub fn model_spec(checkpoint: &Checkpoint) -> ModelSpec {
     let formats: BTreeMap<String, WeightFormat> = checkpoint
         .linears
         .iter()
-        .map(|(module, info)| (module.clone(), weight_format(info.format)))
+        .map(|(module, info)| (module.clone(), info.format.kernel_format()))
         .collect();
     let layers = checkpoint
         .layers

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::EngineError;
+use drama_checkpoint::Checkpoint;
 
 /// The checkpoint's tokenizer.
 pub struct TextFrontEnd {

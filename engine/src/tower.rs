@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use drama_kernels::{ElementwiseParams, Kernel, NormParams};
 
-use crate::checkpoint::config::VoiceTowerConfig;
-use crate::checkpoint::{Checkpoint, names};
 use crate::error::EngineError;
 use crate::exec::{LinearIo, linear_launches};
 use crate::gpu::{Dispatch, Gpu};
-use crate::numerics::round_to_bf16;
 use crate::weights::{GpuLinear, upload_linear};
+use drama_checkpoint::config::VoiceTowerConfig;
+use drama_checkpoint::numerics::round_to_bf16;
+use drama_checkpoint::{Checkpoint, names};
 
 struct Block {
     norm: wgpu::Buffer,

@@ -5,11 +5,11 @@ use std::collections::HashMap;
 
 use safetensors::Dtype;
 
-use crate::checkpoint::names;
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::guidance::{check_gamma, mix};
 use crate::session::{Engine, Row, RowSource, Session};
+use drama_checkpoint::names;
 
 /// How the two guidance lanes run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,10 +7,10 @@ use std::path::Path;
 use safetensors::Dtype;
 
 use crate::audio::AudioError;
-use crate::checkpoint::Checkpoint;
 use crate::error::EngineError;
-use crate::numerics::float_values;
 use crate::tower::VoiceTower;
+use drama_checkpoint::Checkpoint;
+use drama_checkpoint::numerics::float_values;
 
 /// The `format` metadata value of a voice file.
 pub const VOICE_FORMAT: &str = "drama-voice";

@@ -9,11 +9,10 @@ use drama_graph::ir::{LinearMember, Projection};
 use drama_graph::select::{stacks, stacks_expert_swiglu};
 use drama_kernels::WeightFormat;
 
-use crate::checkpoint::linear::FP8_BLOCK;
-use crate::checkpoint::{Checkpoint, LayerMlp, LinearFormat, names};
 use crate::error::EngineError;
 use crate::gpu::{Gpu, Stager, bytes_of};
-use crate::spec::weight_format;
+use drama_checkpoint::linear::FP8_BLOCK;
+use drama_checkpoint::{Checkpoint, LayerMlp, LinearFormat, names};
 
 /// One piece of a split weight: output rows (dense) or local experts (routed) it covers.
 pub struct Segment {
@@ -339,7 +338,7 @@ impl<'a> Uploader<'a> {
             None
         };
         Ok(GpuLinear {
-            format: weight_format(format),
+            format: format.kernel_format(),
             out,
             in_features: in_,
             segments,
@@ -409,7 +408,7 @@ impl<'a> Uploader<'a> {
             });
         }
         Ok(GpuLinear {
-            format: weight_format(format),
+            format: format.kernel_format(),
             out: out * projections.len(),
             in_features: in_,
             segments,
@@ -490,7 +489,11 @@ impl GpuWeights {
             if let LayerMlp::Moe(moe) = mlp {
                 let format = |p: Projection| {
                     let module = names::expert(names::EXPERT[p as usize], i, moe.kept_expert_ids[0]);
-                    weight_format(checkpoint.linear(&module).expect("validated expert").format)
+                    checkpoint
+                        .linear(&module)
+                        .expect("validated expert")
+                        .format
+                        .kernel_format()
                 };
                 let stacks = if stacks_expert_swiglu(format(Projection::Gate), format(Projection::Up)) {
                     vec![vec![Projection::Gate, Projection::Up], vec![Projection::Down]]

@@ -6,8 +6,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
+use drama_checkpoint::names;
 use drama_engine::batch::{Batcher, CODEC_CHUNK_PARTS, parts_for};
-use drama_engine::checkpoint::names;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::sampling::{Sampler, SamplingParams};

@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
+use drama_checkpoint::LayerMlp;
 use drama_engine::bench::{BenchOptions, BenchPart, Roofline, decode_step, launch_cost};
-use drama_engine::checkpoint::LayerMlp;
 use drama_engine::session::Engine;
 use rand_core::Rng;
 

@@ -4,11 +4,11 @@
 mod common;
 
 use common::*;
-use drama_engine::checkpoint::Checkpoint;
+use drama_checkpoint::Checkpoint;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
-use drama_engine::reference::codec::decode;
-use drama_engine::reference::ops::Rounding;
 use drama_fixtures::Preset;
+use drama_reference::codec::decode;
+use drama_reference::ops::Rounding;
 use rand_core::Rng;
 
 fn rel_l2(got: &[f32], want: &[f64]) -> f64 {

@@ -1,7 +1,7 @@
 //! The engine's E2M1 and E4M3FN decoders against tables made once by ml_dtypes (an
 //! independent implementation): `fixtures/golden/make_tables.py`.
 
-use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
+use drama_checkpoint::numerics::{e2m1_to_f32, e4m3_to_f32};
 use serde_json::Value;
 
 fn table(name: &str) -> Value {

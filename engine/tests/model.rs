@@ -9,12 +9,12 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use drama_engine::checkpoint::{Checkpoint, LayerMlp, names};
+use drama_checkpoint::{Checkpoint, LayerMlp, names};
 use drama_engine::gpu::{Gpu, GpuOptions};
-use drama_engine::reference::ops::Rounding;
-use drama_engine::reference::{ForcedRoutes, ReferenceModel, weights};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_kernels::Kernel;
+use drama_reference::ops::Rounding;
+use drama_reference::{ForcedRoutes, ReferenceModel, weights};
 use rand_core::Rng;
 
 /// A random utterance: text ids and audio ids (audio_bos first, then codes).

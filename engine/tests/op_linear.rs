@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
+use drama_checkpoint::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch, route_launch};
-use drama_engine::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::weights::GpuLinear;
 use drama_kernels::{
     EXPERT_GROUP_SLOTS, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearInput, LinearParams,
@@ -310,7 +310,7 @@ fn run_linear(
             }
             let exact = acc;
             let mut value = if round {
-                f64::from(drama_engine::numerics::round_to_bf16(exact as f32))
+                f64::from(drama_checkpoint::numerics::round_to_bf16(exact as f32))
             } else {
                 exact
             };
@@ -442,7 +442,7 @@ fn linear_bf16_at_any_width_matches_reference() {
                     magnitude += f64::from(b[n]).abs();
                 }
                 let mut value = if round {
-                    f64::from(drama_engine::numerics::round_to_bf16(exact as f32))
+                    f64::from(drama_checkpoint::numerics::round_to_bf16(exact as f32))
                 } else {
                     exact
                 };
@@ -616,7 +616,7 @@ fn gathered_case(
                 .map(|c| w.decoded[n * in_ + c] * f64::from(x[row * in_ + c]))
                 .collect();
             let exact: f64 = terms.iter().sum();
-            want.push(f64::from(drama_engine::numerics::round_to_bf16(exact as f32)));
+            want.push(f64::from(drama_checkpoint::numerics::round_to_bf16(exact as f32)));
             scale.push(terms.iter().map(|t| t.abs()).sum::<f64>() + bf16_ulp(exact) / TOL);
         }
     }
@@ -644,7 +644,7 @@ fn gathered_experts_match_reference_across_segments() {
 /// The SwiGLU reference of one feature: gate and up rounded to BF16, silu(gate) * up
 /// rounded, with the error bound one BF16 step of gate, of up and of the output allows.
 fn swiglu_reference(gate_exact: f64, up_exact: f64) -> (f64, f64) {
-    let round = |v: f64| f64::from(drama_engine::numerics::round_to_bf16(v as f32));
+    let round = |v: f64| f64::from(drama_checkpoint::numerics::round_to_bf16(v as f32));
     let (g, u) = (round(gate_exact), round(up_exact));
     let silu = |v: f64| v / (1.0 + (-v).exp());
     let out = silu(g) * u;
@@ -865,7 +865,7 @@ fn linear_cache_write_matches_reference() {
     let row_lane = [1u32, 0, 1];
     let row_pos = [7u32, 0, 2];
     let rows = row_lane.len();
-    let table = drama_engine::reference::ops::rope_table(capacity, head_dim, theta);
+    let table = drama_engine::rope::rope_table(capacity, head_dim, theta);
     for format in [WeightFormat::Bf16, WeightFormat::Nvfp4] {
         let label = format!("linear cache write {format:?}");
         let mut rng = rng(&label);
@@ -942,7 +942,7 @@ fn linear_cache_write_matches_reference() {
                         .map(|c| (w.decoded[n * cols + c] * f64::from(xr[c])).abs())
                         .sum::<f64>()
                         + f64::from(bias[column + n]).abs();
-                    want.push(f64::from(drama_engine::numerics::round_to_bf16(exact as f32)));
+                    want.push(f64::from(drama_checkpoint::numerics::round_to_bf16(exact as f32)));
                     scale.push(magnitude + bf16_ulp(exact) / TOL);
                 }
                 column += w.rows;
@@ -966,7 +966,7 @@ fn linear_cache_write_matches_reference() {
                     .iter()
                     .map(|&v| f64::from(v))
                     .collect();
-                let rotated = drama_engine::reference::ops::rope(&head, row_pos[r] as usize, theta);
+                let rotated = drama_reference::ops::rope(&head, row_pos[r] as usize, theta);
                 let got = &k_cache[base + g * head_dim..base + (g + 1) * head_dim];
                 // Two f32 products and a sum, with cos/sin rounded to f32 once: a few f32
                 // steps of |a| + |b| (the pair's magnitudes).
@@ -1178,7 +1178,7 @@ fn route_beside_a_linear_gives_each_its_own_bits() {
             let xr = &x[r * cols..(r + 1) * cols];
             for n in 0..out {
                 let exact = dot(&w, n, xr);
-                want.push(f64::from(drama_engine::numerics::round_to_bf16(exact as f32)));
+                want.push(f64::from(drama_checkpoint::numerics::round_to_bf16(exact as f32)));
                 let magnitude: f64 = (0..cols)
                     .map(|c| (w.decoded[n * cols + c] * f64::from(xr[c])).abs())
                     .sum();

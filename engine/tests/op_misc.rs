@@ -4,10 +4,10 @@
 mod common;
 
 use common::*;
+use drama_checkpoint::numerics::round_to_bf16;
 use drama_engine::exec::route_launch;
-use drama_engine::numerics::round_to_bf16;
-use drama_engine::reference::ops::{self, RouterSpec};
 use drama_kernels::{AttentionParams, ConvOutput, ElementwiseParams, Kernel, NormParams, RouterParams};
+use drama_reference::ops::{self, RouterSpec};
 use rand_core::Rng;
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
@@ -168,7 +168,7 @@ fn attention_case(
                 .collect::<Vec<f32>>()
         })
         .collect();
-    let table = ops::rope_table(capacity, head_dim, theta);
+    let table = drama_engine::rope::rope_table(capacity, head_dim, theta);
     let params = AttentionParams {
         rows: rows as u32,
         heads: heads as u32,
@@ -563,10 +563,7 @@ fn elementwise_kernels_match_reference() {
     let p = gpu.uniform("p", &params(1));
     let out = poisoned(gpu, "out", count);
     run(gpu, &[dispatch(gpu, Kernel::Gelu, &[&p, &ab, &out], grid)]);
-    let exact: Vec<f64> = a
-        .iter()
-        .map(|&v| drama_engine::reference::tower::gelu(f64::from(v)))
-        .collect();
+    let exact: Vec<f64> = a.iter().map(|&v| drama_reference::tower::gelu(f64::from(v))).collect();
     let want: Vec<f64> = exact.iter().map(|&v| f64::from(round_to_bf16(v as f32))).collect();
     let scale: Vec<f64> = exact.iter().map(|&v| v.abs() + 1.0 + bf16_ulp(v) / 1e-6).collect();
     check("gelu", &gpu.read_f32(&out).unwrap(), &want, &scale, 1e-6);

@@ -1,6 +1,6 @@
 //! The text front end on a generated checkpoint's tokenizer: encoding, and the splitting rule.
 
-use drama_engine::checkpoint::{Checkpoint, Provenance};
+use drama_checkpoint::{Checkpoint, Provenance};
 use drama_engine::text::TextFrontEnd;
 use rand_core::Rng;
 

@@ -3,9 +3,9 @@
 mod common;
 
 use common::*;
-use drama_engine::reference::ops::Rounding;
-use drama_engine::reference::tower::encode;
 use drama_engine::tower::VoiceTower;
+use drama_reference::ops::Rounding;
+use drama_reference::tower::encode;
 use rand_core::Rng;
 
 #[test]

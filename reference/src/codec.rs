@@ -2,7 +2,7 @@
 
 use super::ops::Rounding;
 use super::weights;
-use crate::checkpoint::{Checkpoint, names};
+use drama_checkpoint::{Checkpoint, names};
 
 /// Activations [frames, channels], row-major.
 struct Signal {

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use super::ops::{self, Matrix, Rounding, RouterSpec};
 use super::weights;
-use crate::checkpoint::config::ScoringFunc;
-use crate::checkpoint::{Checkpoint, LayerMlp, ModelConfig, RouterWidth, names};
+use drama_checkpoint::config::ScoringFunc;
+use drama_checkpoint::{Checkpoint, LayerMlp, ModelConfig, RouterWidth, names};
 
 struct Moe {
     kept: Vec<usize>,

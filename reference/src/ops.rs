@@ -2,7 +2,7 @@
 //! Matrices are row-major `Vec<f64>`. Where the contract rounds to BF16 the caller decides,
 //! through [`Rounding`], whether the reference does too.
 
-use crate::numerics::round_to_bf16;
+use drama_checkpoint::numerics::round_to_bf16;
 
 /// Whether the reference rounds where the contract's numerics say "BF16".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,20 +84,6 @@ pub fn rope(head: &[f64], pos: usize, theta: f64) -> Vec<f64> {
         out[i + half] = head[i + half] * c + head[i] * s;
     }
     out
-}
-
-/// The cos/sin table the GPU uses: entry pos * half + i = (cos, sin) of pos * theta^(-2i/d),
-/// computed in f64 and rounded once to f32.
-pub fn rope_table(positions: usize, head_dim: usize, theta: f64) -> Vec<[f32; 2]> {
-    let half = head_dim / 2;
-    (0..positions)
-        .flat_map(|pos| {
-            (0..half).map(move |i| {
-                let angle = pos as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64);
-                [angle.cos() as f32, angle.sin() as f32]
-            })
-        })
-        .collect()
 }
 
 /// Causal grouped-query attention of one query (already rotated) against keys/values

@@ -2,7 +2,7 @@
 
 use super::ops::{self, Matrix, Rounding};
 use super::weights;
-use crate::checkpoint::{Checkpoint, names};
+use drama_checkpoint::{Checkpoint, names};
 
 /// gelu(x) = 0.5 x (1 + erf(x / sqrt 2)), with the pure-Rust libm erf.
 pub fn gelu(x: f64) -> f64 {

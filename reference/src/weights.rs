@@ -4,9 +4,9 @@
 use safetensors::Dtype;
 
 use super::ops::Matrix;
-use crate::checkpoint::linear::{FP8_BLOCK, NVFP4_BLOCK};
-use crate::checkpoint::{Checkpoint, LinearFormat};
-use crate::numerics::{e2m1_to_f32, e4m3_to_f32};
+use drama_checkpoint::linear::{FP8_BLOCK, NVFP4_BLOCK};
+use drama_checkpoint::numerics::{e2m1_to_f32, e4m3_to_f32};
+use drama_checkpoint::{Checkpoint, LinearFormat};
 
 fn tensor<'a>(checkpoint: &'a Checkpoint, name: &str) -> (&'a [u8], Dtype, Vec<usize>) {
     let entry = checkpoint

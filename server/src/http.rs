@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use drama_checkpoint::Checkpoint;
 use drama_engine::audio::{SampleFormat, encode_samples, streaming_wav_header, write_wav_pcm16};
 use drama_engine::batch::Batcher;
-use drama_engine::checkpoint::Checkpoint;
 use drama_engine::sampling::SamplingParams;
 use drama_engine::synth::{Stop, SynthesisRequest};
 use drama_engine::text::TextFrontEnd;

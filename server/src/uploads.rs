@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use drama_engine::checkpoint::Checkpoint;
+use drama_checkpoint::Checkpoint;
 use drama_engine::error::EngineError;
 use drama_engine::gpu::Gpu;
 use drama_engine::tower::VoiceTower;

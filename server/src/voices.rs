@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use drama_engine::checkpoint::Checkpoint;
+use drama_checkpoint::Checkpoint;
 use drama_engine::files::{TEMPORARY_SUFFIX, write_atomically};
 use drama_engine::voice::{read_voice_file, voice_file_bytes, voice_file_checkpoint};
 use sha2::{Digest, Sha256};

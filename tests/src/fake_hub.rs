@@ -159,7 +159,7 @@ fn serve(mut stream: TcpStream, repo: &Repo) -> std::io::Result<()> {
         ("Content-Range", format!("bytes {start}-{end}/{total}")),
         (
             "ETag",
-            format!("\"{}\"", drama_engine::checkpoint::manifest::sha256_hex(&content)),
+            format!("\"{}\"", drama_checkpoint::manifest::sha256_hex(&content)),
         ),
         ("X-Repo-Commit", repo.revision.clone()),
         ("Content-Length", body.len().to_string()),

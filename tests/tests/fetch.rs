@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use drama_engine::checkpoint::{PINNED_REPO, PINNED_REVISION};
+use drama_checkpoint::{PINNED_REPO, PINNED_REVISION};
 use drama_tests::drama_binary;
 use drama_tests::fake_hub::{FakeHub, Fault};
 

@@ -2,7 +2,7 @@
 //! non-zero and name the tensor, key or file at fault, and the library must refuse with the
 //! same message.
 
-use drama_engine::checkpoint::{Checkpoint, Provenance};
+use drama_checkpoint::{Checkpoint, Provenance};
 use drama_fixtures::malformed::{Defect, catalogue};
 use drama_tests::drama_text;
 

@@ -54,7 +54,7 @@ fn streamed_whole_repeated_and_voices_agree() {
     // The checkpoint is named by its manifest digest, never by its path on the server.
     let named = whole.header("x-drama-checkpoint").unwrap();
     let manifest = std::fs::read(s.checkpoint.join("SHA256SUMS")).unwrap();
-    let digest = drama_engine::checkpoint::manifest::sha256_hex(&manifest);
+    let digest = drama_checkpoint::manifest::sha256_hex(&manifest);
     assert_eq!(named, format!("local sha256:{}", &digest[..16]));
     assert_eq!(server.get("/ready").json()["checkpoint"], named);
     let pcm = read_wav(&whole.body).unwrap();

@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result, ensure};
 use drama_engine::batch::Batcher;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
-use drama_engine::reference::ops::Rounding;
 use drama_engine::sampling::SamplingParams;
 use drama_engine::session::Engine;
 use drama_engine::synth::{GuidanceMode, SynthesisRequest, synthesize};
 use drama_engine::tower::VoiceTower;
 use drama_engine::trace::{LaneMode, TraceRequest, trace};
 use drama_engine::voice::{prefix_from_wav, read_voice_file, voice_file_bytes};
+use drama_reference::ops::Rounding;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -233,7 +233,7 @@ fn codec_reference(engine: &Engine, seed: u64, plant: &Plant) -> Result<Measured
         plant.corrupt("reference.codec", &mut pcm);
         errors.push(rel_l2(
             &pcm,
-            &drama_engine::reference::codec::decode(checkpoint, &codes, Rounding::Contract),
+            &drama_reference::codec::decode(checkpoint, &codes, Rounding::Contract),
         ));
     }
     errors.sort_by(f64::total_cmp);
@@ -263,7 +263,7 @@ fn tower_reference(engine: &Engine, seed: u64, plant: &Plant) -> Result<Measured
     let mut got = tower.encode(&mel, frames)?;
     plant.corrupt("reference.voice-tower", &mut got);
     let mel64: Vec<f64> = mel.iter().map(|&v| f64::from(v)).collect();
-    let want = drama_engine::reference::tower::encode(checkpoint, &mel64, frames, Rounding::Contract);
+    let want = drama_reference::tower::encode(checkpoint, &mel64, frames, Rounding::Contract);
     Ok(Measured::new(
         rel_l2(&got, &want),
         5e-3,

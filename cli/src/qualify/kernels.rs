@@ -7,9 +7,9 @@
 //! same reference.)
 
 use anyhow::{Result, ensure};
+use drama_checkpoint::numerics::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, f32_to_bf16_bits};
 use drama_engine::exec::{LinearIo, linear_launches};
 use drama_engine::gpu::Gpu;
-use drama_engine::numerics::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, f32_to_bf16_bits};
 use drama_engine::weights::GpuLinear;
 use drama_kernels::WeightFormat;
 use rand_chacha::ChaCha8Rng;

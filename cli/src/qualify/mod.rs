@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use drama_checkpoint::{Checkpoint, Provenance};
 use drama_engine::bench::{BenchOptions, BenchPart};
-use drama_engine::checkpoint::{Checkpoint, Provenance};
 use drama_engine::session::Engine;
 use drama_kernels::Numerics;
 

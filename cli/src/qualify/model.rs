@@ -8,11 +8,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use drama_engine::checkpoint::{Checkpoint, Provenance};
+use drama_checkpoint::{Checkpoint, Provenance};
 use drama_engine::gpu::Gpu;
-use drama_engine::reference::ops::Rounding;
-use drama_engine::reference::{ForcedRoutes, ReferenceModel, ReferenceTrace};
 use drama_engine::session::{Engine, Row, RowSource, Session, StepOutput};
+use drama_reference::ops::Rounding;
+use drama_reference::{ForcedRoutes, ReferenceModel, ReferenceTrace};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 

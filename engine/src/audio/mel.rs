@@ -13,7 +13,7 @@
 use realfft::RealFftPlanner;
 
 use super::AudioError;
-use crate::checkpoint::config::VoiceTowerConfig;
+use drama_checkpoint::config::VoiceTowerConfig;
 
 /// Mel energies below this floor are clamped before the logarithm.
 pub const MEL_FLOOR: f64 = 1e-5;

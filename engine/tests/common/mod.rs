@@ -5,8 +5,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+use drama_checkpoint::numerics::round_to_bf16;
 use drama_engine::gpu::{Gpu, GpuOptions};
-use drama_engine::numerics::round_to_bf16;
 use drama_kernels::Numerics;
 use rand_chacha::ChaCha8Rng;
 
@@ -70,12 +70,8 @@ impl Fixture {
     }
 
     /// The checkpoint, opened and validated.
-    pub fn open(&self) -> drama_engine::checkpoint::Checkpoint {
-        drama_engine::checkpoint::Checkpoint::open(
-            &self.path,
-            drama_engine::checkpoint::Provenance::Local(self.path.clone()),
-        )
-        .unwrap()
+    pub fn open(&self) -> drama_checkpoint::Checkpoint {
+        drama_checkpoint::Checkpoint::open(&self.path, drama_checkpoint::Provenance::Local(self.path.clone())).unwrap()
     }
 }
 
@@ -88,7 +84,7 @@ pub fn bf16_values(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
 pub fn pack_bf16(values: &[f32]) -> Vec<u8> {
     values
         .iter()
-        .flat_map(|&v| drama_engine::numerics::f32_to_bf16_bits(v).to_le_bytes())
+        .flat_map(|&v| drama_checkpoint::numerics::f32_to_bf16_bits(v).to_le_bytes())
         .collect()
 }
 
