@@ -607,7 +607,7 @@ fn routed_expert_launch(
         x_row_div: 1,
         expert_begin: 0,
         expert_end: 1,
-        flags: 2,
+        flags: drama_kernels::flags::linear::ROUND,
         tensor_scale: 1.0,
         ..Default::default()
     };

@@ -9,6 +9,7 @@ use drama_graph::ir::{LinearMember, Op, PairHalf, Projection, RouterOp, ValueKin
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
+use drama_kernels::flags::{self, bit};
 use drama_kernels::{
     AttentionParams, ElementwiseParams, GroupParams, KeptCapacity, Kernel, LINEAR_PASS_ROWS, LinearInput, LinearParams,
     LinearWidth, MAX_KEPT_EXPERTS, NormParams, RouterParams, WeightFormat,
@@ -149,7 +150,7 @@ impl<'a> Lowering<'a> {
                 let shape = &self.graph.value(inputs[0]).shape;
                 let params = NormParams {
                     width: shape[1] as u32,
-                    flags: u32::from(*round_output),
+                    flags: bit(*round_output, flags::norm::ROUND),
                     eps: *eps,
                     ..Default::default()
                 };
@@ -344,7 +345,7 @@ impl<'a> Lowering<'a> {
                     count: count as u32,
                     width: shape[1] as u32,
                     k: 0,
-                    flags: u32::from(*round_output),
+                    flags: bit(*round_output, flags::elementwise::ROUND),
                     ..Default::default()
                 };
                 let grid = self.elements_grid(count);
@@ -365,7 +366,7 @@ impl<'a> Lowering<'a> {
                 };
                 let params = NormParams {
                     width: shape[1] as u32,
-                    flags: u32::from(*round_output) | if *shared { 2 } else { 0 },
+                    flags: bit(*round_output, flags::norm::ROUND) | bit(*shared, flags::norm::SHARED_EXPERT),
                     eps: *eps,
                     k: *k as u32,
                     gate_stride: if *shared {
@@ -537,7 +538,7 @@ impl<'a> Lowering<'a> {
                     x_row_div: x_row_div as u32,
                     expert_begin: segment.range.start as u32,
                     expert_end: segment.range.end as u32,
-                    flags: 2 | if swiglu { 8 } else { 0 },
+                    flags: flags::linear::ROUND | bit(swiglu, flags::linear::SWIGLU),
                     tensor_scale: 1.0,
                     ..Default::default()
                 };
@@ -591,7 +592,7 @@ impl<'a> Lowering<'a> {
             kv_heads: kv_heads as u32,
             head_dim: head_dim as u32,
             capacity: self.capacity as u32,
-            flags: u32::from(round),
+            flags: bit(round, flags::attention::ROUND),
             scale: 1.0 / (head_dim as f32).sqrt(),
             pad: 0,
         }
@@ -750,9 +751,9 @@ fn ragged_launches(
                 out_offset: (io.column + segment.range.start) as u32,
                 y_stride: io.y_stride as u32,
                 x_row_div: 1,
-                flags: u32::from(linear.bias.is_some())
-                    | if io.round { 2 } else { 0 }
-                    | if io.residual.is_some() { 4 } else { 0 },
+                flags: bit(linear.bias.is_some(), flags::linear::BIAS)
+                    | bit(io.round, flags::linear::ROUND)
+                    | bit(io.residual.is_some(), flags::linear::RESIDUAL),
                 tensor_scale: 1.0,
                 bias_offset: segment.range.start as u32,
                 ..Default::default()
@@ -851,10 +852,10 @@ fn router_params(r: &RouterOp, rows: usize, logit_width: usize) -> RouterParams 
         logit_width: logit_width as u32,
         kept: r.kept as u32,
         k: r.k as u32,
-        flags: u32::from(r.sigmoid)
-            | if r.full_width { 2 } else { 0 }
-            | if r.score_bias { 4 } else { 0 }
-            | if r.norm_topk_prob { 8 } else { 0 },
+        flags: bit(r.sigmoid, flags::router::SIGMOID)
+            | bit(r.full_width, flags::router::FULL_WIDTH)
+            | bit(r.score_bias, flags::router::SCORE_BIAS)
+            | bit(r.norm_topk_prob, flags::router::RENORMALIZE),
         n_group: r.n_group as u32,
         topk_group: r.topk_group as u32,
         group_size: r.group_size as u32,
@@ -902,10 +903,10 @@ fn segment_launch<'a>(
         out_offset: first as u32,
         y_stride: io.y_stride as u32,
         x_row_div: 1,
-        flags: u32::from(linear.bias.is_some())
-            | if io.round { 2 } else { 0 }
-            | if io.residual.is_some() { 4 } else { 0 }
-            | if io.swiglu { 8 } else { 0 },
+        flags: bit(linear.bias.is_some(), flags::linear::BIAS)
+            | bit(io.round, flags::linear::ROUND)
+            | bit(io.residual.is_some(), flags::linear::RESIDUAL)
+            | bit(io.swiglu, flags::linear::SWIGLU),
         tensor_scale: linear.tensor_scale,
         bias_offset: segment.range.start as u32,
         head_dim: io.cache.map_or(0, |c| c.head_dim as u32),

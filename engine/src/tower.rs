@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use drama_kernels::{ElementwiseParams, Kernel, NormParams};
+use drama_kernels::{ElementwiseParams, Kernel, NormParams, flags};
 
 use crate::error::EngineError;
 use crate::exec::{LinearIo, linear_launches};
@@ -96,7 +96,7 @@ impl VoiceTower {
     ) -> Result<Dispatch, EngineError> {
         let params = NormParams {
             width: self.dim as u32,
-            flags: u32::from(round),
+            flags: if round { flags::norm::ROUND } else { 0 },
             eps: self.eps,
             ..Default::default()
         };
@@ -142,7 +142,7 @@ impl VoiceTower {
             self.linear(&block.fc1, &normed, &hidden, frames, &mut launches)?;
             let gelu = ElementwiseParams {
                 count: (frames * f) as u32,
-                flags: 1,
+                flags: flags::elementwise::ROUND,
                 ..Default::default()
             };
             launches.push(self.elementwise(Kernel::Gelu, gelu, &[&hidden, &act])?);
@@ -160,7 +160,7 @@ impl VoiceTower {
             count: d as u32,
             width: d as u32,
             k: frames as u32,
-            flags: 1,
+            flags: flags::elementwise::ROUND,
             ..Default::default()
         };
         launches.push(self.elementwise(Kernel::MeanRows, average, &[&normed, &mean])?);

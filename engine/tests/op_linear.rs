@@ -7,6 +7,7 @@ use common::*;
 use drama_checkpoint::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch, route_launch};
 use drama_engine::weights::GpuLinear;
+use drama_kernels::flags::{self, bit};
 use drama_kernels::{
     EXPERT_GROUP_SLOTS, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearInput, LinearParams,
     LinearWidth, RouterParams, WeightFormat,
@@ -261,7 +262,9 @@ fn run_linear(
             x_row_div: 1,
             expert_begin: 0,
             expert_end: 0,
-            flags: u32::from(bias.is_some()) | if round { 2 } else { 0 } | if residual.is_some() { 4 } else { 0 },
+            flags: bit(bias.is_some(), flags::linear::BIAS)
+                | bit(round, flags::linear::ROUND)
+                | bit(residual.is_some(), flags::linear::RESIDUAL),
             tensor_scale: w.tensor_scale,
             bias_offset: start as u32,
             ..Default::default()
@@ -689,7 +692,7 @@ fn linear_swiglu_epilogue_matches_reference() {
                 out_offset: start as u32,
                 y_stride: features as u32,
                 x_row_div: 1,
-                flags: 2 | 8,
+                flags: flags::linear::ROUND | flags::linear::SWIGLU,
                 tensor_scale: 1.0,
                 ..Default::default()
             };
@@ -896,7 +899,7 @@ fn linear_cache_write_matches_reference() {
                     out_offset: column as u32,
                     y_stride: out as u32,
                     x_row_div: 1,
-                    flags: 1 | 2,
+                    flags: flags::linear::BIAS | flags::linear::ROUND,
                     tensor_scale: w.tensor_scale,
                     bias_offset: column as u32,
                     head_dim: head_dim as u32,
@@ -1117,7 +1120,7 @@ fn route_beside_a_linear_gives_each_its_own_bits() {
             logit_width: kept as u32,
             kept: kept as u32,
             k: k as u32,
-            flags: 8,
+            flags: flags::router::RENORMALIZE,
             n_group: 1,
             topk_group: 1,
             group_size: kept as u32,

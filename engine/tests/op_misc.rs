@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use drama_checkpoint::numerics::round_to_bf16;
 use drama_engine::exec::route_launch;
+use drama_kernels::flags::{self, bit};
 use drama_kernels::{AttentionParams, ConvOutput, ElementwiseParams, Kernel, NormParams, RouterParams};
 use drama_reference::ops::{self, RouterSpec};
 use rand_core::Rng;
@@ -32,7 +33,7 @@ fn rms_norm_matches_reference() {
         let w = bf16_values(&mut rng, width, 1.5);
         let params = NormParams {
             width: width as u32,
-            flags: u32::from(round),
+            flags: bit(round, flags::norm::ROUND),
             eps: 1e-6,
             ..Default::default()
         };
@@ -175,7 +176,7 @@ fn attention_case(
         kv_heads: kv_heads as u32,
         head_dim: head_dim as u32,
         capacity: capacity as u32,
-        flags: 1,
+        flags: flags::attention::ROUND,
         scale: 1.0 / (head_dim as f32).sqrt(),
         pad: 0,
     };
@@ -283,10 +284,10 @@ fn gpu_route(
         logit_width: width as u32,
         kept: kept.len() as u32,
         k: spec.k as u32,
-        flags: u32::from(spec.sigmoid)
-            | if full { 2 } else { 0 }
-            | if bias.is_some() { 4 } else { 0 }
-            | if spec.norm_topk_prob { 8 } else { 0 },
+        flags: bit(spec.sigmoid, flags::router::SIGMOID)
+            | bit(full, flags::router::FULL_WIDTH)
+            | bit(bias.is_some(), flags::router::SCORE_BIAS)
+            | bit(spec.norm_topk_prob, flags::router::RENORMALIZE),
         n_group: spec.n_group as u32,
         topk_group: spec.topk_group as u32,
         group_size: (spec.num_experts / spec.n_group) as u32,
@@ -620,7 +621,7 @@ fn moe_combine_norm_matches_reference() {
         let norm_weight = bf16_values(&mut rng, width, 1.5);
         let params = NormParams {
             width: width as u32,
-            flags: 1 | if shared { 2 } else { 0 },
+            flags: flags::norm::ROUND | bit(shared, flags::norm::SHARED_EXPERT),
             eps: 1e-6,
             k: k as u32,
             gate_stride: gate_stride as u32,
@@ -854,7 +855,7 @@ fn snake_params(gpu: &drama_engine::gpu::Gpu, channels: usize, count: usize) -> 
         "snake p",
         &drama_kernels::CodecParams {
             out_ch: channels as u32,
-            flags: 2,
+            flags: flags::codec::ROUND,
             count: count as u32,
             ..Default::default()
         },

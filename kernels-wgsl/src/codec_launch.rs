@@ -1,6 +1,7 @@
 //! The codec convolutions' launches: their parameter blocks and grids, from `codec.wgsl`'s
 //! tiling, so that the engine and the tests launch them alike.
 
+use crate::flags;
 use crate::params::CodecParams;
 
 /// Frames a codec convolution workgroup computes (`codec.wgsl`'s FRAMES).
@@ -62,7 +63,7 @@ fn conv_params(cin: usize, cout: usize, frames: usize, lanes: usize) -> CodecPar
         frames: frames as u32,
         in_ch: cin as u32,
         out_ch: cout as u32,
-        flags: 3,
+        flags: flags::codec::BIAS | flags::codec::ROUND,
         lanes: lanes as u32,
         ..Default::default()
     }

@@ -10,6 +10,7 @@
 //! compiles for Apple GPUs.
 
 mod codec_launch;
+pub mod flags;
 mod params;
 
 pub use codec_launch::{CODEC_CONV_FRAMES, CodecLaunch, conv_transpose_launch, conv1d_launch};
@@ -305,8 +306,9 @@ impl Module {
     /// the source what Metal's default fast math may do to it (see [`Numerics`]).
     pub fn source_with(self, numerics: Numerics) -> String {
         let switch = format!(
-            "const FAST_MATH_EMULATION: bool = {};\n",
-            numerics == Numerics::FastMathEmulation
+            "const FAST_MATH_EMULATION: bool = {};\n{}",
+            numerics == Numerics::FastMathEmulation,
+            flags::wgsl_constants()
         );
         format!("{switch}{}", self.assembled())
     }

@@ -24,8 +24,7 @@ pub struct LinearParams {
     pub expert_begin: u32,
     /// Gathered: one past the last.
     pub expert_end: u32,
-    /// 1: add bias; 2: round output to BF16; 4: add the residual; 8: SwiGLU of stacked
-    /// [gate | up] rows.
+    /// [`crate::flags::linear`] bits.
     pub flags: u32,
     /// Dense: NVFP4 tensor scale (1 otherwise); gathered kernels read per-expert scales.
     pub tensor_scale: f32,
@@ -54,7 +53,7 @@ pub struct LinearParams {
 pub struct NormParams {
     /// Row width.
     pub width: u32,
-    /// 1: round output to BF16; 2: `combine_rms_norm` combines a shared expert too.
+    /// [`crate::flags::norm`] bits.
     pub flags: u32,
     /// Epsilon.
     pub eps: f32,
@@ -80,7 +79,7 @@ pub struct AttentionParams {
     pub head_dim: u32,
     /// Positions per cache slot.
     pub capacity: u32,
-    /// 1: round the attention output to BF16.
+    /// [`crate::flags::attention`] bits.
     pub flags: u32,
     /// Score scale 1/sqrt(head_dim).
     pub scale: f32,
@@ -100,7 +99,7 @@ pub struct RouterParams {
     pub kept: u32,
     /// Experts chosen per token.
     pub k: u32,
-    /// 1: sigmoid; 2: full-width logits; 4: selection bias; 8: renormalise.
+    /// [`crate::flags::router`] bits.
     pub flags: u32,
     /// Expert groups.
     pub n_group: u32,
@@ -124,7 +123,7 @@ pub struct ElementwiseParams {
     pub width: u32,
     /// embed: first row of the text table's segment; mean_rows: rows averaged.
     pub k: u32,
-    /// Kernel-specific flags (embed: 1 = the voice-prefix rows too).
+    /// [`crate::flags::elementwise`] bits.
     pub flags: u32,
     /// embed: one past the last row of the text table's segment.
     pub row_end: u32,
@@ -144,7 +143,11 @@ impl ElementwiseParams {
             count: (rows * width) as u32,
             width: width as u32,
             k: text.start as u32,
-            flags: u32::from(prefixes),
+            flags: if prefixes {
+                crate::flags::elementwise::PREFIX_ROWS
+            } else {
+                0
+            },
             row_end: text.end as u32,
             audio_begin: audio.start as u32,
             audio_end: audio.end as u32,
@@ -183,7 +186,7 @@ pub struct CodecParams {
     pub dilation: u32,
     /// Frames held in the history binding.
     pub history: u32,
-    /// 1: add bias; 2: round output to BF16.
+    /// [`crate::flags::codec`] bits.
     pub flags: u32,
     /// Output elements.
     pub count: u32,

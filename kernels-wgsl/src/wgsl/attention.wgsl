@@ -16,7 +16,7 @@ struct Params {
     kv_heads: u32,
     head_dim: u32,
     capacity: u32,    // positions per cache slot
-    flags: u32,       // 1: round the output to BF16
+    flags: u32,       // ATTENTION_* bits (flags.rs)
     scale: f32,       // 1 / sqrt(head_dim)
     _pad: u32,
 }
@@ -354,7 +354,7 @@ fn write_combined(r: u32, h: u32, first: u32, stride: u32, across: bool) {
     let out_base = (r * p.heads + h) * columns;
     for (var j = first; j < columns; j += stride) {
         var out = combine_chunks(block, columns, p.capacity, row_pos[r], j, across);
-        if ((p.flags & 1u) != 0u) {
+        if ((p.flags & ATTENTION_ROUND) != 0u) {
             out = round_bf16_4(out);
         }
         dst[out_base + j] = out;

@@ -14,7 +14,7 @@ struct Params {
     kernel: u32,     // conv1d: kernel size K; conv_transpose: rate r
     dilation: u32,
     history: u32,    // frames in `hist`
-    flags: u32,      // 1: add bias; 2: round output to BF16
+    flags: u32,      // CODEC_* bits (flags.rs)
     count: u32,      // elements of the output
     lanes: u32,      // convolutions: threads per output channel
     _pad0: u32,
@@ -54,10 +54,10 @@ fn extended(e: u32, i: u32) -> f32 {
 
 fn finish(acc: f32, o: u32) -> f32 {
     var v = acc;
-    if ((p.flags & 1u) != 0u) {
+    if ((p.flags & CODEC_BIAS) != 0u) {
         v += bf16_half(bias[o / 2u], o & 1u);
     }
-    if ((p.flags & 2u) != 0u) {
+    if ((p.flags & CODEC_ROUND) != 0u) {
         v = round_bf16(v);
     }
     return v;
@@ -433,7 +433,7 @@ fn snake(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
         return;
     }
     var out = snake_of(x[n], weight(n % p.out_ch));
-    if ((p.flags & 2u) != 0u) {
+    if ((p.flags & CODEC_ROUND) != 0u) {
         out = round_bf16(out);
     }
     y[n] = out;

@@ -7,7 +7,7 @@ struct Params {
     count: u32,        // output elements
     width: u32,        // row width
     k: u32,            // embed: first row of the text table's segment; mean_rows: rows averaged
-    flags: u32,        // swiglu/add: 1 = round output to BF16; embed: 1 = the prefix rows too
+    flags: u32,        // ELEMENTWISE_* bits (flags.rs)
     row_end: u32,      // embed: one past the last row of the text table's segment
     audio_begin: u32,  // embed: first row of the audio table's segment
     audio_end: u32,    // embed: one past the last row of the audio table's segment
@@ -29,7 +29,7 @@ fn element(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 }
 
 fn maybe_round(v: f32) -> f32 {
-    return select(v, round_bf16(v), (p.flags & 1u) != 0u);
+    return select(v, round_bf16(v), (p.flags & ELEMENTWISE_ROUND) != 0u);
 }
 
 // out = silu(gate) * up, from rows of a = [gate | up], each half `width` wide.
@@ -88,7 +88,7 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     let column = i % p.width;
     let index = row_index[r];
     let table = row_table[r];
-    if (table == ROW_PREFIX && (p.flags & 1u) != 0u) {
+    if (table == ROW_PREFIX && (p.flags & ELEMENTWISE_PREFIX_ROWS) != 0u) {
         out[i] = a[index * p.width + column];
     } else if (table == ROW_TEXT && index >= p.k && index < p.row_end) {
         let e = (index - p.k) * p.width + column;

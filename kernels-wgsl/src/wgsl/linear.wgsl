@@ -223,18 +223,18 @@ fn unit_scale(row: u32, k: u32) -> f32 {
 // A weight row's finished value: tensor scale, bias, BF16 rounding as `flags` ask.
 fn finish(acc: f32, n: u32, tensor_scale: f32, flags: u32) -> f32 {
     var v = acc * tensor_scale;
-    if ((flags & 1u) != 0u) {
+    if ((flags & LINEAR_BIAS) != 0u) {
         let b = n + p.bias_offset;
         v += bf16_half(bias[b / 2u], b & 1u);
     }
-    if ((flags & 2u) != 0u) {
+    if ((flags & LINEAR_ROUND) != 0u) {
         v = round_bf16(v);
     }
     return v;
 }
 
 fn swiglu_mode(flags: u32) -> bool {
-    return (flags & 8u) != 0u;
+    return (flags & LINEAR_SWIGLU) != 0u;
 }
 
 // What a dense launch computes: the linear of `p`, or the second one of `linear_pair`.
@@ -272,7 +272,7 @@ fn store_output(index: u32, value: f32, second: bool) {
 
 // A plain (not SwiGLU) output with the residual added (flag 4).
 fn epilogue(index: u32, value: f32, flags: u32) -> f32 {
-    if ((flags & 4u) != 0u) {
+    if ((flags & LINEAR_RESIDUAL) != 0u) {
         return residual[index] + value;
     }
     return value;
@@ -307,7 +307,7 @@ fn write_cache(row: u32, column: u32, a: f32, b: f32) {
 // silu(gate) * up, rounded to BF16 when flag 2 rounds.
 fn swiglu(g: f32, u: f32, flags: u32) -> f32 {
     var v = g / (1.0 + exp(-g)) * u;
-    if ((flags & 2u) != 0u) {
+    if ((flags & LINEAR_ROUND) != 0u) {
         v = round_bf16(v);
     }
     return v;

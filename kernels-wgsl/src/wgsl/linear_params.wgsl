@@ -9,8 +9,7 @@ struct Params {
     x_row_div: u32,     // gathered: input row = slot / x_row_div
     expert_begin: u32,  // gathered: local expert ids held by this segment
     expert_end: u32,
-    flags: u32,         // 1: add bias; 2: round the output to BF16; 4: add `residual`;
-                        // 8: SwiGLU of stacked [gate | up] rows (see `plan_rows`)
+    flags: u32,         // LINEAR_* bits (flags.rs); SWIGLU: see `plan_rows`
     tensor_scale: f32,  // linear: NVFP4 per-tensor scale (1 for other formats)
     bias_offset: u32,   // bias element of this segment's first output
     head_dim: u32,      // linear_kv: floats per head

@@ -51,15 +51,15 @@ fn linear_ragged(
         }
         if (t == 0u) {
             var v = sums[0];
-            if ((p.flags & 1u) != 0u) {
+            if ((p.flags & LINEAR_BIAS) != 0u) {
                 let b = n + p.bias_offset;
                 v += bf16_half(bias[b / 2u], b & 1u);
             }
-            if ((p.flags & 2u) != 0u) {
+            if ((p.flags & LINEAR_ROUND) != 0u) {
                 v = round_bf16(v);
             }
             let at = r * p.y_stride + p.out_offset + n;
-            if ((p.flags & 4u) != 0u) {
+            if ((p.flags & LINEAR_RESIDUAL) != 0u) {
                 v += residual[at];
             }
             y[at] = v;

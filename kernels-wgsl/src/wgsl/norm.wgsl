@@ -15,7 +15,7 @@ const WG: u32 = 256u;
 
 struct Params {
     width: u32,
-    flags: u32,         // 1: round the output to BF16; 2: combine a shared expert too
+    flags: u32,         // NORM_* bits (flags.rs)
     eps: f32,
     k: u32,             // combine: routed experts per token
     gate_stride: u32,   // combine: floats per `gate_logits` row, the shared gate's logit last
@@ -44,7 +44,7 @@ fn weight_vec(i: u32) -> vec4<f32> {
 // x * inv * w, rounded to BF16 with flag 1.
 fn normed(v: vec4<f32>, inv: f32, w: vec4<f32>) -> vec4<f32> {
     var n = v * inv * w;
-    if ((p.flags & 1u) != 0u) {
+    if ((p.flags & NORM_ROUND) != 0u) {
         n = round_bf16_4(n);
     }
     return n;
@@ -154,7 +154,7 @@ fn combined(row: u32, i0: u32, i1: u32, gate: f32) -> array<vec4<f32>, 2> {
         sum0 = add_terms(sum0, j0, w, o0);
         sum1 = add_terms(sum1, j0, w, o1);
     }
-    if ((p.flags & 2u) != 0u) {
+    if ((p.flags & NORM_SHARED_EXPERT) != 0u) {
         sum0 += gate * shared_out[row * columns + i0];
         sum1 += gate * shared_out[row * columns + i1];
     }
@@ -171,7 +171,7 @@ fn combine_rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     let columns = p.width / 4u;
     let base = row * columns;
     var gate = 0.0;
-    if ((p.flags & 2u) != 0u) {
+    if ((p.flags & NORM_SHARED_EXPERT) != 0u) {
         gate = 1.0 / (1.0 + exp(-gate_logits[row * p.gate_stride + p.gate_stride - 1u]));
     }
     let i0 = min(t, columns - 1u);

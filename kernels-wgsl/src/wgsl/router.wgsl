@@ -60,8 +60,7 @@ struct RouterParams {
     logit_width: u32,   // router rows per token
     kept: u32,          // E_kept
     k: u32,
-    flags: u32,         // 1: sigmoid (else softmax); 2: full-width logits; 4: selection bias;
-                        // 8: renormalise the chosen weights
+    flags: u32,         // ROUTER_* bits (flags.rs)
     n_group: u32,
     topk_group: u32,
     group_size: u32,    // original ids per group
@@ -83,7 +82,7 @@ struct RouterParams {
 // the logit's load wait for it.)
 fn logit(row: u32, i: u32) -> f32 {
     var column = i;
-    if ((rp.flags & 2u) != 0u) {
+    if ((rp.flags & ROUTER_FULL_WIDTH) != 0u) {
         column = kept_ids[i];
     }
     return logits[row * rp.logit_width + column];
@@ -199,12 +198,12 @@ fn keep_expert(i: u32, l: f32) -> f32 {
         expert_group[i] = kept_ids[i] / rp.group_size;
     }
     var c = l;
-    if ((rp.flags & 1u) != 0u) {
+    if ((rp.flags & ROUTER_SIGMOID) != 0u) {
         let s = sigmoid(l);
         expert_weight[i] = s;
         c = s;
-        if ((rp.flags & 4u) != 0u) {
-            c += score_bias[select(i, kept_ids[i], (rp.flags & 2u) != 0u)];
+        if ((rp.flags & ROUTER_SCORE_BIAS) != 0u) {
+            c += score_bias[select(i, kept_ids[i], (rp.flags & ROUTER_FULL_WIDTH) != 0u)];
         }
     }
     rank[i] = c;
@@ -225,7 +224,7 @@ fn quad_clamped(q: u32) -> vec4<u32> {
 // Routes token `row` with a workgroup of `invocations` (WG or ROUTE_WG, a constant at each
 // call). Every invocation of the workgroup must call it.
 fn route_token(row: u32, t: u32, invocations: u32) {
-    let softmax = (rp.flags & 1u) == 0u;
+    let softmax = (rp.flags & ROUTER_SIGMOID) == 0u;
     let quads = (rp.kept + 3u) / 4u;
     // A quad of kept experts per invocation: their four logits loaded together (past `kept`:
     // the last expert's, unused), each expert kept (`keep_expert`), and the ranking scores
@@ -344,7 +343,7 @@ fn route_token(row: u32, t: u32, invocations: u32) {
     workgroupBarrier();
     if (t < rp.k) {
         var v = chosen_weight[t];
-        if ((rp.flags & 8u) != 0u) {
+        if ((rp.flags & ROUTER_RENORMALIZE) != 0u) {
             // Every writer sums the chosen weights in the same (position) order.
             var chosen_sum = 0.0;
             for (var j = 0u; j < rp.k; j++) {
