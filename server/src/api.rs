@@ -8,6 +8,10 @@ use serde_json::{Value, json};
 /// The model name requests must give.
 pub const MODEL: &str = "drama-3";
 
+/// The model names of OpenAI's speech API, which existing clients send: answered as
+/// [`MODEL`], so such a client switches by changing only its base URL.
+pub const MODEL_ALIASES: [&str; 3] = ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
+
 /// A refused request: HTTP status, message and the field at fault.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{status}: {message}")]
@@ -146,11 +150,14 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
         return Err(ApiError::status(400, "the body must be a JSON object"));
     }
     match body.get("model") {
-        Some(Value::String(name)) if name == MODEL => {}
+        Some(Value::String(name)) if name == MODEL || MODEL_ALIASES.contains(&name.as_str()) => {}
         Some(Value::String(other)) => {
             return Err(ApiError::invalid(
                 "model",
-                format!("unknown model {other:?}; this server runs {MODEL:?}"),
+                format!(
+                    "unknown model {other:?}; this server runs {MODEL:?} (also answering to {})",
+                    MODEL_ALIASES.map(|a| format!("{a:?}")).join(", ")
+                ),
             ));
         }
         None | Some(Value::Null) => {
@@ -216,6 +223,18 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
             }
         },
     };
+    // OpenAI's style instructions: drama-3 has no such input, and ignoring them would give
+    // a client other speech than it asked for without saying so.
+    match body.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) if text.trim().is_empty() => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "instructions",
+                "drama-3 takes no style instructions; leave `instructions` out (choose the voice with `voice`)",
+            ));
+        }
+    }
     if let Some(speed) = number(&body, "speed")?
         && speed != 1.0
     {
@@ -286,11 +305,35 @@ mod tests {
         parse_speech(body.as_bytes(), &POLICY).unwrap_err()
     }
 
+    /// OpenAI's model names are answered as drama-3; empty instructions are no instructions.
+    #[test]
+    fn openai_model_names_and_empty_instructions_are_accepted() {
+        for model in ["drama-3", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"] {
+            for instructions in ["null", "\"\"", "\"  \""] {
+                let body = format!(r#"{{"model": "{model}", "input": "hi", "instructions": {instructions}}}"#);
+                assert!(parse_speech(body.as_bytes(), &POLICY).is_ok(), "{body}");
+            }
+        }
+        let unknown = refusal(r#"{"model": "tts-2", "input": "hi"}"#);
+        assert_eq!(
+            unknown.message,
+            r#"unknown model "tts-2"; this server runs "drama-3" (also answering to "tts-1", "tts-1-hd", "gpt-4o-mini-tts")"#
+        );
+    }
+
     #[test]
     fn every_refusal_names_its_field() {
         for (body, param) in [
             (r#"{"input": "hi"}"#, "model"),
-            (r#"{"model": "tts-1", "input": "hi"}"#, "model"),
+            (r#"{"model": "tts-2", "input": "hi"}"#, "model"),
+            (
+                r#"{"model": "drama-3", "input": "hi", "instructions": "Speak calmly."}"#,
+                "instructions",
+            ),
+            (
+                r#"{"model": "drama-3", "input": "hi", "instructions": 3}"#,
+                "instructions",
+            ),
             (r#"{"model": "drama-3", "input": "  "}"#, "input"),
             (r#"{"model": "drama-3", "input": 5}"#, "input"),
             (r#"{"model": "drama-3", "input": "hi", "speed": 1.25}"#, "speed"),
