@@ -53,6 +53,15 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if std::fs::symlink_metadata(path).is_ok_and(|meta| !meta.file_type().is_file()) {
         return std::fs::write(path, bytes);
     }
+    write_through_temporary(path, |file| file.write_all(bytes))
+}
+
+/// [`write_atomically`] for a regular file: `write` fills the temporary file; if it fails,
+/// the temporary file is removed and `path` keeps what it held.
+fn write_through_temporary(
+    path: &Path,
+    write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let dir = folder_of(path);
     let mut builder = tempfile::Builder::new();
     builder.prefix(".").suffix(TEMPORARY_SUFFIX);
@@ -64,7 +73,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Ok(replaced) = std::fs::metadata(path) {
         file.as_file().set_permissions(replaced.permissions())?;
     }
-    file.write_all(bytes)?;
+    write(file.as_file_mut())?;
     file.as_file().sync_all()?;
     file.persist(path).map_err(|e| e.error)?;
     // Windows cannot open a folder as a file.
@@ -154,14 +163,24 @@ mod tests {
         assert_eq!(names, vec![std::ffi::OsString::from("out.wav")]);
     }
 
+    /// A write that fails halfway (as on a full disk) leaves the file it was replacing as it
+    /// was, and no temporary file behind.
     #[test]
     fn a_failed_write_keeps_the_old_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.wav");
-        std::fs::write(&path, b"old").unwrap();
-        // A folder where the file's parent should be: the temporary file cannot be made.
-        let err = write_atomically(&path.join("inside"), b"new").unwrap_err();
-        assert!(!err.to_string().is_empty());
-        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        std::fs::write(&path, b"old contents").unwrap();
+        let err = write_through_temporary(&path, |file| {
+            file.write_all(b"new, but only")?;
+            Err(std::io::Error::other("no space left on the device"))
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "no space left on the device");
+        assert_eq!(std::fs::read(&path).unwrap(), b"old contents");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("out.wav")]);
     }
 }

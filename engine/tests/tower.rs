@@ -25,6 +25,7 @@ fn tower_case(preset: &str) {
     let fixture = Fixture::preset(preset, rng.next_u64());
     let checkpoint = fixture.open();
     let n_mels = checkpoint.config.voice_tower.n_mels;
+    let mut errors = Vec::new();
     for frames in [1usize, 13] {
         // Log-mel values: ln of powers, between ln(1e-5) and a few units.
         let mel: Vec<f32> = uniform(&mut rng, frames * n_mels, 6.5)
@@ -53,8 +54,17 @@ fn tower_case(preset: &str) {
         let den: f64 = want.iter().map(|w| w * w).sum();
         let err = (num / den).sqrt();
         eprintln!("tower ({frames} frames): prefix rel-L2 {err:.2e}");
+        // Within a BF16 flip's reach always (two implementations may round one value to the
+        // other neighbour, and the flip spreads through the blocks)...
         assert!(err <= 5e-3, "tower rel-L2 {err}");
+        errors.push(err);
         let refusal = tower.encode(&mel[..n_mels - 1], 1).unwrap_err().to_string();
         assert!(refusal.contains("mel values"), "{refusal}");
     }
+    // ...and at f32 precision where none happened: on lavapipe and in the fast-math
+    // emulation both encodes match the contract-rounding reference exactly.
+    assert!(
+        errors.iter().any(|&e| e <= 1e-6),
+        "{preset}: no encode matches the reference to f32 precision: {errors:?}"
+    );
 }
