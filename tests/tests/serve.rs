@@ -249,12 +249,22 @@ fn cancelled_and_concurrent_requests_do_not_disturb_others() {
             "concurrent request {i} differs from its solo run"
         );
     }
-    // An early disconnect: read the first bytes of a stream, then drop it.
-    let long = json!({"model": "drama-3", "input": "This one gets cut off.", "seed": 99, "stream_format": "audio", "temperature": 0.2});
+    // An early disconnect: read the first bytes of a stream, then drop it. Twelve sentences
+    // take far longer than the wait below, so the stream ends by its cancellation, which
+    // the server counts.
+    let input: String = (0..12)
+        .map(|i| format!("Sentence {i} of the one that gets cut off. "))
+        .collect();
+    let long = json!({"model": "drama-3", "input": input, "seed": 99, "stream_format": "audio"});
+    let cancellations = server.metric("drama_cancellations_total");
     let mut reader = server.open_stream(&long);
     let mut first = [0u8; 64];
     reader.read_exact(&mut first).unwrap();
     drop(reader);
+    assert!(
+        gauge_reaches(&server, "drama_cancellations_total", cancellations + 1.0),
+        "the disconnected stream was not cancelled"
+    );
     let mut settled = false;
     for _ in 0..200 {
         if server.metric("drama_active_lanes") == 0.0 {
