@@ -824,6 +824,14 @@ fn snake_matches_reference_to_a_few_ulps() {
         )],
     );
     let got = gpu.read_f32(&out).unwrap();
+    // The engine's sine is within 2^-24 of exact. In the fast-math emulation the kernel uses
+    // WGSL's built-in sin, whose accuracy is the platform's: an H100's went up to 1.2 times
+    // the 2^-24 bound and stays within 2^-21 (eleven seeds: 0.87 of it at most); lavapipe's
+    // within 2^-24.
+    let sine_error = match gpu.caps.numerics {
+        drama_kernels::Numerics::AsWritten => 1.0,
+        drama_kernels::Numerics::FastMathEmulation => 8.0,
+    };
     let mut want = Vec::new();
     let mut scale = Vec::new();
     for (n, &v) in x[..count].iter().enumerate() {
@@ -832,9 +840,9 @@ fn snake_matches_reference_to_a_few_ulps() {
         let sine = (a * v).sin();
         let exact = v + sine * sine / (a + 1e-9);
         want.push(exact);
-        // A few f32 roundings of the result, and a sine within 2^-24 of exact: the term
-        // s^2 / alpha then errs by up to 2 |s| / alpha 2^-24.
-        scale.push(exact.abs() + sine.abs() / a);
+        // A few f32 roundings of the result, and a sine within sine_error 2^-24 of exact:
+        // the term s^2 / alpha then errs by up to 2 |s| / alpha sine_error 2^-24.
+        scale.push(exact.abs() + sine_error * sine.abs() / a);
     }
     check(label, &got, &want, &scale, 2.0 * f64::from(f32::EPSILON));
 }
