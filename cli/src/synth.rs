@@ -7,10 +7,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use drama_engine::audio::wav::{write_wav_f32, write_wav_pcm16};
+use drama_engine::batch::synthesize;
 use drama_engine::guidance::check_gamma;
 use drama_engine::sampling::SamplingParams;
 use drama_engine::session::Engine;
-use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest, synthesize};
+use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest};
 use drama_engine::text::{TextFrontEnd, text_budget};
 use indicatif::{ProgressBar, ProgressStyle};
 

@@ -661,3 +661,42 @@ impl<'e> Batcher<'e> {
         (job.id, job.stats)
     }
 }
+
+/// Synthesizes the request alone, handing PCM to `sink` as it is produced; `sink` returns
+/// false to cancel (generation stops before the next step). Runs through the same batcher
+/// as the server, so the CLI and a served request give the same bits.
+pub fn synthesize(
+    engine: &Engine,
+    request: &SynthesisRequest,
+    sink: &mut dyn FnMut(&[f32]) -> bool,
+) -> Result<SynthesisStats, EngineError> {
+    let c = &engine.checkpoint.config;
+    let longest = request.segments.iter().map(Vec::len).max().unwrap_or(0);
+    let capacity = Batcher::positions_needed(c.speech.voice_prefix_len, longest, request.max_audio_tokens)
+        .min(c.max_position_embeddings);
+    let mut batcher = Batcher::new(engine, Batcher::lanes_needed(request.gamma), capacity.max(1))?;
+    // The batcher's sink must be 'static: collect chunks through a channel and forward them.
+    let (sender, receiver) = std::sync::mpsc::channel::<Vec<f32>>();
+    let cancelled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = cancelled.clone();
+    batcher.admit(
+        request.clone(),
+        Box::new(move |pcm: &[f32]| {
+            !flag.load(std::sync::atomic::Ordering::SeqCst) && sender.send(pcm.to_vec()).is_ok()
+        }),
+    )?;
+    loop {
+        let finished = batcher.step()?;
+        for pcm in receiver.try_iter() {
+            if !sink(&pcm) {
+                cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        if let Some((_, ended)) = finished.into_iter().next() {
+            return ended;
+        }
+        if cancelled.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(batcher.cancel(0).expect("the one job is running"));
+        }
+    }
+}

@@ -16,13 +16,14 @@ use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::batch::Batcher;
+use crate::batch::synthesize;
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
 use crate::exec::{LinearIo, linear_launches};
 use crate::gpu::{Capabilities, Dispatch, Gpu};
 use crate::sampling::SamplingParams;
 use crate::session::{Engine, Row, RowSource, Session};
-use crate::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest, synthesize};
+use crate::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest};
 use crate::weights::GpuLinear;
 use drama_checkpoint::{LayerMlp, ModelConfig};
 

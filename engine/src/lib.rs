@@ -11,7 +11,8 @@
 //! - [`exec`]: a graph lowered to kernel launches; one pass and one submit per step.
 //! - [`session`]: the loaded engine and its lanes (KV caches, prefixes, steps).
 //! - [`codec`], [`tower`]: the streaming codec decoder (codes to PCM) and the voice tower.
-//! - [`text`], [`sampling`], [`synth`], [`batch`]: text front end, seeded sampling, synthesis, continuous batching.
+//! - [`text`], [`sampling`], [`synth`], [`batch`]: text front end, seeded sampling, a
+//!   synthesis request and its outcome, continuous batching (and one request alone).
 //! - [`guidance`], [`trace`], [`voice`]: guidance mixing, teacher-forced traces, voice files.
 //! - [`bench`]: the benchmark suite of `drama bench`.
 //! - [`error`]: the engine's error type.

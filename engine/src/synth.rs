@@ -1,5 +1,7 @@
-//! Speech synthesis: prefill, then token-by-token decoding with guidance and seeded
-//! sampling, and the codec streaming PCM while tokens are generated.
+//! What a synthesis is asked and what it did: the request, its guidance mode, how it
+//! stopped, its statistics. [`crate::batch`] runs requests (prefill, then token-by-token
+//! decoding with guidance and seeded sampling, the codec streaming PCM while tokens are
+//! generated); [`crate::batch::synthesize`] runs one alone.
 //!
 //! Guidance runs the cond lane (the voice prefix) and the uncond lane (`null_prefix`, same
 //! text) either as two lanes of one batched step (paired) or as two forwards (separate);
@@ -10,10 +12,8 @@
 
 use std::time::Duration;
 
-use crate::batch::Batcher;
-use crate::error::EngineError;
 use crate::sampling::SamplingParams;
-use crate::session::{Engine, ForwardSplit};
+use crate::session::ForwardSplit;
 
 /// How the guidance lanes run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,44 +100,5 @@ impl SynthesisStats {
     /// Seconds of audio produced.
     pub fn audio_seconds(&self) -> f64 {
         self.samples as f64 / f64::from(self.sample_rate)
-    }
-}
-
-/// Synthesizes the request alone, handing PCM to `sink` as it is produced; `sink` returns
-/// false to cancel (generation stops before the next step). Runs through the same batcher
-/// as the server, so the CLI and a served request give the same bits.
-pub fn synthesize(
-    engine: &Engine,
-    request: &SynthesisRequest,
-    sink: &mut dyn FnMut(&[f32]) -> bool,
-) -> Result<SynthesisStats, EngineError> {
-    let c = &engine.checkpoint.config;
-    let longest = request.segments.iter().map(Vec::len).max().unwrap_or(0);
-    let capacity = Batcher::positions_needed(c.speech.voice_prefix_len, longest, request.max_audio_tokens)
-        .min(c.max_position_embeddings);
-    let mut batcher = Batcher::new(engine, Batcher::lanes_needed(request.gamma), capacity.max(1))?;
-    // The batcher's sink must be 'static: collect chunks through a channel and forward them.
-    let (sender, receiver) = std::sync::mpsc::channel::<Vec<f32>>();
-    let cancelled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = cancelled.clone();
-    batcher.admit(
-        request.clone(),
-        Box::new(move |pcm: &[f32]| {
-            !flag.load(std::sync::atomic::Ordering::SeqCst) && sender.send(pcm.to_vec()).is_ok()
-        }),
-    )?;
-    loop {
-        let finished = batcher.step()?;
-        for pcm in receiver.try_iter() {
-            if !sink(&pcm) {
-                cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        if let Some((_, ended)) = finished.into_iter().next() {
-            return ended;
-        }
-        if cancelled.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(batcher.cancel(0).expect("the one job is running"));
-        }
     }
 }

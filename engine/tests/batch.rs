@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use drama_checkpoint::names;
+use drama_engine::batch::synthesize;
 use drama_engine::batch::{Batcher, CODEC_CHUNK_PARTS, parts_for};
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::sampling::{Sampler, SamplingParams};
 use drama_engine::session::{Engine, Row, RowSource, Session};
-use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, synthesize};
+use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest};
 use rand_core::Rng;
 use std::time::Duration;
 

@@ -129,13 +129,3 @@ impl GraphBuilder {
         self.graph
     }
 }
-
-/// Shorthand used by inference rules.
-pub(crate) fn shape_of(value: &Value) -> &[usize] {
-    &value.shape
-}
-
-/// Whether a dtype can feed a linear.
-pub(crate) fn is_bf16(dtype: DType) -> bool {
-    dtype == DType::Bf16
-}

@@ -3,7 +3,6 @@
 
 use drama_kernels::{KeptCapacity, LinearInput, MAX_EXPERT_GROUPS, MAX_KEPT_EXPERTS, MAX_ROUTED_PER_TOKEN};
 
-use crate::graph::{is_bf16, shape_of};
 use crate::ir::{DType, Op, Value, ValueKind};
 
 type Outputs = Vec<(Vec<usize>, DType)>;
@@ -313,4 +312,14 @@ fn linear_input_dtype(input: LinearInput) -> DType {
         LinearInput::F32 => DType::Bf16,
         LinearInput::Bf16Pairs => DType::Bf16Pairs,
     }
+}
+
+/// Shorthand used by inference rules.
+fn shape_of(value: &Value) -> &[usize] {
+    &value.shape
+}
+
+/// Whether a dtype can feed a linear.
+fn is_bf16(dtype: DType) -> bool {
+    dtype == DType::Bf16
 }

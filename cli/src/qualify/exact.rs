@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, ensure};
 use drama_engine::batch::Batcher;
+use drama_engine::batch::synthesize;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::sampling::SamplingParams;
 use drama_engine::session::Engine;
-use drama_engine::synth::{GuidanceMode, SynthesisRequest, synthesize};
+use drama_engine::synth::{GuidanceMode, SynthesisRequest};
 use drama_engine::tower::VoiceTower;
 use drama_engine::trace::{LaneMode, TraceRequest, trace};
 use drama_engine::voice::{prefix_from_wav, read_voice_file, voice_file_bytes};
