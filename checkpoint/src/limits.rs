@@ -82,10 +82,12 @@ pub fn tensors_beyond_limits(linears: &BTreeMap<String, LinearInfo>, layers: &[L
     found
 }
 
-/// Whether a backbone linear runs at any input width: a dense layer's BF16 down projection
-/// (`Kernel::LinearRagged`, which reads plain f32 inputs and adds the residual stream).
+/// Whether a backbone linear runs at any input width: a dense layer's or a shared expert's
+/// BF16 down projection (`Kernel::LinearRagged`, which reads plain f32 inputs).
 fn runs_ragged(module: &str, info: &LinearInfo) -> bool {
-    info.format == LinearFormat::Bf16 && module.starts_with("model.layers.") && module.ends_with(".mlp.down_proj")
+    info.format == LinearFormat::Bf16
+        && module.starts_with("model.layers.")
+        && (module.ends_with(".mlp.down_proj") || module.ends_with(".mlp.shared_expert.down_proj"))
 }
 
 #[cfg(test)]
@@ -103,6 +105,42 @@ mod tests {
             stored_bytes: 0,
         };
         (module, info)
+    }
+
+    /// The down projections of dense layers and shared experts run at any BF16 width; a
+    /// BF16 linear reading the hidden width keeps its multiple of 8, and an NVFP4 one its
+    /// multiple of 16 (the format's block).
+    #[test]
+    fn only_bf16_down_projections_run_at_any_width() {
+        let linears: BTreeMap<String, LinearInfo> = [
+            linear("model.layers.0.mlp.down_proj".into(), LinearFormat::Bf16, 98),
+            linear(
+                "model.layers.1.mlp.shared_expert.down_proj".into(),
+                LinearFormat::Bf16,
+                52,
+            ),
+            linear("model.layers.0.mlp.gate_proj".into(), LinearFormat::Bf16, 60),
+            linear(
+                "model.layers.2.mlp.shared_expert.down_proj".into(),
+                LinearFormat::Nvfp4ModelOpt,
+                40,
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let words: Vec<String> = tensors_beyond_limits(&linears, &[])
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            words,
+            [
+                "linear model.layers.0.mlp.gate_proj's input width is 60; this engine runs a multiple of 8 for BF16 \
+                 weights (a row must start one load of its weights)",
+                "linear model.layers.2.mlp.shared_expert.down_proj's input width is 40; this engine runs a multiple \
+                 of 16 for NVFP4 (ModelOpt) weights (a row must start one load of its weights)",
+            ]
+        );
     }
 
     /// A layer whose experts mix formats in one projection is refused, naming both experts;

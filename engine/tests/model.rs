@@ -425,10 +425,12 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
 /// barriers have device scope as well (Vulkan's form: attention's chunks combined in its
 /// launch): a prompt long enough to group its experts' slots and read its linears' inputs as
 /// BF16 pairs, then one-row steps.
-#[test]
-fn serial_launch_steps_equal_concurrent_launch_steps() {
-    let mut rng = rng("serial and concurrent launches");
-    let f = Fixture::preset("tiny", rng.next_u64());
+/// Logits of a prompt and three one-row steps on a fresh checkpoint of `preset`, and the
+/// kernels of the last step, built for serial launches, for concurrent ones, and for
+/// concurrent ones with device-scope barriers.
+fn launch_modes(preset: &str) -> [(Vec<f32>, Vec<Kernel>); 3] {
+    let mut rng = rng(&format!("serial and concurrent launches {preset}"));
+    let f = Fixture::preset(preset, rng.next_u64());
     let (text, audio) = utterance(&f.open(), &mut rng, 12, 3);
     let p = f.open().config.speech.voice_prefix_len;
     let prompt = rows_for(0, p, &text, &audio);
@@ -460,9 +462,17 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
         let kernels: Vec<Kernel> = last.into_iter().map(|(k, _)| k).collect();
         (logits, kernels)
     };
-    let (serial, serial_kernels) = run(false, false);
-    let (concurrent, concurrent_kernels) = run(true, false);
-    let (vulkan, vulkan_kernels) = run(true, true);
+    [run(false, false), run(true, false), run(true, true)]
+}
+
+#[test]
+fn serial_launch_steps_equal_concurrent_launch_steps() {
+    let f = Fixture::preset("tiny", rng("serial and concurrent launches tiny").next_u64());
+    let [
+        (serial, serial_kernels),
+        (concurrent, concurrent_kernels),
+        (vulkan, vulkan_kernels),
+    ] = launch_modes("tiny");
     assert_eq!(bits(&serial), bits(&concurrent));
     assert_eq!(bits(&vulkan), bits(&concurrent), "attention combined in its launch");
     let moe_layers = f.open().layers.iter().filter(|l| matches!(l, LayerMlp::Moe(_))).count();
@@ -485,6 +495,16 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
     assert_eq!(count(&vulkan_kernels, Kernel::AttendAndCombine), layers);
     assert_eq!(count(&vulkan_kernels, Kernel::Attend), 0);
     assert_eq!(vulkan_kernels.len(), concurrent_kernels.len() - layers);
+}
+
+/// The same on the awkward preset, whose dense layers' and shared experts' down projections
+/// (widths 98 and 52) run in the ragged-width kernel in every launch mode.
+#[test]
+fn launch_modes_agree_at_ragged_widths() {
+    let [(serial, _), (concurrent, _), (vulkan, kernels)] = launch_modes("awkward");
+    assert_eq!(bits(&serial), bits(&concurrent));
+    assert_eq!(bits(&vulkan), bits(&concurrent));
+    assert!(kernels.contains(&Kernel::LinearRagged), "{kernels:?}");
 }
 
 /// A step whose launches would need more than 65535 workgroups along one dimension is

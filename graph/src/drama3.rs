@@ -546,8 +546,15 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         round_output: true,
         swiglu: false,
     };
-    let fused =
-        shared_act.filter(|_| !g.concurrent && shares_launch(&shared_down) && routes_beside_linear(g.rows, route.kept));
+    // A BF16 width the main linear kernel cannot read runs in the ragged-width kernel: a
+    // launch of its own after the ones before it, reading f32 rows.
+    let ragged_down = shared_down
+        .members
+        .iter()
+        .any(|m| m.format == WeightFormat::Bf16 && !s.shared_width.is_multiple_of(WeightFormat::Bf16.width_multiple()));
+    let fused = shared_act.filter(|_| {
+        !g.concurrent && !ragged_down && shares_launch(&shared_down) && routes_beside_linear(g.rows, route.kept)
+    });
     let listed = if g.concurrent { shared_act } else { fused };
     let op = Op::Router {
         route,
@@ -611,7 +618,8 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         Some(act) => {
             // Beside the launch before it, it reads what routing lists: the activation as
             // the pair wrote it. One after another, it reads what the step's linears read.
-            let (act, input) = if g.concurrent {
+            let beside = g.concurrent && !ragged_down;
+            let (act, input) = if beside || ragged_down {
                 (act, LinearInput::F32)
             } else {
                 g.linear_input(&at("shared_expert.down"), act)?
@@ -625,7 +633,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
                     residual: false,
                     swiglu: false,
                     cache_write: None,
-                    beside: g.concurrent,
+                    beside,
                     input,
                 },
                 &[act],
