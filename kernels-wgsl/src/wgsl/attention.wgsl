@@ -163,11 +163,10 @@ fn value_part(v_base: u32, kv_row: u32, part: u32, parts: u32, count: u32) -> ve
         let e5 = weights[s + 5u * parts];
         let e6 = weights[s + 6u * parts];
         let e7 = weights[s + 7u * parts];
-        acc += (mul_add4(vec4<f32>(e0), v0, e1 * v1) + mul_add4(vec4<f32>(e2), v2, e3 * v3))
-            + (mul_add4(vec4<f32>(e4), v5, e5 * v6) + mul_add4(vec4<f32>(e6), v7, e7 * v8));
+        acc += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + ((e4 * v5 + e5 * v6) + (e6 * v7 + e7 * v8));
     }
     for (; s < count; s += parts) {
-        acc = mul_add4(vec4<f32>(weights[s]), v4[v_base + s * kv_row], acc);
+        acc += weights[s] * v4[v_base + s * kv_row];
     }
     return acc;
 }

@@ -94,15 +94,6 @@ struct Sum4 {
     carry: vec4<f32>,
 }
 
-// `add4` of the product w * x: under the fast-math emulation contracted into one fused
-// multiply-add with the running value, as fast math may.
-fn add_product4(s: Sum4, w: vec4<f32>, x: vec4<f32>) -> Sum4 {
-    if (FAST_MATH_EMULATION) {
-        return Sum4(fma(w, x, s.value), vec4<f32>(0.0));
-    }
-    return add4(s, w * x);
-}
-
 fn add4(s: Sum4, term: vec4<f32>) -> Sum4 {
     // What fast math may make of the compensation: (t - value) - y folds to 0.
     if (FAST_MATH_EMULATION) {
@@ -225,10 +216,10 @@ fn conv1d_tile(wg: vec3<u32>, t: u32) -> ConvTile {
             for (var i = lane; i < p.in_ch; i += p.lanes) {
                 let xs = frames4(e, i, inside);
                 let at = (rows + vec4<u32>(i)) * p.kernel + vec4<u32>(j);
-                acc[0] = add_product4(acc[0], vec4<f32>(weight(at.x)), xs);
-                acc[1] = add_product4(acc[1], vec4<f32>(weight(at.y)), xs);
-                acc[2] = add_product4(acc[2], vec4<f32>(weight(at.z)), xs);
-                acc[3] = add_product4(acc[3], vec4<f32>(weight(at.w)), xs);
+                acc[0] = add4(acc[0], weight(at.x) * xs);
+                acc[1] = add4(acc[1], weight(at.y) * xs);
+                acc[2] = add4(acc[2], weight(at.z) * xs);
+                acc[3] = add4(acc[3], weight(at.w) * xs);
             }
         }
     }

@@ -1,22 +1,5 @@
 // Shared number-format helpers, prepended to every kernel that decodes weights or rounds.
 
-// a * b + c as written, or as one fused multiply-add: Metal's default fast math may contract
-// it so, which the fast-math emulation (FAST_MATH_EMULATION) does at the kernels' hot sums.
-fn mul_add(a: f32, b: f32, c: f32) -> f32 {
-    if (FAST_MATH_EMULATION) {
-        return fma(a, b, c);
-    }
-    return a * b + c;
-}
-
-// `mul_add` of each component.
-fn mul_add4(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>) -> vec4<f32> {
-    if (FAST_MATH_EMULATION) {
-        return fma(a, b, c);
-    }
-    return a * b + c;
-}
-
 // Round an f32 to the nearest BF16 value (ties to even); infinities and NaN pass through.
 fn round_bf16(x: f32) -> f32 {
     let b = bitcast<u32>(x);

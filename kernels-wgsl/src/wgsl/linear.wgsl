@@ -690,27 +690,27 @@ fn add_unit(
     let db = decode_unit(b);
     let dc = decode_unit(c);
     let dd = decode_unit(d);
-    (*acc)[0] = mul_add4(unit_dot4(da, db, dc, dd, unit_activations(x_at[0] + offset, packed)), vec4<f32>(scale), (*acc)[0]);
+    (*acc)[0] += unit_dot4(da, db, dc, dd, unit_activations(x_at[0] + offset, packed)) * scale;
     if (count > 1u) {
-        (*acc)[1] = mul_add4(unit_dot4(da, db, dc, dd, unit_activations(x_at[1] + offset, packed)), vec4<f32>(scale), (*acc)[1]);
+        (*acc)[1] += unit_dot4(da, db, dc, dd, unit_activations(x_at[1] + offset, packed)) * scale;
     }
     if (count > 2u) {
-        (*acc)[2] = mul_add4(unit_dot4(da, db, dc, dd, unit_activations(x_at[2] + offset, packed)), vec4<f32>(scale), (*acc)[2]);
+        (*acc)[2] += unit_dot4(da, db, dc, dd, unit_activations(x_at[2] + offset, packed)) * scale;
     }
     if (count > 3u) {
-        (*acc)[3] = mul_add4(unit_dot4(da, db, dc, dd, unit_activations(x_at[3] + offset, packed)), vec4<f32>(scale), (*acc)[3]);
+        (*acc)[3] += unit_dot4(da, db, dc, dd, unit_activations(x_at[3] + offset, packed)) * scale;
     }
     if (count > 4u) {
-        (*acc)[4] = mul_add4(unit_dot4(da, db, dc, dd, unit_activations(x_at[4] + offset, packed)), vec4<f32>(scale), (*acc)[4]);
+        (*acc)[4] += unit_dot4(da, db, dc, dd, unit_activations(x_at[4] + offset, packed)) * scale;
     }
     if (count > 5u) {
-        (*acc)[5] = mul_add4(unit_dot4(da, db, dc, dd, unit_activations(x_at[5] + offset, packed)), vec4<f32>(scale), (*acc)[5]);
+        (*acc)[5] += unit_dot4(da, db, dc, dd, unit_activations(x_at[5] + offset, packed)) * scale;
     }
     if (count > 6u) {
-        (*acc)[6] = mul_add4(unit_dot4(da, db, dc, dd, unit_activations(x_at[6] + offset, packed)), vec4<f32>(scale), (*acc)[6]);
+        (*acc)[6] += unit_dot4(da, db, dc, dd, unit_activations(x_at[6] + offset, packed)) * scale;
     }
     if (count > 7u) {
-        (*acc)[7] = mul_add4(unit_dot4(da, db, dc, dd, unit_activations(x_at[7] + offset, packed)), vec4<f32>(scale), (*acc)[7]);
+        (*acc)[7] += unit_dot4(da, db, dc, dd, unit_activations(x_at[7] + offset, packed)) * scale;
     }
 }
 

@@ -39,7 +39,7 @@ fn linear_ragged(
     for (var r = wg.y; r < p.rows; r += nwg.y) {
         var sum = 0.0;
         for (var k = t; k < width; k += WG) {
-            sum = mul_add(x[r * width + k], weight(n * width + k), sum);
+            sum += x[r * width + k] * weight(n * width + k);
         }
         sums[t] = sum;
         workgroupBarrier();

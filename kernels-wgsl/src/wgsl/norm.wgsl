@@ -110,14 +110,14 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 // past `k` add nothing), from weights `w` and outputs `o` loaded beforehand.
 fn add_terms(sum: vec4<f32>, j0: u32, w: array<f32, 8>, o: array<vec4<f32>, 8>) -> vec4<f32> {
     var s = sum;
-    if (j0 < p.k) { s = mul_add4(vec4<f32>(w[0]), o[0], s); }
-    if (j0 + 1u < p.k) { s = mul_add4(vec4<f32>(w[1]), o[1], s); }
-    if (j0 + 2u < p.k) { s = mul_add4(vec4<f32>(w[2]), o[2], s); }
-    if (j0 + 3u < p.k) { s = mul_add4(vec4<f32>(w[3]), o[3], s); }
-    if (j0 + 4u < p.k) { s = mul_add4(vec4<f32>(w[4]), o[4], s); }
-    if (j0 + 5u < p.k) { s = mul_add4(vec4<f32>(w[5]), o[5], s); }
-    if (j0 + 6u < p.k) { s = mul_add4(vec4<f32>(w[6]), o[6], s); }
-    if (j0 + 7u < p.k) { s = mul_add4(vec4<f32>(w[7]), o[7], s); }
+    if (j0 < p.k) { s += w[0] * o[0]; }
+    if (j0 + 1u < p.k) { s += w[1] * o[1]; }
+    if (j0 + 2u < p.k) { s += w[2] * o[2]; }
+    if (j0 + 3u < p.k) { s += w[3] * o[3]; }
+    if (j0 + 4u < p.k) { s += w[4] * o[4]; }
+    if (j0 + 5u < p.k) { s += w[5] * o[5]; }
+    if (j0 + 6u < p.k) { s += w[6] * o[6]; }
+    if (j0 + 7u < p.k) { s += w[7] * o[7]; }
     return s;
 }
 
@@ -155,8 +155,8 @@ fn combined(row: u32, i0: u32, i1: u32, gate: f32) -> array<vec4<f32>, 2> {
         sum1 = add_terms(sum1, j0, w, o1);
     }
     if ((p.flags & NORM_SHARED_EXPERT) != 0u) {
-        sum0 = mul_add4(vec4<f32>(gate), shared_out[row * columns + i0], sum0);
-        sum1 = mul_add4(vec4<f32>(gate), shared_out[row * columns + i1], sum1);
+        sum0 += gate * shared_out[row * columns + i0];
+        sum1 += gate * shared_out[row * columns + i1];
     }
     return array<vec4<f32>, 2>(x[row * columns + i0] + sum0, x[row * columns + i1] + sum1);
 }
