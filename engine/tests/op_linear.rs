@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use drama_checkpoint::numerics::{e2m1_to_f32, e4m3_to_f32};
 use drama_engine::exec::{LinearIo, linear_launches, linear_pair_launch, route_launch};
 use drama_engine::weights::GpuLinear;
 use drama_kernels::flags::{self, bit};
@@ -12,104 +11,15 @@ use drama_kernels::{
     EXPERT_GROUP_SLOTS, ElementwiseParams, GroupParams, Kernel, LINEAR_PASS_ROWS, LinearInput, LinearParams,
     LinearWidth, RouterParams, WeightFormat,
 };
+use drama_reference::stored::{self, StoredWeights as Weights};
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
-/// A random weight matrix in one stored format, with its exact decoded values.
-struct Weights {
-    format: WeightFormat,
-    rows: usize,
-    cols: usize,
-    packed: Vec<u8>,
-    scales: Vec<u8>,
-    tensor_scale: f32,
-    decoded: Vec<f64>,
-}
-
-/// E4M3 block scales worth testing: the smallest subnormal, the largest subnormal, the
-/// smallest normal, the maximum (448) and random normal values; never NaN or negative.
-fn random_scale(rng: &mut ChaCha8Rng) -> u8 {
-    match rng.next_u32() % 8 {
-        0 => 0x01,
-        1 => 0x07,
-        2 => 0x08,
-        3 => 0x7E,
-        _ => 0x20 + (rng.next_u32() % 0x30) as u8,
-    }
-}
-
+/// Random weights of `format` (`drama_reference::stored`), NVFP4 with a random per-tensor
+/// factor.
 fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, rows: usize, cols: usize) -> Weights {
     let tensor_scale = 0.001 + (rng.next_u32() % 1000) as f32 * 1e-4;
-    match format {
-        WeightFormat::Bf16 => {
-            let values = bf16_values(rng, rows * cols, 1.0);
-            Weights {
-                format,
-                rows,
-                cols,
-                packed: pack_bf16(&values),
-                scales: vec![0; 4],
-                tensor_scale: 1.0,
-                decoded: values.iter().map(|&v| f64::from(v)).collect(),
-            }
-        }
-        WeightFormat::Nvfp4 => {
-            let mut packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.next_u32() as u8).collect();
-            // Every nibble value, in both positions, at the start of the matrix.
-            for (i, byte) in packed.iter_mut().take(16).enumerate() {
-                *byte = (i as u8) | (((15 - i) as u8) << 4);
-            }
-            let scales: Vec<u8> = (0..rows * cols / 16).map(|_| random_scale(rng)).collect();
-            let decoded = (0..rows * cols)
-                .map(|i| {
-                    let (r, c) = (i / cols, i % cols);
-                    let byte = packed[i / 2];
-                    let code = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
-                    f64::from(e2m1_to_f32(code))
-                        * f64::from(e4m3_to_f32(scales[r * cols / 16 + c / 16]))
-                        * f64::from(tensor_scale)
-                })
-                .collect();
-            Weights {
-                format,
-                rows,
-                cols,
-                packed,
-                scales,
-                tensor_scale,
-                decoded,
-            }
-        }
-        WeightFormat::Fp8Block => {
-            let packed: Vec<u8> = (0..rows * cols)
-                .map(|_| {
-                    loop {
-                        let b = rng.next_u32() as u8;
-                        if b & 0x7F != 0x7F {
-                            break b;
-                        }
-                    }
-                })
-                .collect();
-            let grid = (rows.div_ceil(128), cols.div_ceil(128));
-            let tile_scales: Vec<f32> = (0..grid.0 * grid.1).map(|i| 0.001 * (1 + i) as f32).collect();
-            let decoded = (0..rows * cols)
-                .map(|i| {
-                    let (r, c) = (i / cols, i % cols);
-                    f64::from(e4m3_to_f32(packed[i])) * f64::from(tile_scales[(r / 128) * grid.1 + c / 128])
-                })
-                .collect();
-            Weights {
-                format,
-                rows,
-                cols,
-                packed,
-                scales: f32_bytes(&tile_scales),
-                tensor_scale: 1.0,
-                decoded,
-            }
-        }
-    }
+    stored::random_weights(rng, format, rows, cols, tensor_scale)
 }
 
 /// Adds to `dispatches` a `pack_bf16` launch packing the `values` BF16 values of `x` into

@@ -5,6 +5,7 @@
 pub mod codec;
 mod model;
 pub mod ops;
+pub mod stored;
 pub mod tower;
 pub mod weights;
 

@@ -7,11 +7,12 @@
 //! same reference.)
 
 use anyhow::{Result, ensure};
-use drama_checkpoint::numerics::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, f32_to_bf16_bits};
+use drama_checkpoint::numerics::{bf16_to_f32, f32_to_bf16_bits};
 use drama_engine::exec::{LinearIo, linear_launches};
 use drama_engine::gpu::Gpu;
 use drama_engine::weights::GpuLinear;
 use drama_kernels::WeightFormat;
+use drama_reference::stored::{StoredWeights, random_weights};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -24,17 +25,6 @@ pub const LINEAR_TOLERANCE: f64 = 2e-6;
 
 /// Activation rows of each launch: more than one, not a power of two.
 const ROWS: usize = 5;
-
-/// A linear's weights in one stored format, and their decoded values.
-struct Weights {
-    format: WeightFormat,
-    out: usize,
-    width: usize,
-    codes: Vec<u8>,
-    scales: Vec<u8>,
-    tensor_scale: f32,
-    decoded: Vec<f64>,
-}
 
 /// The cases: (check name, format, outputs, input width, per-tensor factor).
 fn cases() -> [(&'static str, WeightFormat, usize, usize, TensorScale); 5] {
@@ -93,96 +83,24 @@ impl TensorScale {
     }
 }
 
-/// E4M3 block scales worth covering: the smallest and largest subnormal, the smallest
-/// normal, the maximum (448) and random normal values.
-fn block_scale(rng: &mut ChaCha8Rng) -> u8 {
-    match rng.next_u32() % 8 {
-        0 => 0x01,
-        1 => 0x07,
-        2 => 0x08,
-        3 => 0x7E,
-        _ => 0x20 + (rng.next_u32() % 0x30) as u8,
-    }
-}
-
-fn random_weights(rng: &mut ChaCha8Rng, format: WeightFormat, out: usize, width: usize, scale: TensorScale) -> Weights {
-    let tensor_scale = scale.draw(rng);
-    let (codes, scales, decoded): (Vec<u8>, Vec<u8>, Vec<f64>) = match format {
-        WeightFormat::Bf16 => {
-            let values: Vec<u16> = (0..out * width).map(|_| f32_to_bf16_bits(signed_unit(rng))).collect();
-            let decoded = values.iter().map(|&b| f64::from(bf16_to_f32(b))).collect();
-            (bytemuck::cast_slice(&values).to_vec(), vec![0; 4], decoded)
-        }
-        WeightFormat::Nvfp4 => {
-            let mut codes: Vec<u8> = (0..out * width / 2).map(|_| rng.next_u32() as u8).collect();
-            for (i, byte) in codes.iter_mut().take(16).enumerate() {
-                *byte = (i as u8) | (((15 - i) as u8) << 4);
-            }
-            let scales: Vec<u8> = (0..out * width / 16).map(|_| block_scale(rng)).collect();
-            let decoded = (0..out * width)
-                .map(|i| {
-                    let (r, c) = (i / width, i % width);
-                    let byte = codes[i / 2];
-                    let code = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
-                    f64::from(e2m1_to_f32(code))
-                        * f64::from(e4m3_to_f32(scales[r * width / 16 + c / 16]))
-                        * f64::from(tensor_scale)
-                })
-                .collect();
-            (codes, scales, decoded)
-        }
-        WeightFormat::Fp8Block => {
-            // Any E4M3 but NaN (0x7F, 0xFF).
-            let codes: Vec<u8> = (0..out * width)
-                .map(|_| {
-                    loop {
-                        let b = rng.next_u32() as u8;
-                        if b & 0x7F != 0x7F {
-                            break b;
-                        }
-                    }
-                })
-                .collect();
-            let grid = (out.div_ceil(128), width.div_ceil(128));
-            let tiles: Vec<f32> = (0..grid.0 * grid.1).map(|i| 0.001 * (1 + i) as f32).collect();
-            let decoded = (0..out * width)
-                .map(|i| {
-                    let (r, c) = (i / width, i % width);
-                    f64::from(e4m3_to_f32(codes[i])) * f64::from(tiles[(r / 128) * grid.1 + c / 128])
-                })
-                .collect();
-            (codes, bytemuck::cast_slice(&tiles).to_vec(), decoded)
-        }
-    };
-    Weights {
-        format,
-        out,
-        width,
-        codes,
-        scales,
-        tensor_scale,
-        decoded,
-    }
-}
-
 /// A random value in [-1, 1] as f32.
 fn signed_unit(rng: &mut ChaCha8Rng) -> f32 {
     (rng.next_u32() as f64 / f64::from(u32::MAX) * 2.0 - 1.0) as f32
 }
 
 /// Runs `w` on `x` ([ROWS, width]) on the GPU: y unrounded, [ROWS, out].
-fn run_on_gpu(gpu: &Gpu, w: &Weights, x: &[f32]) -> Result<Vec<f32>> {
-    let mut linear = GpuLinear::one_segment(gpu, w.format, (w.out, w.width), &w.codes, &w.scales);
+fn run_on_gpu(gpu: &Gpu, w: &StoredWeights, x: &[f32]) -> Result<Vec<f32>> {
+    let mut linear = GpuLinear::one_segment(gpu, w.format, (w.rows, w.cols), &w.packed, &w.scales);
     linear.tensor_scale = w.tensor_scale;
     let xb = gpu.buffer_with("qualify x", bytemuck::cast_slice(x));
     // NaN bit patterns: an output the kernel does not write stays NaN and fails.
-    let y = gpu.buffer_with("qualify y", &vec![0xFF; ROWS * w.out * 4]);
+    let y = gpu.buffer_with("qualify y", &vec![0xFF; ROWS * w.rows * 4]);
     let placeholder = gpu.buffer("placeholder", 4);
     let launches = linear_launches(
         gpu,
         &linear,
         &placeholder,
-        &LinearIo::plain(&xb, &y, ROWS, w.out, false),
+        &LinearIo::plain(&xb, &y, ROWS, w.rows, false),
     )?;
     gpu.submit(&launches);
     Ok(gpu.read_f32(&y)?)
@@ -190,23 +108,23 @@ fn run_on_gpu(gpu: &Gpu, w: &Weights, x: &[f32]) -> Result<Vec<f32>> {
 
 /// The worst error of `got` against the FP64 product, relative to the sum of the terms'
 /// magnitudes of each output.
-fn worst_relative_error(w: &Weights, x: &[f32], got: &[f32]) -> Result<f64> {
+fn worst_relative_error(w: &StoredWeights, x: &[f32], got: &[f32]) -> Result<f64> {
     ensure!(
-        got.len() == ROWS * w.out,
+        got.len() == ROWS * w.rows,
         "{} outputs, want {}",
         got.len(),
-        ROWS * w.out
+        ROWS * w.rows
     );
     let mut worst = 0.0f64;
     for r in 0..ROWS {
-        for n in 0..w.out {
+        for n in 0..w.rows {
             let (mut sum, mut magnitude) = (0.0f64, 0.0f64);
-            for k in 0..w.width {
-                let term = w.decoded[n * w.width + k] * f64::from(x[r * w.width + k]);
+            for k in 0..w.cols {
+                let term = w.decoded[n * w.cols + k] * f64::from(x[r * w.cols + k]);
                 sum += term;
                 magnitude += term.abs();
             }
-            let g = got[r * w.out + n];
+            let g = got[r * w.rows + n];
             ensure!(g.is_finite(), "output ({r}, {n}) is {g}: not written, or overflowed");
             worst = worst.max((f64::from(g) - sum).abs() / magnitude.max(f64::MIN_POSITIVE));
         }
@@ -221,7 +139,8 @@ pub fn checks(gpu: &Gpu, seed: u64, plant: &Plant) -> Vec<Check> {
         .map(|(name, format, out, width, scale)| {
             Check::run(name, || {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (out * 1009 + width) as u64);
-                let w = random_weights(&mut rng, format, out, width, scale);
+                let tensor_scale = scale.draw(&mut rng);
+                let w = random_weights(&mut rng, format, out, width, tensor_scale);
                 let x: Vec<f32> = (0..ROWS * width)
                     .map(|_| bf16_to_f32(f32_to_bf16_bits(2.0 * signed_unit(&mut rng))))
                     .collect();
