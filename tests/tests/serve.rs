@@ -423,9 +423,14 @@ fn refusals_have_the_right_status_and_name_the_field() {
         Some("voice"),
     );
     expect(
-        server.speech(&json!({"model": "tts-1", "input": "hi"})),
+        server.speech(&json!({"model": "tts-2", "input": "hi"})),
         400,
         Some("model"),
+    );
+    expect(
+        server.speech(&json!({"model": "tts-1", "input": "hi", "instructions": "Whisper."})),
+        400,
+        Some("instructions"),
     );
     expect(
         server.speech(&json!({"model": "drama-3", "input": "hi", "response_format": "mp3"})),
@@ -495,7 +500,15 @@ fn refusals_have_the_right_status_and_name_the_field() {
         .to_string();
     assert!(message.contains("must be the string \"drama-3\""), "{message}");
     expect(typed, 400, Some("model"));
-    assert_eq!(checks, 17);
+    assert_eq!(checks, 18);
+    // OpenAI's model names get drama-3's answer, byte for byte.
+    let as_named =
+        |model: &str| server.speech(&json!({"model": model, "input": "hi", "seed": 5, "max_audio_tokens": 8}));
+    let drama = as_named("drama-3");
+    assert_eq!(drama.status, 200);
+    for alias in ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"] {
+        assert_eq!(as_named(alias).body, drama.body, "{alias}");
+    }
     // Raw audio streamed over HTTP/1.0 would end by closing the connection, failed or not:
     // refused, naming the field; the whole file over HTTP/1.0 is served.
     let http10 = |format: Value| {
