@@ -256,7 +256,10 @@ async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> 
                 .store
                 .list(&state.checkpoint)
                 .into_iter()
-                .map(|id| serde_json::json!({"id": id, "object": "voice"}))
+                .map(|voice| match voice.damaged {
+                    false => serde_json::json!({"id": voice.id, "object": "voice"}),
+                    true => serde_json::json!({"id": voice.id, "object": "voice", "damaged": true}),
+                })
                 .collect();
             json(200, serde_json::json!({"object": "list", "data": data}))
         }

@@ -16,6 +16,27 @@ pub struct VoiceStore {
     dir: PathBuf,
 }
 
+/// Whose a file in the store is, by its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// A voice made for the served checkpoint.
+    This,
+    /// A voice of another checkpoint sharing the data directory.
+    Other,
+    /// No voice header can be read: damaged (or placed there from outside). Listed and
+    /// deletable, so that it can be seen and removed through the API.
+    Unreadable,
+}
+
+/// A saved voice as `GET /v1/voices` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedVoice {
+    /// Its id.
+    pub id: String,
+    /// Its file has no readable voice header: it cannot be used, only deleted.
+    pub damaged: bool,
+}
+
 /// Whether `id` is a well-formed voice id (16 lowercase hex digits).
 pub fn valid_id(id: &str) -> bool {
     id.len() == 16 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -66,21 +87,28 @@ impl VoiceStore {
                 Some(Ok(prefix)) => Ok(Some(prefix)),
                 Some(Err(e)) => Err(ApiError::invalid(
                     "voice",
-                    format!("voice {id} cannot be used: {e}; upload its reference recording again (POST /v1/voices)"),
+                    format!(
+                        "voice {id} cannot be used: {e}; upload its reference recording again (POST /v1/voices), \
+                         or delete it (DELETE /v1/voices/{id})"
+                    ),
                 )),
                 None => Err(ApiError::invalid("voice", format!("unknown voice '{id}'"))),
             },
         }
     }
 
-    /// Whether the saved voice `id` was made for `checkpoint` (read from its header).
-    fn made_for(&self, id: &str, checkpoint: &Checkpoint) -> bool {
-        voice_file_checkpoint(&self.path(id)).is_some_and(|digest| digest == checkpoint.manifest_digest)
+    /// Whose the saved voice `id` is (read from its header).
+    fn owner(&self, id: &str, checkpoint: &Checkpoint) -> Owner {
+        match voice_file_checkpoint(&self.path(id)) {
+            Some(digest) if digest == checkpoint.manifest_digest => Owner::This,
+            Some(_) => Owner::Other,
+            None => Owner::Unreadable,
+        }
     }
 
-    /// Ids of the saved voices made for `checkpoint`, sorted (those of other checkpoints
-    /// sharing the data directory are left out).
-    pub fn list(&self, checkpoint: &Checkpoint) -> Vec<String> {
+    /// The saved voices made for `checkpoint` and the damaged ones, sorted by id (those of
+    /// other checkpoints sharing the data directory are left out).
+    pub fn list(&self, checkpoint: &Checkpoint) -> Vec<ListedVoice> {
         let mut ids: Vec<String> = std::fs::read_dir(&self.dir)
             .into_iter()
             .flatten()
@@ -91,17 +119,23 @@ impl VoiceStore {
                     .strip_suffix(".safetensors")
                     .map(str::to_string)
             })
-            .filter(|id| valid_id(id) && self.made_for(id, checkpoint))
+            .filter(|id| valid_id(id))
             .collect();
         ids.sort();
-        ids
+        ids.into_iter()
+            .filter_map(|id| match self.owner(&id, checkpoint) {
+                Owner::This => Some(ListedVoice { id, damaged: false }),
+                Owner::Unreadable => Some(ListedVoice { id, damaged: true }),
+                Owner::Other => None,
+            })
+            .collect()
     }
 
-    /// Deletes a voice made for `checkpoint`; false if there was none (another checkpoint's
-    /// voices sharing the data directory are not this service's to delete), an error if it
-    /// could not be removed.
+    /// Deletes a voice made for `checkpoint`, or a damaged one; false if there was none
+    /// (another checkpoint's voices sharing the data directory are not this service's to
+    /// delete), an error if it could not be removed.
     pub fn delete(&self, id: &str, checkpoint: &Checkpoint) -> std::io::Result<bool> {
-        if !valid_id(id) || !self.made_for(id, checkpoint) {
+        if !valid_id(id) || self.owner(id, checkpoint) == Owner::Other {
             return Ok(false);
         }
         self.remove(id)

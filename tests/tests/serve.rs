@@ -184,6 +184,23 @@ fn streamed_whole_repeated_and_voices_agree() {
     // Nor deletes it: it is the other service's.
     assert_eq!(server.delete(&format!("/v1/voices/{a}")).status, 404);
     assert!(s.data.join("voices").join(format!("{a}.safetensors")).exists());
+    // A file with no readable voice header (damaged, or placed there from outside) is
+    // listed as damaged, refused with a way out, and deletable.
+    let damaged = "00112233aabbccdd";
+    let damaged_file = s.data.join("voices").join(format!("{damaged}.safetensors"));
+    std::fs::write(&damaged_file, b"not a voice file").unwrap();
+    assert_eq!(
+        server.get("/v1/voices").json()["data"],
+        json!([{"id": damaged, "object": "voice", "damaged": true}])
+    );
+    r["voice"] = json!(damaged);
+    let refused = server.speech(&r);
+    let message = refused.json()["error"]["message"].as_str().unwrap().to_string();
+    assert_eq!(refused.status, 400);
+    assert!(message.contains(&format!("DELETE /v1/voices/{damaged}")), "{message}");
+    assert_eq!(server.delete(&format!("/v1/voices/{damaged}")).status, 200);
+    assert!(!damaged_file.exists());
+    assert_eq!(server.get("/v1/voices").json()["data"], json!([]));
     // `{"id": "default"}` is the default voice, as "default" is.
     let mut by_object = request("Hello there.", 12);
     by_object["voice"] = json!({"id": "default"});
