@@ -106,8 +106,8 @@ impl Manifest {
         unlisted.sort();
         let mut problems: Vec<CheckpointError> = unlisted.into_iter().map(CheckpointError::Unlisted).collect();
         // The files are hashed in parallel (a sharded checkpoint's shards on cores of their
-        // own: 9.2 GB in four shards took 10.2 s one file after another on two cores); the
-        // problems come in name order, as one after another.
+        // own, rather than one file after another); the problems come in name order, as one
+        // after another.
         let checked: Vec<Result<u64, CheckpointError>> = self
             .digests
             .par_iter()

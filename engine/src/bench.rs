@@ -403,10 +403,9 @@ fn read_dispatch(gpu: &Gpu, data: &wgpu::Buffer, sink: &wgpu::Buffer, groups: u3
 const ROOFLINE_GRIDS: [u32; 5] = [1024, 2048, 4096, 8192, 65535];
 
 /// How long the GPU streams before each measured part. After host-side setup (weight copies
-/// generated and uploaded, a session built) the H200's SM clock had fallen to 345-495 MHz
-/// from 1980 (nvidia-smi, 2026-12-02), and short measurements ran there: the large NVFP4
-/// matrix took 634-694 us instead of 164 us, and single-lane decode steps 3.9-4.6 ms instead
-/// of 1.73 ms in some runs.
+/// generated and uploaded, a session built) the H200's SM clock had fallen far below its
+/// working clock (nvidia-smi), and short measurements ran there, several times longer than
+/// at working clocks in some runs.
 const WARM_UP: Duration = Duration::from_millis(200);
 
 /// Bytes the warm-up streams per launch.

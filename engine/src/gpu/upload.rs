@@ -17,13 +17,13 @@ use super::{Gpu, GpuError};
 /// stages the next, and at most two batches of staging memory are held at a time. (Left to
 /// the first submission, as wgpu leaves a buffer mapped at its creation, the bench
 /// checkpoint's 9 GB crossed PCIe in front of the first request: on an H200 a CLI
-/// synthesis's first audio came after 0.50-0.55 s, against 0.15 s sent in batches.)
+/// synthesis's first audio came measurably later than with the weights sent in batches.)
 pub const UPLOAD_BATCH: u64 = 256 << 20;
 
 /// Bytes of a buffer that one thread stages (a multiple of 4): each range is a write of its
 /// own, so the host's threads fill a large buffer's staging memory side by side. (16 MiB
-/// gave sixteen threads seven ranges of a 113 MB buffer: on an H200 machine the bench
-/// checkpoint's staging took 0.82-0.88 s to fill that way, 0.56-0.67 s in 4 MiB ranges.)
+/// gave sixteen threads only seven ranges of a 113 MB buffer: on an H200 machine the bench
+/// checkpoint's staging measured faster to fill in 4 MiB ranges.)
 const STAGING_CHUNK: usize = 4 << 20;
 
 impl Gpu {
@@ -72,10 +72,10 @@ const BELT_CHUNK: u64 = 16 * STAGING_CHUNK as u64;
 
 /// Writes a checkpoint's buffers through staging memory it reuses: each buffer's ranges are
 /// staged by the host's threads side by side and copied by the GPU in batches of
-/// [`GpuOptions::upload_batch`](super::GpuOptions::upload_batch) bytes, a batch sent once it fills while the one before it is
-/// waited for. (With fresh staging memory for every write, as `Queue::write_buffer_with`
-/// makes it, the bench checkpoint's upload and pipelines took 1.22-1.24 s on an H200
-/// machine; reusing it, 0.89-0.95 s.)
+/// [`GpuOptions::upload_batch`](super::GpuOptions::upload_batch) bytes, a batch sent once it
+/// fills while the one before it is waited for. (Reusing the staging memory measured faster
+/// on an H200 machine, for the bench checkpoint's upload and pipelines, than fresh staging
+/// memory for every write, as `Queue::write_buffer_with` makes it.)
 pub struct Stager<'g> {
     gpu: &'g Gpu,
     belt: wgpu::util::StagingBelt,
