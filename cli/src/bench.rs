@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use drama_engine::bench::{BenchOptions, BenchPart, KernelShare, SynthesisResult, run as run_bench};
+use drama_bench::{BenchOptions, BenchPart, KernelShare, SynthesisResult, run as run_bench};
 use drama_engine::session::Engine;
 
 use crate::checkpoint_arg::CheckpointArg;

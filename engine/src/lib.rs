@@ -14,12 +14,10 @@
 //! - [`text`], [`sampling`], [`synth`], [`batch`]: text front end, seeded sampling, a
 //!   synthesis request and its outcome, continuous batching (and one request alone).
 //! - [`guidance`], [`trace`], [`voice`]: guidance mixing, teacher-forced traces, voice files.
-//! - [`bench`]: the benchmark suite of `drama bench`.
 //! - [`error`]: the engine's error type.
 
 pub mod audio;
 pub mod batch;
-pub mod bench;
 pub mod codec;
 pub mod error;
 pub mod exec;

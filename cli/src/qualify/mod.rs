@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use drama_bench::{BenchOptions, BenchPart};
 use drama_checkpoint::{Checkpoint, Provenance};
-use drama_engine::bench::{BenchOptions, BenchPart};
 use drama_engine::session::Engine;
 use drama_kernels::Numerics;
 
@@ -225,7 +225,7 @@ fn bench(engine: &Engine, quick: bool) -> Result<BenchFigures> {
         rotation_bytes: 0,
         parts: vec![BenchPart::Decode, BenchPart::Prefill, BenchPart::Synthesis],
     };
-    let report = drama_engine::bench::run(
+    let report = drama_bench::run(
         engine,
         &options,
         env!("DRAMA_WGPU_VERSION"),

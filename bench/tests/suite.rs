@@ -2,18 +2,24 @@
 //! decode steps whose eight lanes are four requests (guidance pairs with texts of their own)
 //! rather than one prompt eight times over.
 
-mod common;
+use std::sync::Arc;
 
-use common::*;
-use drama_checkpoint::LayerMlp;
-use drama_engine::bench::{BenchOptions, BenchPart, Roofline, decode_step, launch_cost};
+use drama_bench::{BenchOptions, BenchPart, Roofline, decode_step, launch_cost};
+use drama_checkpoint::{Checkpoint, LayerMlp, Provenance};
+use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::session::Engine;
+use drama_engine::test_support::rng;
 use rand_core::Rng;
+
+/// The test device (lavapipe in CI).
+fn device() -> Arc<Gpu> {
+    Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU (install mesa-vulkan-drivers for lavapipe)"))
+}
 
 /// Both chains report a positive, finite time per launch over the chain's launches.
 #[test]
 fn launch_cost_times_both_chains() {
-    let cost = launch_cost(gpu(), 2).unwrap();
+    let cost = launch_cost(&device(), 2).unwrap();
     assert_eq!(cost.launches, 256);
     for us in [cost.dependent_us, cost.independent_us] {
         assert!(us.is_finite() && us > 0.0, "{cost:?}");
@@ -27,8 +33,10 @@ fn launch_cost_times_both_chains() {
 #[test]
 fn eight_lanes_are_four_requests() {
     let mut rng = rng("bench lanes");
-    let fixture = Fixture::preset("tiny", rng.next_u64());
-    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    drama_fixtures::write_preset("tiny", rng.next_u64(), dir.path()).unwrap();
+    let checkpoint = Checkpoint::open(dir.path(), Provenance::Local(dir.path().to_path_buf())).unwrap();
+    let engine = Engine::load(device(), checkpoint).unwrap();
     let options = BenchOptions {
         repeats: 1,
         context: 12,
@@ -43,7 +51,7 @@ fn eight_lanes_are_four_requests() {
         ms: 1.0,
         gb_per_s: 1.0,
     };
-    let launch = launch_cost(gpu(), 1).unwrap();
+    let launch = launch_cost(&engine.gpu, 1).unwrap();
     let c = &engine.checkpoint.config;
     let kv_bytes = |lanes: usize| {
         (lanes * options.context * c.num_key_value_heads * c.head_dim * 4 * 2 * c.num_hidden_layers) as u64

@@ -15,17 +15,17 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::batch::Batcher;
-use crate::batch::synthesize;
-use crate::codec::{CodecDecoder, CodecWeights};
-use crate::error::EngineError;
-use crate::exec::{LinearIo, linear_launches};
-use crate::gpu::{Capabilities, Dispatch, Gpu};
-use crate::sampling::SamplingParams;
-use crate::session::{Engine, Row, RowSource, Session};
-use crate::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest};
-use crate::weights::GpuLinear;
 use drama_checkpoint::{LayerMlp, ModelConfig};
+use drama_engine::batch::Batcher;
+use drama_engine::batch::synthesize;
+use drama_engine::codec::{CodecDecoder, CodecWeights};
+use drama_engine::error::EngineError;
+use drama_engine::exec::{LinearIo, linear_launches};
+use drama_engine::gpu::{Capabilities, Dispatch, Gpu};
+use drama_engine::sampling::SamplingParams;
+use drama_engine::session::{Engine, Row, RowSource, Session};
+use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest};
+use drama_engine::weights::GpuLinear;
 
 /// What to run.
 #[derive(Debug, Clone, Serialize)]
@@ -1068,7 +1068,7 @@ mod tests {
     /// reads the token it is given.
     #[test]
     fn decode_rows_give_each_guidance_pair_its_own_token() {
-        let mut rng = crate::test_support::rng("bench decode rows");
+        let mut rng = drama_engine::test_support::rng("bench decode rows");
         let codes = 16 + rng.next_u32() % 8000;
         let token = rng.next_u32() % codes;
         let pos = (rng.next_u32() % 1000) as usize;
