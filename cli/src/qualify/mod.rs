@@ -235,6 +235,7 @@ fn bench(engine: &Engine, quick: bool) -> Result<BenchFigures> {
     Ok(BenchFigures {
         checkpoint: public_label(&engine.checkpoint),
         decode_step_ms: report.decode.iter().flatten().map(|s| (s.lanes, s.wall_ms)).collect(),
+        decode_step_gpu_ms: report.decode.iter().flatten().map(|s| (s.lanes, s.gpu_ms)).collect(),
         context: options.context,
         prefill_ms: report.prefill.map(|p| p.gpu_ms),
         prefill_rows: options.prefill_rows,

@@ -140,8 +140,12 @@ pub struct Platform {
 pub struct BenchFigures {
     /// The checkpoint measured (its label).
     pub checkpoint: String,
-    /// Decode step time at a context of `context` positions, per lane count: (lanes, ms).
+    /// Wall milliseconds per decode step (inputs written, the step's pass, logits read
+    /// back) at a context of `context` positions, per lane count: (lanes, ms).
     pub decode_step_ms: Vec<(usize, f64)>,
+    /// GPU milliseconds of those steps' passes (from timestamps where the adapter has them,
+    /// else the wall time of the pass): (lanes, ms).
+    pub decode_step_gpu_ms: Vec<(usize, f64)>,
     /// Context of the decode steps.
     pub context: usize,
     /// Prefill time of `prefill_rows` rows.
@@ -222,12 +226,13 @@ impl Receipt {
         }
         let b = &self.bench;
         let steps: Vec<String> = b
-            .decode_step_ms
+            .decode_step_gpu_ms
             .iter()
-            .map(|(l, ms)| format!("{l} lane(s) {ms:.3} ms"))
+            .zip(&b.decode_step_ms)
+            .map(|((l, gpu), (_, wall))| format!("{l} lane(s) {gpu:.3} / {wall:.3}"))
             .collect();
         text.push_str(&format!(
-            "bench ({}): decode step at context {}: {}; prefill of {} rows {}; real-time factor {}; first audio {}; peak resident memory {}\n",
+            "bench ({}): decode step at context {} (GPU / wall ms): {}; prefill of {} rows {}; real-time factor {}; first audio {}; peak resident memory {}\n",
             b.checkpoint,
             b.context,
             steps.join(", "),
