@@ -709,7 +709,7 @@ pub fn linear_launches(
     placeholder: &wgpu::Buffer,
     io: &LinearIo<'_>,
 ) -> Result<Vec<Dispatch>, EngineError> {
-    if linear.format == WeightFormat::Bf16 && !linear.in_features.is_multiple_of(WeightFormat::Bf16.width_multiple()) {
+    if linear.format.runs_ragged(linear.in_features) {
         return ragged_launches(gpu, linear, placeholder, io);
     }
     let kernel = Kernel::dense_linear(linear.format, io.cache.is_some(), io.input);

@@ -230,11 +230,8 @@ impl Build<'_> {
         swiglu: bool,
     ) -> Result<ValueId, GraphError> {
         let in_features = self.b_width(x);
-        // A BF16 weight whose rows the main linear kernel cannot read (see
-        // `WeightFormat::width_multiple`) runs in the ragged-width kernel, which reads f32.
-        let ragged = members.iter().any(|m| {
-            m.format == WeightFormat::Bf16 && !in_features.is_multiple_of(WeightFormat::Bf16.width_multiple())
-        });
+        // The ragged-width kernel reads f32 rows (`WeightFormat::runs_ragged`).
+        let ragged = members.iter().any(|m| m.format.runs_ragged(in_features));
         let (x, input) = if ragged {
             (x, LinearInput::F32)
         } else {
@@ -548,10 +545,7 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     };
     // A BF16 width the main linear kernel cannot read runs in the ragged-width kernel: a
     // launch of its own after the ones before it, reading f32 rows.
-    let ragged_down = shared_down
-        .members
-        .iter()
-        .any(|m| m.format == WeightFormat::Bf16 && !s.shared_width.is_multiple_of(WeightFormat::Bf16.width_multiple()));
+    let ragged_down = shared_down.members.iter().any(|m| m.format.runs_ragged(s.shared_width));
     let fused = shared_act.filter(|_| {
         !g.concurrent && !ragged_down && shares_launch(&shared_down) && routes_beside_linear(g.rows, route.kept)
     });

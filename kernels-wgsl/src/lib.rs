@@ -247,6 +247,12 @@ impl WeightFormat {
         }
     }
 
+    /// Whether a linear of this format and input width runs in [`Kernel::LinearRagged`]
+    /// (which reads f32 rows): BF16 at a width the main kernels cannot read.
+    pub fn runs_ragged(self, in_features: usize) -> bool {
+        self == WeightFormat::Bf16 && !in_features.is_multiple_of(self.width_multiple())
+    }
+
     /// Threads per thread row of the linear kernels for this format (the format file's
     /// LANES): the threads that share each weight row's units.
     pub fn thread_row_lanes(self) -> u32 {
