@@ -9,13 +9,8 @@ use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_fixtures::Preset;
 use drama_reference::codec::decode;
 use drama_reference::ops::Rounding;
+use drama_reference::rel_l2;
 use rand_core::Rng;
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den).sqrt()
-}
 
 /// `n` random codes of the checkpoint's codebook.
 fn random_codes(rng: &mut rand_chacha::ChaCha8Rng, checkpoint: &Checkpoint, n: usize) -> Vec<u32> {

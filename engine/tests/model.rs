@@ -14,7 +14,7 @@ use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_kernels::Kernel;
 use drama_reference::ops::Rounding;
-use drama_reference::{ForcedRoutes, ReferenceModel, weights};
+use drama_reference::{ForcedRoutes, ReferenceModel, rel_l2, weights};
 use rand_core::Rng;
 
 /// A random utterance: text ids and audio ids (audio_bos first, then codes).
@@ -40,12 +40,6 @@ fn rows_for(lane: usize, prefix_len: usize, text: &[u32], audio: &[u32]) -> Vec<
         .enumerate()
         .map(|(pos, source)| Row { source, lane, pos })
         .collect()
-}
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den).sqrt()
 }
 
 /// Five fresh utterances on a fresh checkpoint of `preset`. Two correct implementations may

@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use drama_engine::tower::VoiceTower;
 use drama_reference::ops::Rounding;
+use drama_reference::rel_l2;
 use drama_reference::tower::encode;
 use rand_core::Rng;
 
@@ -50,9 +51,7 @@ fn tower_case(preset: &str) {
         let mel64: Vec<f64> = mel.iter().map(|&v| f64::from(v)).collect();
         let want = encode(&checkpoint, &mel64, frames, Rounding::Contract);
         assert_eq!(got.len(), want.len());
-        let num: f64 = got.iter().zip(&want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
-        let den: f64 = want.iter().map(|w| w * w).sum();
-        let err = (num / den).sqrt();
+        let err = rel_l2(&got, &want);
         eprintln!("tower ({frames} frames): prefix rel-L2 {err:.2e}");
         // Within a BF16 flip's reach always (two implementations may round one value to the
         // other neighbour, and the flip spreads through the blocks)...

@@ -10,3 +10,11 @@ pub mod tower;
 pub mod weights;
 
 pub use model::{ForcedRoutes, ReferenceModel, ReferenceTrace, TokenRoute};
+
+/// The relative L2 distance of a GPU result from the reference's values:
+/// ||got - want|| / ||want||.
+pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}

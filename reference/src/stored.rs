@@ -43,6 +43,13 @@ fn signed_unit(rng: &mut ChaCha8Rng) -> f32 {
     (f64::from(rng.next_u32()) / f64::from(u32::MAX) * 2.0 - 1.0) as f32
 }
 
+/// `n` random BF16 values in [-scale, scale] (as f32): activations as a linear reads them.
+pub fn random_bf16(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| bf16_to_f32(f32_to_bf16_bits(scale * signed_unit(rng))))
+        .collect()
+}
+
 /// Random weights of `format` and shape [rows, cols] (cols a multiple of 16 for NVFP4);
 /// `tensor_scale` is NVFP4's per-tensor factor (ignored for the other formats).
 pub fn random_weights(

@@ -16,6 +16,7 @@ use drama_engine::tower::VoiceTower;
 use drama_engine::trace::{LaneMode, TraceRequest, trace};
 use drama_engine::voice::{prefix_from_wav, read_voice_file, voice_file_bytes};
 use drama_reference::ops::Rounding;
+use drama_reference::rel_l2;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -33,12 +34,6 @@ const GAMMA: f32 = 1.5;
 pub fn differing_bits(a: &[f32], b: &[f32]) -> usize {
     let differing = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
     differing + a.len().abs_diff(b.len())
-}
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 /// A guided request for `text` with `prefix` (None: the default voice) and `seed`.

@@ -7,12 +7,11 @@
 //! same reference.)
 
 use anyhow::{Result, ensure};
-use drama_checkpoint::numerics::{bf16_to_f32, f32_to_bf16_bits};
 use drama_engine::exec::{LinearIo, linear_launches};
 use drama_engine::gpu::Gpu;
 use drama_engine::weights::GpuLinear;
 use drama_kernels::WeightFormat;
-use drama_reference::stored::{StoredWeights, random_weights};
+use drama_reference::stored::{StoredWeights, random_bf16, random_weights};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -83,11 +82,6 @@ impl TensorScale {
     }
 }
 
-/// A random value in [-1, 1] as f32.
-fn signed_unit(rng: &mut ChaCha8Rng) -> f32 {
-    (rng.next_u32() as f64 / f64::from(u32::MAX) * 2.0 - 1.0) as f32
-}
-
 /// Runs `w` on `x` ([ROWS, width]) on the GPU: y unrounded, [ROWS, out].
 fn run_on_gpu(gpu: &Gpu, w: &StoredWeights, x: &[f32]) -> Result<Vec<f32>> {
     let mut linear = GpuLinear::one_segment(gpu, w.format, (w.rows, w.cols), &w.packed, &w.scales);
@@ -141,9 +135,7 @@ pub fn checks(gpu: &Gpu, seed: u64, plant: &Plant) -> Vec<Check> {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (out * 1009 + width) as u64);
                 let tensor_scale = scale.draw(&mut rng);
                 let w = random_weights(&mut rng, format, out, width, tensor_scale);
-                let x: Vec<f32> = (0..ROWS * width)
-                    .map(|_| bf16_to_f32(f32_to_bf16_bits(2.0 * signed_unit(&mut rng))))
-                    .collect();
+                let x = random_bf16(&mut rng, ROWS * width, 2.0);
                 let mut got = run_on_gpu(gpu, &w, &x)?;
                 plant.corrupt(name, &mut got);
                 let worst = worst_relative_error(&w, &x, &got)?;
