@@ -90,23 +90,6 @@ impl Plant {
     }
 }
 
-/// A folder for generated checkpoints and server data, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Result<Scratch> {
-        let dir = std::env::temp_dir().join(format!("drama-qualify-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Scratch(dir))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
-
 /// Runs `drama qualify`.
 pub fn run(args: QualifyArgs) -> Result<()> {
     let started = Instant::now();
@@ -123,7 +106,11 @@ pub fn run(args: QualifyArgs) -> Result<()> {
         NumericsArg::AsWritten => Numerics::AsWritten,
         NumericsArg::FastMathEmulation => Numerics::FastMathEmulation,
     })?;
-    let scratch = Scratch::new()?;
+    // Generated checkpoints and the servers' data, removed when the run ends.
+    let scratch = tempfile::Builder::new()
+        .prefix("drama-qualify-")
+        .tempdir()
+        .context("creating a temporary folder")?;
     let progress = |what: &str| eprintln!("qualify: {what}");
 
     progress("kernels");
@@ -131,20 +118,20 @@ pub fn run(args: QualifyArgs) -> Result<()> {
     let presets = if args.quick { &PRESETS[..1] } else { &PRESETS[..] };
     for preset in presets {
         progress(&format!("model {preset}"));
-        checks.extend(model::checks(&gpu, preset, SEED, &scratch.0, &plant));
+        checks.extend(model::checks(&gpu, preset, SEED, scratch.path(), &plant));
     }
     progress("exactness");
-    let tiny = generated(&gpu, "tiny", &scratch.0.join("exact"))?;
+    let tiny = generated(&gpu, "tiny", &scratch.path().join("exact"))?;
     checks.extend(exact::checks(&tiny, SEED, &plant));
 
-    let label = given.as_ref().map(public_label);
+    let label = given.as_ref().map(Checkpoint::public_label);
     let bench_engine = match given {
         Some(checkpoint) => {
             progress("the given checkpoint");
             let engine = Engine::load(gpu.clone(), checkpoint)?;
             let mut serve_args = vec!["--checkpoint".to_string(), args.checkpoint.clone().unwrap_or_default()];
             serve_args.extend(["--backend".to_string(), args.gpu.backend().name().to_string()]);
-            checks.extend(given::checks(&engine, SEED, &serve_args, &scratch.0, &plant));
+            checks.extend(given::checks(&engine, SEED, &serve_args, scratch.path(), &plant));
             engine
         }
         None => {
@@ -208,12 +195,6 @@ fn generated(gpu: &std::sync::Arc<drama_engine::gpu::Gpu>, preset: &str, dir: &P
     Ok(Engine::load(gpu.clone(), checkpoint)?)
 }
 
-/// How the receipt names a checkpoint: the pin, or a local one by its manifest digest,
-/// never by its path.
-fn public_label(checkpoint: &Checkpoint) -> String {
-    checkpoint.public_label()
-}
-
 /// Decode steps at 1, 2, 4 and 8 lanes, a prefill and a guided synthesis on `engine`.
 fn bench(engine: &Engine, quick: bool) -> Result<BenchFigures> {
     let max_positions = engine.checkpoint.config.max_position_embeddings;
@@ -233,7 +214,7 @@ fn bench(engine: &Engine, quick: bool) -> Result<BenchFigures> {
         &mut |_| {},
     )?;
     Ok(BenchFigures {
-        checkpoint: public_label(&engine.checkpoint),
+        checkpoint: engine.checkpoint.public_label(),
         decode_step_ms: report.decode.iter().flatten().map(|s| (s.lanes, s.wall_ms)).collect(),
         decode_step_gpu_ms: report.decode.iter().flatten().map(|s| (s.lanes, s.gpu_ms)).collect(),
         context: options.context,

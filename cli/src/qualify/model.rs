@@ -12,7 +12,7 @@ use drama_checkpoint::{Checkpoint, Provenance};
 use drama_engine::gpu::Gpu;
 use drama_engine::session::{Engine, Row, RowSource, Session, StepOutput};
 use drama_reference::ops::Rounding;
-use drama_reference::{ForcedRoutes, ReferenceModel, ReferenceTrace};
+use drama_reference::{ForcedRoutes, ReferenceModel, ReferenceTrace, rel_l2};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -50,12 +50,6 @@ struct UtteranceFigures {
     route_margin: f64,
 }
 
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
-
 /// The checks of one preset: logits (median), f32 precision (best), hidden states, routes.
 pub fn checks(gpu: &Arc<Gpu>, preset: &str, seed: u64, scratch: &Path, plant: &Plant) -> Vec<Check> {
     let names = ["logits", "f32-precision", "hidden", "routes"].map(|n| format!("model.{preset}.{n}"));
@@ -69,6 +63,7 @@ pub fn checks(gpu: &Arc<Gpu>, preset: &str, seed: u64, scratch: &Path, plant: &P
                 .collect();
         }
     };
+    // The four checks share one run: each gets a quarter of its time.
     let seconds = started.elapsed().as_secs_f64() / 4.0;
     let last = attempts.last().expect("at least one checkpoint");
     let mut median: Vec<f64> = last.iter().map(|u| u.logits).collect();
@@ -78,40 +73,33 @@ pub fn checks(gpu: &Arc<Gpu>, preset: &str, seed: u64, scratch: &Path, plant: &P
     let hidden = all.clone().map(|u| u.hidden).fold(0.0, f64::max);
     let margin = all.clone().map(|u| u.route_margin).fold(0.0, f64::max);
     let n = attempts.len();
-    let mut checks = vec![
-        Check::run(&names[0], || {
-            Ok(Measured::new(
-                median[UTTERANCES / 2],
-                LOGITS_MEDIAN_LIMIT,
-                format!("median logits rel-L2 of {UTTERANCES} utterances vs the contract-rounding FP64 reference"),
-            ))
-        }),
-        Check::run(&names[1], || {
-            Ok(Measured::new(
-                best,
-                F32_PRECISION,
-                format!("best utterance's logits rel-L2 ({n} checkpoint(s) of {UTTERANCES} utterances)"),
-            ))
-        }),
-        Check::run(&names[2], || {
-            Ok(Measured::new(
-                hidden,
-                HIDDEN_LIMIT,
-                "worst layer's hidden-state rel-L2 over every utterance",
-            ))
-        }),
-        Check::run(&names[3], || {
-            Ok(Measured::new(
-                margin,
-                NEAR_TIE,
-                "largest reference decision margin at which the GPU chose other experts (0: none)",
-            ))
-        }),
+    let measured = [
+        Measured::new(
+            median[UTTERANCES / 2],
+            LOGITS_MEDIAN_LIMIT,
+            format!("median logits rel-L2 of {UTTERANCES} utterances vs the contract-rounding FP64 reference"),
+        ),
+        Measured::new(
+            best,
+            F32_PRECISION,
+            format!("best utterance's logits rel-L2 ({n} checkpoint(s) of {UTTERANCES} utterances)"),
+        ),
+        Measured::new(
+            hidden,
+            HIDDEN_LIMIT,
+            "worst layer's hidden-state rel-L2 over every utterance",
+        ),
+        Measured::new(
+            margin,
+            NEAR_TIE,
+            "largest reference decision margin at which the GPU chose other experts (0: none)",
+        ),
     ];
-    for check in &mut checks {
-        check.seconds = seconds;
-    }
-    checks
+    names
+        .iter()
+        .zip(measured)
+        .map(|(name, m)| Check::measured(name, m, seconds))
+        .collect()
 }
 
 /// Up to [`CHECKPOINTS`] fresh checkpoints of `preset`, until one has an utterance at f32

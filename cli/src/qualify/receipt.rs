@@ -75,18 +75,7 @@ impl Check {
         let outcome = body();
         let seconds = started.elapsed().as_secs_f64();
         match outcome {
-            Ok(m) => Check {
-                name: name.into(),
-                status: if m.figure <= m.limit {
-                    Status::Pass
-                } else {
-                    Status::Fail
-                },
-                figure: Some(m.figure),
-                limit: Some(m.limit),
-                detail: m.detail,
-                seconds,
-            },
+            Ok(m) => Check::measured(name, m, seconds),
             Err(e) => Check {
                 name: name.into(),
                 status: Status::Fail,
@@ -95,6 +84,23 @@ impl Check {
                 detail: format!("{e:#}"),
                 seconds,
             },
+        }
+    }
+
+    /// A check of what was measured in `seconds`: pass when its figure is within its limit
+    /// (a NaN figure fails).
+    pub fn measured(name: &str, m: Measured, seconds: f64) -> Check {
+        Check {
+            name: name.into(),
+            status: if m.figure <= m.limit {
+                Status::Pass
+            } else {
+                Status::Fail
+            },
+            figure: Some(m.figure),
+            limit: Some(m.limit),
+            detail: m.detail,
+            seconds,
         }
     }
 
