@@ -402,10 +402,10 @@ fn read_dispatch(gpu: &Gpu, data: &wgpu::Buffer, sink: &wgpu::Buffer, groups: u3
 /// Workgroup counts (of 256 invocations) the roofline tries; the fastest is the ceiling.
 const ROOFLINE_GRIDS: [u32; 5] = [1024, 2048, 4096, 8192, 65535];
 
-/// How long the GPU streams before each measured part. After host-side setup (weight copies
-/// generated and uploaded, a session built) the H200's SM clock had fallen far below its
-/// working clock (nvidia-smi), and short measurements ran there, several times longer than
-/// at working clocks in some runs.
+/// How long the GPU streams before each measured part: after host-side setup (weight copies
+/// generated and uploaded, a session built) a GPU's clock may have fallen far below its
+/// working clock, and short measurements would run there (seen with nvidia-smi; see
+/// docs/performance-history.md).
 const WARM_UP: Duration = Duration::from_millis(200);
 
 /// Bytes the warm-up streams per launch.
@@ -624,8 +624,8 @@ fn routed_expert_launch(
     Ok(gpu.dispatch(Kernel::Gathered(linear.format, width), &params, &resources, grid)?)
 }
 
-/// Most workgroups (of 256 invocations) a size-matched stream launches: the roofline's best
-/// grid on the H200.
+/// Most workgroups (of 256 invocations) a size-matched stream launches: the grid at which
+/// the roofline measured fastest on the bench's GPU.
 const STREAM_GROUPS: u32 = 2048;
 
 /// The roofline kernel reading all of `data` once (about four 16-byte loads per invocation,

@@ -16,14 +16,14 @@ use super::{Gpu, GpuError};
 /// batch closes with the buffer that reaches it): the GPU copies one batch while the host
 /// stages the next, and at most two batches of staging memory are held at a time. (Left to
 /// the first submission, as wgpu leaves a buffer mapped at its creation, the bench
-/// checkpoint's 9 GB crossed PCIe in front of the first request: on an H200 a CLI
-/// synthesis's first audio came measurably later than with the weights sent in batches.)
+/// checkpoint's 9 GB would cross PCIe in front of the first request, delaying its first
+/// audio.)
 pub const UPLOAD_BATCH: u64 = 256 << 20;
 
 /// Bytes of a buffer that one thread stages (a multiple of 4): each range is a write of its
 /// own, so the host's threads fill a large buffer's staging memory side by side. (16 MiB
-/// gave sixteen threads only seven ranges of a 113 MB buffer: on an H200 machine the bench
-/// checkpoint's staging measured faster to fill in 4 MiB ranges.)
+/// gives sixteen threads only seven ranges of a 113 MB buffer; 4 MiB ranges filled the
+/// bench checkpoint's staging faster.)
 const STAGING_CHUNK: usize = 4 << 20;
 
 impl Gpu {
@@ -73,9 +73,9 @@ const BELT_CHUNK: u64 = 16 * STAGING_CHUNK as u64;
 /// Writes a checkpoint's buffers through staging memory it reuses: each buffer's ranges are
 /// staged by the host's threads side by side and copied by the GPU in batches of
 /// [`GpuOptions::upload_batch`](super::GpuOptions::upload_batch) bytes, a batch sent once it
-/// fills while the one before it is waited for. (Reusing the staging memory measured faster
-/// on an H200 machine, for the bench checkpoint's upload and pipelines, than fresh staging
-/// memory for every write, as `Queue::write_buffer_with` makes it.)
+/// fills while the one before it is waited for. (Reusing the staging memory loads the bench
+/// checkpoint faster than fresh staging memory for every write, as
+/// `Queue::write_buffer_with` makes it.)
 pub struct Stager<'g> {
     gpu: &'g Gpu,
     belt: wgpu::util::StagingBelt,
