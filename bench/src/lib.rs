@@ -404,8 +404,8 @@ const ROOFLINE_GRIDS: [u32; 5] = [1024, 2048, 4096, 8192, 65535];
 
 /// How long the GPU streams before each measured part: after host-side setup (weight copies
 /// generated and uploaded, a session built) a GPU's clock may have fallen far below its
-/// working clock, and short measurements would run there (seen with nvidia-smi; see
-/// docs/performance-history.md).
+/// working clock, and short measurements would run there (seen with nvidia-smi; see the
+/// experiment log at the `lab-notebook` tag).
 const WARM_UP: Duration = Duration::from_millis(200);
 
 /// Bytes the warm-up streams per launch.

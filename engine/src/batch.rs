@@ -82,7 +82,7 @@ enum Next {
 /// steps; its last part goes out CODEC_CHUNK - 1 steps after its first, so the step after
 /// that reads its samples before the next chunk starts. Queued whole behind one forward, a
 /// chunk delays the next forward by its GPU time less the host's sampling; in parts, each
-/// runs while the host samples (measured in `docs/performance-history.md`).
+/// runs while the host samples (the experiment log at the `lab-notebook` tag measured it).
 pub const CODEC_CHUNK_PARTS: usize = CODEC_CHUNK - 1;
 
 /// How many parts a job's next codec chunk is submitted in, given how much longer the audio
@@ -518,7 +518,8 @@ impl<'e> Batcher<'e> {
     /// Every job's next token from its lanes' logits (cond, and uncond with guidance): the
     /// guidance mix, then the job's sampler. The GPU has nothing to run meanwhile but the
     /// codec chunks queued behind the forward, and each job's sampler and logits are its
-    /// own, so the jobs sample in parallel (measured in `docs/performance-history.md`).
+    /// own, so the jobs sample in parallel (the experiment log at the `lab-notebook` tag
+    /// measured it).
     fn sample_tokens(
         engine: &Engine,
         jobs: &mut [Job],

@@ -37,7 +37,7 @@ const TRANSPOSE_CHANNELS_PER_THREAD: usize = 32;
 // Fewer channels per thread mean more threads per output channel and a longer tree to add
 // their sums; more mean longer loops on fewer threads. Each floor above is the one that
 // measured fastest on an H200 for a chunk of the bench codec, each kind varied alone and
-// then together (see docs/performance-history.md).
+// then together (see the experiment log at the `lab-notebook` tag).
 
 /// Threads per output channel of a convolution over `cin` input channels: the largest power
 /// of two up to 64 that leaves each thread at least `least` channels (one thread below).

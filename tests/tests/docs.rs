@@ -34,11 +34,6 @@ const NOT_RUN: &[(&str, &str, &str)] = &[
         ".gpu/drama fixture --preset bench --out /tmp/bench",
         "the GPU machine's recipe: a 9.2 GB checkpoint and an H200",
     ),
-    (
-        "docs/performance-history.md",
-        ".gpu/drama fixture --preset bench --out /tmp/bench",
-        "an earlier GPU call's recipe, kept as the record of how it was made",
-    ),
 ];
 
 /// Longest a block may run.
