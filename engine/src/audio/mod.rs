@@ -1,14 +1,17 @@
-//! The reference-voice audio front end of `docs/contract.md` §7, and WAV output.
+//! The reference-voice audio front end of `docs/contract.md` §7, and the output formats.
 //!
 //! - [`wav`]: reading WAV (PCM 16/24/32-bit integer, 32-bit float), downmixing, writing
 //!   whole and streamed WAV.
+//! - [`formats`]: speech written as WAV, PCM, MP3, Opus or FLAC, whole or as it is made.
 //! - [`resample`]: sample-rate conversion to the voice tower's rate.
 //! - [`mel`]: the contract's log-mel spectrogram.
 
+pub mod formats;
 pub mod mel;
 pub mod resample;
 pub mod wav;
 
+pub use formats::{AudioEncoder, AudioFormat};
 pub use mel::{Mel, log_mel, mel_filters};
 pub use resample::resample;
 pub use wav::{
@@ -90,6 +93,24 @@ pub enum AudioError {
         samples: usize,
         /// Frame length.
         n_fft: usize,
+    },
+    /// An output format cannot hold speech at this sample rate.
+    #[error("{format} cannot hold audio at {rate} Hz (it takes {rates:?} Hz); choose wav, pcm or flac")]
+    FormatRate {
+        /// The format's name.
+        format: &'static str,
+        /// The speech's rate.
+        rate: u32,
+        /// The rates the format takes.
+        rates: &'static [u32],
+    },
+    /// An output encoder failed.
+    #[error("encoding {format}: {reason}")]
+    Encode {
+        /// The format's name.
+        format: &'static str,
+        /// What the encoder reported.
+        reason: String,
     },
     /// The voice tower's analysis parameters cannot produce a spectrogram.
     #[error("voice_tower.{key}: {problem}")]

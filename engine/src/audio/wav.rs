@@ -182,7 +182,7 @@ pub fn encode_samples(samples: &[f32], format: SampleFormat) -> Vec<u8> {
 }
 
 /// The 16-bit code of one sample (the rule documented on [`write_wav_pcm16`]).
-fn pcm16(x: f32) -> i16 {
+pub(crate) fn pcm16(x: f32) -> i16 {
     if x.is_nan() {
         return 0;
     }
