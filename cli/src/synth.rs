@@ -1,12 +1,14 @@
-//! `drama synth`: text to a WAV file (or stdout).
+//! `drama synth`: text to an audio file (WAV, MP3, Opus, FLAC or raw PCM, by the output's
+//! extension), or a WAV on standard output.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use drama_engine::audio::wav::{write_wav_f32, write_wav_pcm16};
+use drama_engine::audio::AudioFormat;
+use drama_engine::audio::wav::write_wav_f32;
 use drama_engine::batch::synthesize;
 use drama_engine::guidance::check_gamma;
 use drama_engine::sampling::SamplingParams;
@@ -20,7 +22,7 @@ use crate::gpu_arg::GpuArg;
 use crate::output;
 use crate::voice_arg::load_voice;
 
-/// Sample formats of the output WAV.
+/// Sample formats of an output WAV.
 #[derive(Clone, Copy, ValueEnum)]
 enum Format {
     /// 16-bit integer PCM.
@@ -52,10 +54,11 @@ pub struct SynthArgs {
     checkpoint: CheckpointArg,
     #[command(flatten)]
     gpu: GpuArg,
-    /// Output WAV path (named .wav, or without an extension), or `-` for standard output.
+    /// Output path: its extension picks the format (.wav, .mp3, .opus or .ogg, .flac, .pcm;
+    /// none: WAV), or `-` for a WAV on standard output.
     #[arg(short = 'o', long = "out")]
     out: PathBuf,
-    /// Sample format of the WAV.
+    /// Sample format of a WAV output (other formats hold 16-bit samples).
     #[arg(long, value_enum, default_value = "pcm16")]
     format: Format,
     /// Guidance scale (1 disables guidance); the recipe's is 1.5.
@@ -96,6 +99,20 @@ fn progress_line(samples: usize, samples_per_token: usize, rate: u32, elapsed: s
     )
 }
 
+/// The file format `-o` asks for: by its extension; WAV for standard output or a name
+/// without one.
+fn output_format(out: &Path) -> Result<AudioFormat> {
+    if out.as_os_str() == "-" || out.extension().is_none() {
+        return Ok(AudioFormat::Wav);
+    }
+    AudioFormat::for_path(out).with_context(|| {
+        format!(
+            "cannot write {}: drama synth writes .wav, .mp3, .opus (or .ogg), .flac or .pcm",
+            out.display()
+        )
+    })
+}
+
 fn random_seed() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -121,12 +138,13 @@ pub fn run(args: SynthArgs) -> Result<()> {
                 ("--voice", args.voice.as_deref()),
             ],
         )?;
-        output::check_extension(
-            &args.out,
-            "wav",
-            true,
-            "drama synth writes WAV, so the name must end in .wav (or have no extension)",
-        )?;
+    }
+    let file_format = output_format(&args.out)?;
+    if file_format != AudioFormat::Wav && matches!(args.format, Format::F32) {
+        bail!(
+            "--format f32 is a WAV sample format; {} holds 16-bit samples",
+            file_format.name()
+        );
     }
     check_gamma(args.gamma)?;
     let seed = args.seed.unwrap_or_else(random_seed);
@@ -141,6 +159,8 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let checkpoint = args.checkpoint.open()?;
     let opened = opening.elapsed();
     let config = checkpoint.config.clone();
+    // The format must hold the codec's rate before any speech is made.
+    file_format.encoder(config.codec.sample_rate)?;
     let max_audio_tokens = args.max_audio_tokens.unwrap_or(config.speech.max_audio_tokens);
     anyhow::ensure!(max_audio_tokens >= 1, "--max-audio-tokens must be at least 1");
     let front = TextFrontEnd::new(&checkpoint);
@@ -212,7 +232,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
     progress.finish_and_clear();
     debug_assert_eq!(stats.stop, Stop::Finished);
     let bytes = match args.format {
-        Format::Pcm16 => write_wav_pcm16(&pcm, rate)?,
+        Format::Pcm16 => file_format.encode_whole(&pcm, rate)?,
         Format::F32 => write_wav_f32(&pcm, rate)?,
     };
     if to_stdout {

@@ -1,6 +1,7 @@
 //! The request and error formats of the HTTP API (OpenAI-compatible `/v1/audio/speech`),
 //! validated field by field: every refusal names the field at fault.
 
+use drama_engine::audio::AudioFormat;
 use drama_engine::guidance::{MAX_GAMMA, check_gamma};
 use drama_engine::sampling::MAX_TEMPERATURE;
 use serde_json::{Value, json};
@@ -54,15 +55,6 @@ impl ApiError {
     }
 }
 
-/// Audio encoding of the response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResponseFormat {
-    /// A WAV file (16-bit PCM).
-    Wav,
-    /// Raw 16-bit little-endian PCM.
-    Pcm,
-}
-
 /// How the response is delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamFormat {
@@ -81,9 +73,16 @@ pub enum StreamFormat {
 pub enum VoiceChoice {
     /// The checkpoint's default prefix.
     Default,
-    /// A saved voice id.
+    /// A saved voice, by its id or its name.
     Saved(String),
 }
+
+/// OpenAI's built-in voice names. drama has no such voices: a request naming one gets the
+/// checkpoint's default voice, and its reply names `voice` among the fields not applied, so
+/// that an OpenAI client works unchanged and can still see what it got.
+pub const OPENAI_VOICES: [&str; 13] = [
+    "alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse",
+];
 
 /// A validated speech request.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,8 +91,8 @@ pub struct SpeechRequest {
     pub input: String,
     /// Voice.
     pub voice: VoiceChoice,
-    /// Encoding.
-    pub response_format: ResponseFormat,
+    /// Encoding (absent: mp3, as OpenAI's).
+    pub response_format: AudioFormat,
     /// Delivery.
     pub stream_format: StreamFormat,
     /// Seed (None: random, reported in a header).
@@ -108,6 +107,10 @@ pub struct SpeechRequest {
     pub max_audio_tokens: Option<usize>,
     /// Guidance scale, when the request may set it.
     pub gamma: Option<f32>,
+    /// Fields the request gave that were accepted but do not change the speech (OpenAI's
+    /// `instructions`, a built-in OpenAI voice name), for the reply's
+    /// `x-drama-unapplied-fields` header.
+    pub unapplied: Vec<&'static str>,
 }
 
 /// What the server allows requests to set.
@@ -193,19 +196,29 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
         },
         Some(_) => return Err(ApiError::invalid("voice", "`voice` must be a name or {\"id\": ...}")),
     };
+    let mut unapplied = Vec::new();
     let voice = match voice_name {
         None | Some("default") => VoiceChoice::Default,
+        Some(name) if OPENAI_VOICES.contains(&name) => {
+            unapplied.push("voice");
+            VoiceChoice::Default
+        }
         Some(id) => VoiceChoice::Saved(id.to_string()),
     };
     let response_format = match body.get("response_format") {
-        None | Some(Value::Null) => ResponseFormat::Wav,
-        Some(v) => match v.as_str() {
-            Some("wav") => ResponseFormat::Wav,
-            Some("pcm") => ResponseFormat::Pcm,
-            _ => {
+        None | Some(Value::Null) => AudioFormat::Mp3,
+        Some(v) => match v.as_str().and_then(AudioFormat::from_name) {
+            Some(format) => format,
+            None => {
+                let names: Vec<&str> = AudioFormat::ALL.iter().map(|f| f.name()).collect();
+                let aac = if v.as_str() == Some("aac") {
+                    "drama offers no AAC (no AAC encoder crate with a licence it can ship); "
+                } else {
+                    ""
+                };
                 return Err(ApiError::invalid(
                     "response_format",
-                    "supported formats: \"wav\", \"pcm\"",
+                    format!("{aac}supported formats: {}", names.join(", ")),
                 ));
             }
         },
@@ -223,17 +236,13 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
             }
         },
     };
-    // OpenAI's style instructions: drama-3 has no such input, and ignoring them would give
-    // a client other speech than it asked for without saying so.
+    // OpenAI's style instructions: drama-3 has no such input. They are accepted, so that an
+    // OpenAI client works unchanged, and named in the reply as not applied.
     match body.get("instructions") {
         None | Some(Value::Null) => {}
         Some(Value::String(text)) if text.trim().is_empty() => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "instructions",
-                "drama-3 takes no style instructions; leave `instructions` out (choose the voice with `voice`)",
-            ));
-        }
+        Some(Value::String(_)) => unapplied.push("instructions"),
+        Some(_) => return Err(ApiError::invalid("instructions", "`instructions` must be a string")),
     }
     if let Some(speed) = number(&body, "speed")?
         && speed != 1.0
@@ -288,6 +297,7 @@ pub fn parse_speech(bytes: &[u8], policy: &Policy) -> Result<SpeechRequest, ApiE
         top_p,
         max_audio_tokens,
         gamma,
+        unapplied,
     })
 }
 
@@ -305,15 +315,29 @@ mod tests {
         parse_speech(body.as_bytes(), &POLICY).unwrap_err()
     }
 
-    /// OpenAI's model names are answered as drama-3; empty instructions are no instructions.
+    /// OpenAI's model names are answered as drama-3; empty instructions are no instructions,
+    /// others and OpenAI's voice names are accepted and named as not applied.
     #[test]
-    fn openai_model_names_and_empty_instructions_are_accepted() {
+    fn openai_names_are_accepted_and_what_is_not_applied_is_named() {
         for model in ["drama-3", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"] {
             for instructions in ["null", "\"\"", "\"  \""] {
                 let body = format!(r#"{{"model": "{model}", "input": "hi", "instructions": {instructions}}}"#);
-                assert!(parse_speech(body.as_bytes(), &POLICY).is_ok(), "{body}");
+                let parsed = parse_speech(body.as_bytes(), &POLICY).unwrap();
+                assert!(parsed.unapplied.is_empty(), "{body}");
             }
         }
+        let styled = parse_speech(
+            br#"{"model": "gpt-4o-mini-tts", "input": "hi", "voice": "coral", "instructions": "Speak calmly."}"#,
+            &POLICY,
+        )
+        .unwrap();
+        assert_eq!(styled.voice, VoiceChoice::Default);
+        assert_eq!(styled.unapplied, ["voice", "instructions"]);
+        let named = parse_speech(br#"{"model": "tts-1", "input": "hi", "voice": "narrator"}"#, &POLICY).unwrap();
+        assert_eq!(
+            (named.voice, named.unapplied),
+            (VoiceChoice::Saved("narrator".into()), vec![])
+        );
         let unknown = refusal(r#"{"model": "tts-2", "input": "hi"}"#);
         assert_eq!(
             unknown.message,
@@ -327,10 +351,6 @@ mod tests {
             (r#"{"input": "hi"}"#, "model"),
             (r#"{"model": "tts-2", "input": "hi"}"#, "model"),
             (
-                r#"{"model": "drama-3", "input": "hi", "instructions": "Speak calmly."}"#,
-                "instructions",
-            ),
-            (
                 r#"{"model": "drama-3", "input": "hi", "instructions": 3}"#,
                 "instructions",
             ),
@@ -339,7 +359,7 @@ mod tests {
             (r#"{"model": "drama-3", "input": "hi", "speed": 1.25}"#, "speed"),
             (r#"{"model": "drama-3", "input": "hi", "gamma": 2}"#, "gamma"),
             (
-                r#"{"model": "drama-3", "input": "hi", "response_format": "mp3"}"#,
+                r#"{"model": "drama-3", "input": "hi", "response_format": "ogg"}"#,
                 "response_format",
             ),
             (
@@ -373,7 +393,7 @@ mod tests {
         assert_eq!(r.voice, VoiceChoice::Saved("0123456789abcdef".into()));
         assert_eq!(
             (r.response_format, r.stream_format, r.seed, r.top_k),
-            (ResponseFormat::Pcm, StreamFormat::Sse, Some(7), 20)
+            (AudioFormat::Pcm, StreamFormat::Sse, Some(7), 20)
         );
     }
 }

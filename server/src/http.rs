@@ -8,7 +8,7 @@ use std::time::Instant;
 use base64::Engine as _;
 use bytes::Bytes;
 use drama_checkpoint::Checkpoint;
-use drama_engine::audio::{SampleFormat, encode_samples, streaming_wav_header, write_wav_pcm16};
+use drama_engine::audio::AudioEncoder;
 use drama_engine::batch::Batcher;
 use drama_engine::sampling::SamplingParams;
 use drama_engine::synth::{Stop, SynthesisRequest};
@@ -23,8 +23,9 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::admission::Place;
-use crate::api::{ApiError, Policy, ResponseFormat, StreamFormat, parse_speech};
+use crate::api::{ApiError, Policy, StreamFormat, parse_speech};
 use crate::metrics::Metrics;
+use crate::openai_voices;
 use crate::stall::WriteStallLimit;
 use crate::unread::{Chunk, Held, check_room};
 use crate::uploads::{MAX_UPLOAD_BYTES, MAX_UPLOADS, Upload};
@@ -34,7 +35,7 @@ use crate::{ServerConfig, ServerError};
 
 /// A response body. A streamed one fails (and hyper aborts the connection, so the client
 /// sees a truncated transfer, not a finished one) when its synthesis fails.
-type Body = BoxBody<Bytes, std::io::Error>;
+pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
 
 /// What every handler shares.
 pub struct State {
@@ -61,7 +62,7 @@ fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed()
 }
 
-fn json(status: u16, value: serde_json::Value) -> Response<Body> {
+pub(crate) fn json(status: u16, value: serde_json::Value) -> Response<Body> {
     let mut response = Response::new(full(value.to_string()));
     *response.status_mut() = StatusCode::from_u16(status).expect("valid status");
     response
@@ -92,7 +93,7 @@ fn error(e: &ApiError) -> Response<Body> {
 }
 
 /// Reads a request's body, at most `limit` bytes, within the client timeout.
-async fn read_body(state: &State, request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(state: &State, request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let timeout = state.config.client_timeout;
     let collected = tokio::time::timeout(timeout, Limited::new(request.into_body(), limit).collect())
         .await
@@ -130,7 +131,7 @@ fn content_type_is(request: &Request<Incoming>, accepted: &[&str]) -> bool {
 /// read the last of its audio; each chunk stays counted as unread audio (see `unread`) until
 /// its bytes are written. Call within a tokio runtime.
 fn streamed_body(
-    header: Vec<u8>,
+    encoder: Box<dyn AudioEncoder>,
     chunks: mpsc::UnboundedReceiver<Chunk>,
     done: oneshot::Receiver<Outcome>,
     place: impl Send + Sync + 'static,
@@ -138,7 +139,7 @@ fn streamed_body(
     metrics: Arc<Metrics>,
 ) -> Body {
     let frame = move |bytes: Vec<u8>| -> Vec<u8> {
-        if sse {
+        if sse && !bytes.is_empty() {
             let audio = base64::engine::general_purpose::STANDARD.encode(&bytes);
             format!(
                 "event: speech.audio.delta\ndata: {}\n\n",
@@ -149,13 +150,16 @@ fn streamed_body(
             bytes
         }
     };
-    let first = (!header.is_empty()).then(|| Bytes::from(frame(header)));
+    // The chunks and the tail (which ends the file) share the encoder.
+    let encoder = Arc::new(Mutex::new(encoder));
+    let chunk_encoder = encoder.clone();
     // Each chunk stays counted as unread until hyper has written (and dropped) its bytes.
     let chunks = futures_util::stream::unfold(chunks, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) }).map(
         move |chunk| {
-            chunk
-                .held
-                .attach(frame(encode_samples(&chunk.pcm, SampleFormat::Pcm16)))
+            let bytes = chunk_encoder.lock().expect("encoder lock").push(&chunk.pcm);
+            bytes
+                .map(|bytes| chunk.held.attach(frame(bytes)))
+                .map_err(std::io::Error::other)
         },
     );
     let (ended, outcome) = oneshot::channel();
@@ -175,25 +179,36 @@ fn streamed_body(
         if failure.is_some() {
             metrics.failed_streams.fetch_add(1, Ordering::SeqCst);
         }
+        let last = match failure {
+            None => encoder
+                .lock()
+                .expect("encoder lock")
+                .finish()
+                .map_err(std::io::Error::other)?,
+            Some(_) => Vec::new(),
+        };
         match (failure, sse) {
-            (None, true) => Ok(Bytes::from(format!(
-                "event: speech.audio.done\ndata: {}\n\n",
-                serde_json::json!({
-                    "type": "speech.audio.done",
-                    "usage": {"audio_tokens": tokens},
-                    "capped_segments": capped,
-                })
-            ))),
-            (None, false) => Ok(Bytes::new()),
+            (None, true) => {
+                let mut events = frame(last);
+                events.extend(
+                    format!(
+                        "event: speech.audio.done\ndata: {}\n\n",
+                        serde_json::json!({
+                            "type": "speech.audio.done",
+                            "usage": {"audio_tokens": tokens},
+                            "capped_segments": capped,
+                        })
+                    )
+                    .bytes(),
+                );
+                Ok(Bytes::from(events))
+            }
+            (None, false) => Ok(Bytes::from(last)),
             (Some(failure), true) => Ok(Bytes::from(format!("event: error\ndata: {}\n\n", failure.body()))),
             (Some(failure), false) => Err(std::io::Error::other(failure.message)),
         }
     });
-    let stream = futures_util::stream::iter(first)
-        .chain(chunks)
-        .map(Ok)
-        .chain(tail)
-        .map(|b| b.map(Frame::data));
+    let stream = chunks.chain(tail).map(|b| b.map(Frame::data));
     BodyExt::boxed(StreamBody::new(stream))
 }
 
@@ -251,6 +266,13 @@ async fn route(state: Arc<State>, request: Request<Incoming>) -> Response<Body> 
         }
         (Method::POST, "/v1/audio/speech") => speech(state.clone(), request).await.unwrap_or_else(|e| error(&e)),
         (Method::POST, "/v1/voices") => save_voice(state.clone(), request).await.unwrap_or_else(|e| error(&e)),
+        (Method::POST, "/v1/audio/voices") => openai_voices::create(state.clone(), request)
+            .await
+            .unwrap_or_else(|e| error(&e)),
+        (Method::GET, "/v1/audio/voices") => openai_voices::list(&state),
+        (Method::DELETE, p) if p.starts_with(openai_voices::VOICE_PATH) => {
+            openai_voices::delete(&state, &p[openai_voices::VOICE_PATH.len()..]).unwrap_or_else(|e| error(&e))
+        }
         (Method::GET, "/v1/voices") => {
             let data: Vec<serde_json::Value> = state
                 .store
@@ -292,8 +314,8 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
     match path {
         "/health" | "/ready" | "/metrics" => Some("GET, HEAD"),
         "/v1/audio/speech" => Some("POST"),
-        "/v1/voices" => Some("GET, HEAD, POST"),
-        p if p.starts_with("/v1/voices/") => Some("DELETE"),
+        "/v1/voices" | "/v1/audio/voices" => Some("GET, HEAD, POST"),
+        p if p.starts_with("/v1/voices/") || p.starts_with(openai_voices::VOICE_PATH) => Some("DELETE"),
         _ => None,
     }
 }
@@ -305,21 +327,30 @@ async fn save_voice(state: Arc<State>, request: Request<Incoming>) -> Result<Res
     ) {
         return Err(ApiError::status(415, "send the reference recording as audio/wav"));
     }
-    let place = Place::take(&state.metrics, |m| &m.voice_uploads, MAX_UPLOADS).ok_or_else(|| {
+    let place = take_upload_place(&state)?;
+    let wav = read_body(&state, request, MAX_UPLOAD_BYTES).await?.to_vec();
+    let id = encode_upload(&state, wav, place).await?;
+    Ok(json(201, serde_json::json!({"id": id, "object": "voice"})))
+}
+
+/// A place among the uploads being received or encoded; 429 when all are taken.
+pub(crate) fn take_upload_place(state: &State) -> Result<Place, ApiError> {
+    Place::take(&state.metrics, |m| &m.voice_uploads, MAX_UPLOADS).ok_or_else(|| {
         ApiError::status(
             429,
             format!("{MAX_UPLOADS} voice uploads are already being received or encoded; retry later"),
         )
-    })?;
-    let wav = read_body(&state, request, MAX_UPLOAD_BYTES).await?.to_vec();
+    })
+}
+
+/// Encodes and saves a reference recording; its voice id. The upload keeps its place until
+/// it is encoded (or skipped): a client that leaves meanwhile frees no room for another.
+pub(crate) async fn encode_upload(state: &State, wav: Vec<u8>, place: Place) -> Result<String, ApiError> {
     let (reply, answer) = oneshot::channel();
-    // The upload keeps its place until it is encoded (or skipped): a client that leaves
-    // meanwhile frees no room for another.
     send(&state.uploads, Upload { wav, reply, place })?;
-    let id = answer
+    answer
         .await
-        .map_err(|_| ApiError::status(503, "the voice encoder stopped"))??;
-    Ok(json(201, serde_json::json!({"id": id, "object": "voice"})))
+        .map_err(|_| ApiError::status(503, "the voice encoder stopped"))?
 }
 
 fn random_seed() -> u64 {
@@ -401,6 +432,11 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         },
         max_audio_tokens,
     };
+    // The format must hold the checkpoint's sample rate before any work starts.
+    let encoder = speech
+        .response_format
+        .encoder(state.sample_rate)
+        .map_err(|e| ApiError::invalid("response_format", e.to_string()))?;
     let (accepted, accepted_answer) = oneshot::channel();
     let (chunks, mut chunk_receiver) = mpsc::unbounded_channel();
     let (done, done_answer) = oneshot::channel();
@@ -417,10 +453,9 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     accepted_answer
         .await
         .map_err(|_| ApiError::status(503, "the engine stopped"))??;
-    let content_type = match (speech.stream_format, speech.response_format) {
-        (StreamFormat::Sse, _) => "text/event-stream",
-        (_, ResponseFormat::Wav) => "audio/wav",
-        (_, ResponseFormat::Pcm) => "audio/pcm",
+    let content_type = match speech.stream_format {
+        StreamFormat::Sse => "text/event-stream",
+        StreamFormat::Whole | StreamFormat::Audio => speech.response_format.media_type(),
     };
     let rate = state.sample_rate;
     // Segments that reached the token cap, where the whole file's header can say so.
@@ -439,22 +474,16 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
             if let Some(failure) = failure(outcome) {
                 return Err(failure);
             }
-            let bytes = match speech.response_format {
-                ResponseFormat::Wav => write_wav_pcm16(&pcm, rate).map_err(|e| ApiError::status(500, e.to_string()))?,
-                ResponseFormat::Pcm => encode_samples(&pcm, SampleFormat::Pcm16),
-            };
+            let bytes = speech
+                .response_format
+                .encode_whole(&pcm, rate)
+                .map_err(|e| ApiError::status(500, e.to_string()))?;
             drop(guard);
             full(held.attach(bytes))
         }
         StreamFormat::Audio | StreamFormat::Sse => {
-            let header = match speech.response_format {
-                ResponseFormat::Wav => {
-                    streaming_wav_header(rate, SampleFormat::Pcm16).map_err(|e| ApiError::status(500, e.to_string()))?
-                }
-                ResponseFormat::Pcm => Vec::new(),
-            };
             let sse = speech.stream_format == StreamFormat::Sse;
-            streamed_body(header, chunk_receiver, done_answer, guard, sse, state.metrics.clone())
+            streamed_body(encoder, chunk_receiver, done_answer, guard, sse, state.metrics.clone())
         }
     };
     let mut response = Response::new(body);
@@ -477,6 +506,7 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
             HeaderValue::from_str(&capped.to_string()).expect("digits"),
         );
     }
+    openai_voices::mark_unapplied(&mut response, &speech.unapplied);
     Ok(response)
 }
 
@@ -566,6 +596,7 @@ mod tests {
     use std::hash::{BuildHasher, Hasher};
     use std::time::Duration;
 
+    use drama_engine::audio::{AudioFormat, SampleFormat, encode_samples};
     use drama_engine::synth::{SynthesisStats, TimeSplit};
 
     use super::*;
@@ -615,7 +646,7 @@ mod tests {
         let (mut bytes, mut failed) = (Vec::new(), None);
         runtime.block_on(async {
             let mut body = streamed_body(
-                Vec::new(),
+                AudioFormat::Pcm.encoder(24_000).unwrap(),
                 chunk_receiver,
                 done_answer,
                 place.clone(),
@@ -710,7 +741,7 @@ mod tests {
         let pcm = random_pcm(5);
         runtime.block_on(async {
             let mut body = streamed_body(
-                Vec::new(),
+                AudioFormat::Pcm.encoder(24_000).unwrap(),
                 chunk_receiver,
                 done_answer,
                 place.clone(),

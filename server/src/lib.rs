@@ -13,6 +13,7 @@ mod admission;
 pub mod api;
 mod http;
 pub mod metrics;
+mod openai_voices;
 mod stall;
 mod unread;
 mod uploads;

@@ -1,20 +1,36 @@
 //! Saved voices: voice files under `<data dir>/voices/<id>.safetensors`, written atomically
 //! (temporary file, fsync, rename), so they survive restarts and a crash mid-write loses
-//! nothing.
+//! nothing. A voice saved with a name (OpenAI's `POST /v1/audio/voices`) has its name and
+//! creation time beside it in `<id>.json`, written the same way.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use drama_checkpoint::Checkpoint;
 use drama_engine::files::{TEMPORARY_SUFFIX, write_atomically};
 use drama_engine::voice::{read_voice_file, voice_file_bytes, voice_file_checkpoint};
 use sha2::{Digest, Sha256};
 
-use crate::api::{ApiError, VoiceChoice};
+use crate::api::{ApiError, OPENAI_VOICES, VoiceChoice};
 
 /// The voice store.
 pub struct VoiceStore {
     dir: PathBuf,
+    /// Held while a name is given, so that two uploads cannot both take one name.
+    naming: Mutex<()>,
 }
+
+/// A named voice's label, `<id>.json` beside its file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Label {
+    /// The name `voice` may give instead of the id.
+    pub name: String,
+    /// When it was saved under this name (Unix seconds).
+    pub created_at: u64,
+}
+
+/// Longest voice name, in characters.
+pub const MAX_NAME_CHARS: usize = 64;
 
 /// Whose a file in the store is, by its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,11 +70,84 @@ impl VoiceStore {
                 let _ = std::fs::remove_file(path);
             }
         }
-        Ok(VoiceStore { dir })
+        Ok(VoiceStore {
+            dir,
+            naming: Mutex::new(()),
+        })
     }
 
     fn path(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.safetensors"))
+    }
+
+    fn label_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// Voice `id`'s label, if it was saved with a name and the label reads.
+    pub fn label(&self, id: &str) -> Option<Label> {
+        serde_json::from_slice(&std::fs::read(self.label_path(id)).ok()?).ok()
+    }
+
+    /// Gives voice `id` the name `name` (replacing any name it had), unless another voice
+    /// has that name.
+    pub fn name(&self, id: &str, name: &str, created_at: u64) -> Result<Label, ApiError> {
+        check_name(name)?;
+        let _naming = self.naming.lock().expect("naming lock");
+        if let Some(other) = self.find_name(name).filter(|other| other != id) {
+            return Err(taken(name, &other));
+        }
+        let label = Label {
+            name: name.to_string(),
+            created_at,
+        };
+        let bytes = serde_json::to_vec(&label).expect("a label serializes");
+        write_atomically(&self.label_path(id), &bytes)
+            .map_err(|e| ApiError::status(500, format!("naming voice {id}: {e}")))?;
+        Ok(label)
+    }
+
+    /// Refuses a name another voice has (409) or that no voice may have (400), before a
+    /// recording is encoded for it.
+    pub fn check_free(&self, name: &str) -> Result<(), ApiError> {
+        check_name(name)?;
+        match self.find_name(name) {
+            Some(other) => Err(taken(name, &other)),
+            None => Ok(()),
+        }
+    }
+
+    /// The id of the saved voice named `name`.
+    fn find_name(&self, name: &str) -> Option<String> {
+        self.ids()
+            .into_iter()
+            .find(|id| self.label(id).is_some_and(|label| label.name == name))
+    }
+
+    /// The id a request's `voice` names: a saved voice's id, or its name.
+    pub fn resolve(&self, id_or_name: &str) -> Option<String> {
+        if valid_id(id_or_name) && self.path(id_or_name).exists() {
+            return Some(id_or_name.to_string());
+        }
+        self.find_name(id_or_name)
+    }
+
+    /// The ids of the voice files in the store, sorted.
+    fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_suffix(".safetensors")
+                    .map(str::to_string)
+            })
+            .filter(|id| valid_id(id))
+            .collect();
+        ids.sort();
+        ids
     }
 
     /// Saves a prefix; returns its id (derived from its content).
@@ -83,16 +172,16 @@ impl VoiceStore {
     pub fn prefix_for(&self, choice: &VoiceChoice, checkpoint: &Checkpoint) -> Result<Option<Vec<f32>>, ApiError> {
         match choice {
             VoiceChoice::Default => Ok(None),
-            VoiceChoice::Saved(id) => match self.load(id, checkpoint) {
+            VoiceChoice::Saved(choice) => match self.resolve(choice).and_then(|id| self.load(&id, checkpoint)) {
                 Some(Ok(prefix)) => Ok(Some(prefix)),
                 Some(Err(e)) => Err(ApiError::invalid(
                     "voice",
                     format!(
-                        "voice {id} cannot be used: {e}; upload its reference recording again (POST /v1/voices), \
-                         or delete it (DELETE /v1/voices/{id})"
+                        "voice {choice} cannot be used: {e}; upload its reference recording again (POST /v1/voices), \
+                         or delete it (DELETE /v1/voices/{choice})"
                     ),
                 )),
-                None => Err(ApiError::invalid("voice", format!("unknown voice '{id}'"))),
+                None => Err(ApiError::invalid("voice", format!("unknown voice '{choice}'"))),
             },
         }
     }
@@ -109,20 +198,8 @@ impl VoiceStore {
     /// The saved voices made for `checkpoint` and the damaged ones, sorted by id (those of
     /// other checkpoints sharing the data directory are left out).
     pub fn list(&self, checkpoint: &Checkpoint) -> Vec<ListedVoice> {
-        let mut ids: Vec<String> = std::fs::read_dir(&self.dir)
+        self.ids()
             .into_iter()
-            .flatten()
-            .filter_map(|e| {
-                e.ok()?
-                    .file_name()
-                    .to_str()?
-                    .strip_suffix(".safetensors")
-                    .map(str::to_string)
-            })
-            .filter(|id| valid_id(id))
-            .collect();
-        ids.sort();
-        ids.into_iter()
             .filter_map(|id| match self.owner(&id, checkpoint) {
                 Owner::This => Some(ListedVoice { id, damaged: false }),
                 Owner::Unreadable => Some(ListedVoice { id, damaged: true }),
@@ -138,6 +215,12 @@ impl VoiceStore {
         if !valid_id(id) || self.owner(id, checkpoint) == Owner::Other {
             return Ok(false);
         }
+        // The label goes first: a voice file without one is an unnamed voice, a label
+        // without its voice file would be a name for nothing.
+        match std::fs::remove_file(self.label_path(id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         self.remove(id)
     }
 
@@ -151,9 +234,85 @@ impl VoiceStore {
     }
 }
 
+/// The refusal of a name voice `other` has.
+fn taken(name: &str, other: &str) -> ApiError {
+    ApiError::status(
+        409,
+        format!("the name '{name}' is taken by voice {other}; delete that voice first or choose another name"),
+    )
+}
+
+/// Refuses a name that is empty, too long, holds control characters, could be read as an
+/// id, or is `default` or one of OpenAI's built-in voices (which mean the default voice).
+fn check_name(name: &str) -> Result<(), ApiError> {
+    let refuse = |why: &str| Err(ApiError::invalid("name", format!("the name '{name}' {why}")));
+    if name.trim().is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return refuse(&format!("must have 1 to {MAX_NAME_CHARS} characters, not only spaces"));
+    }
+    if name.chars().any(char::is_control) {
+        return refuse("holds control characters");
+    }
+    if valid_id(name) {
+        return refuse("has the shape of a voice id (16 hex digits)");
+    }
+    if name == "default" || OPENAI_VOICES.contains(&name) {
+        return refuse("means the default voice (one of OpenAI's built-in voice names, or `default`)");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name finds its voice, belongs to one voice at a time, goes with its voice, and
+    /// cannot be an id, OpenAI's built-in names or blank.
+    #[test]
+    fn names_find_their_voice_and_belong_to_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = VoiceStore::open(dir.path()).unwrap();
+        let (first, second) = ("0123456789abcdef", "fedcba9876543210");
+        for id in [first, second] {
+            std::fs::write(store.path(id), b"voice").unwrap();
+        }
+        assert_eq!(store.resolve("narrator"), None);
+        let label = store.name(first, "narrator", 17).unwrap();
+        assert_eq!(
+            label,
+            Label {
+                name: "narrator".into(),
+                created_at: 17
+            }
+        );
+        assert_eq!(store.resolve("narrator").as_deref(), Some(first));
+        assert_eq!(store.resolve(second).as_deref(), Some(second));
+        let taken = store.name(second, "narrator", 18).unwrap_err();
+        assert_eq!(taken.status, 409, "{}", taken.message);
+        assert!(taken.message.contains(first), "{}", taken.message);
+        // Naming the same voice again renames it.
+        store.name(first, "reader", 19).unwrap();
+        assert_eq!(store.resolve("narrator"), None);
+        store.name(second, "narrator", 20).unwrap();
+        assert_eq!(store.resolve("narrator").as_deref(), Some(second));
+        std::fs::remove_file(store.label_path(first)).unwrap();
+        for refused in [
+            "",
+            "   ",
+            "alloy",
+            "default",
+            first,
+            "a\nb",
+            &"x".repeat(MAX_NAME_CHARS + 1),
+        ] {
+            let e = store.name(first, refused, 1).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some("name")),
+                "{refused:?}: {}",
+                e.message
+            );
+        }
+    }
 
     /// Removing answers whether there was a voice, and reports a removal that failed as an
     /// error rather than as "no such voice".

@@ -32,5 +32,12 @@ pub fn drama_text(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// A WAV of a sine at `pitch` radians per sample, 0.4 loud: a reference recording.
+pub fn sine_wav(rate: u32, seconds: f32, pitch: f32) -> Vec<u8> {
+    let n = (rate as f32 * seconds) as usize;
+    let samples: Vec<f32> = (0..n).map(|i| 0.4 * (i as f32 * pitch).sin()).collect();
+    drama_engine::audio::write_wav_pcm16(&samples, rate).expect("a WAV")
+}
+
 pub mod fake_hub;
 pub mod server;

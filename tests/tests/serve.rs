@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use drama_engine::audio::{read_wav, write_wav_pcm16};
+use drama_engine::audio::read_wav;
 use drama_tests::server::Server;
 use serde_json::{Value, json};
 
@@ -28,7 +28,7 @@ fn setup(seed: u64) -> Setup {
 }
 
 fn request(input: &str, seed: u64) -> Value {
-    json!({"model": "drama-3", "input": input, "seed": seed})
+    json!({"model": "drama-3", "input": input, "seed": seed, "response_format": "wav"})
 }
 
 fn data_chunk(wav: &[u8]) -> &[u8] {
@@ -37,9 +37,7 @@ fn data_chunk(wav: &[u8]) -> &[u8] {
 }
 
 fn sine_wav(path: &Path, rate: u32, seconds: f32, pitch: f32) -> Vec<u8> {
-    let n = (rate as f32 * seconds) as usize;
-    let samples: Vec<f32> = (0..n).map(|i| 0.4 * (i as f32 * pitch).sin()).collect();
-    let bytes = write_wav_pcm16(&samples, rate).unwrap();
+    let bytes = drama_tests::sine_wav(rate, seconds, pitch);
     std::fs::write(path, &bytes).unwrap();
     bytes
 }
@@ -61,8 +59,7 @@ fn streamed_whole_repeated_and_voices_agree() {
     assert!(pcm.frames > 0 && pcm.frames.is_multiple_of(12));
     // Streamed audio: the same samples, under a header of unknown sizes.
     let mut streamed = Vec::new();
-    let mut body =
-        json!({"model": "drama-3", "input": "Hello there. Second sentence.", "seed": 11, "stream_format": "audio"});
+    let mut body = json!({"model": "drama-3", "input": "Hello there. Second sentence.", "seed": 11, "stream_format": "audio", "response_format": "wav"});
     server.open_stream(&body).read_to_end(&mut streamed).unwrap();
     assert_eq!(&streamed[4..8], &[0xFF; 4], "a streamed WAV has an unknown RIFF size");
     assert_eq!(data_chunk(&streamed), data_chunk(&whole.body));
@@ -268,11 +265,13 @@ fn cancelled_and_concurrent_requests_do_not_disturb_others() {
     }
     // An early disconnect: read the first bytes of a stream, then drop it. Twelve sentences
     // take far longer than the wait below, so the stream ends by its cancellation, which
-    // the server counts.
+    // the server counts. As WAV, whose bytes follow each chunk: the tiny checkpoint's whole
+    // speech is shorter than the delay before MP3's first frame.
     let input: String = (0..12)
         .map(|i| format!("Sentence {i} of the one that gets cut off. "))
         .collect();
-    let long = json!({"model": "drama-3", "input": input, "seed": 99, "stream_format": "audio"});
+    let long =
+        json!({"model": "drama-3", "input": input, "seed": 99, "stream_format": "audio", "response_format": "wav"});
     let cancellations = server.metric("drama_cancellations_total");
     let mut reader = server.open_stream(&long);
     let mut first = [0u8; 64];
@@ -445,15 +444,19 @@ fn refusals_have_the_right_status_and_name_the_field() {
         Some("model"),
     );
     expect(
-        server.speech(&json!({"model": "tts-1", "input": "hi", "instructions": "Whisper."})),
+        server.speech(&json!({"model": "tts-1", "input": "hi", "instructions": 3})),
         400,
         Some("instructions"),
     );
-    expect(
-        server.speech(&json!({"model": "drama-3", "input": "hi", "response_format": "mp3"})),
-        400,
-        Some("response_format"),
+    let aac = server.speech(&json!({"model": "drama-3", "input": "hi", "response_format": "aac"}));
+    assert!(
+        aac.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no AAC") && m.contains("mp3, opus, flac")),
+        "{}",
+        String::from_utf8_lossy(&aac.body)
     );
+    expect(aac, 400, Some("response_format"));
     expect(
         server.speech(&json!({"model": "drama-3", "input": "hi", "speed": 1.5})),
         400,

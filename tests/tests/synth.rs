@@ -105,6 +105,43 @@ fn synth_writes_a_whole_number_of_hops_and_repeats_with_the_seed() {
     );
 }
 
+/// The output's extension picks its format; each file opens as its format does, and the
+/// same seed writes the same bytes.
+#[test]
+fn the_output_extension_picks_the_format() {
+    let s = setup();
+    let wav = s.root.join("a.wav");
+    assert_eq!(synth(&s, &wav, &["--seed", "9"]).0, Some(0));
+    let wav = std::fs::read(&wav).unwrap();
+    let pcm = s.root.join("a.pcm");
+    assert_eq!(synth(&s, &pcm, &["--seed", "9"]).0, Some(0));
+    let data = wav.windows(4).position(|w| w == b"data").unwrap() + 8;
+    assert_eq!(
+        std::fs::read(&pcm).unwrap(),
+        &wav[data..],
+        "raw PCM is the WAV's samples"
+    );
+    for (name, opens) in [
+        ("a.mp3", &[0xFFu8][..]),
+        ("a.opus", b"OggS"),
+        ("b.OGG", b"OggS"),
+        ("a.flac", b"fLaC"),
+    ] {
+        let out = s.root.join(name);
+        let (code, err) = synth(&s, &out, &["--seed", "9"]);
+        assert_eq!(code, Some(0), "{name}: {err}");
+        let bytes = std::fs::read(&out).unwrap();
+        assert!(
+            bytes.starts_with(opens),
+            "{name} opens with {:02x?}",
+            &bytes[..bytes.len().min(8)]
+        );
+        let again = s.root.join(format!("again-{name}"));
+        assert_eq!(synth(&s, &again, &["--seed", "9"]).0, Some(0));
+        assert_eq!(std::fs::read(&again).unwrap(), bytes, "{name}: the seed repeats");
+    }
+}
+
 #[test]
 fn a_voice_file_made_from_a_wav_sounds_like_the_wav() {
     let s = setup();
@@ -204,13 +241,19 @@ fn synth_refusals_name_the_problem() {
     // Outputs that cannot be written, and bad settings, are refused before the checkpoint
     // is loaded (its summary line never comes), not after the synthesis.
     let nowhere = s.root.join("no-such-folder").join("x.wav");
-    let mislabelled = s.root.join("x.mp3");
+    let mislabelled = s.root.join("x.aac");
+    let flac = s.root.join("x.flac");
     for (out, extra, names) in [
         (nowhere.as_path(), &[][..], "the folder"),
         (
             mislabelled.as_path(),
             &[][..],
-            "x.mp3: drama synth writes WAV, so the name must end in .wav",
+            "x.aac: drama synth writes .wav, .mp3, .opus (or .ogg), .flac or .pcm",
+        ),
+        (
+            flac.as_path(),
+            &["--format", "f32"][..],
+            "--format f32 is a WAV sample format; flac holds 16-bit samples",
         ),
         (s.root.as_path(), &[][..], "it is a folder"),
         (out.as_path(), &["--gamma", "inf"][..], "gamma inf must be in (0, 10]"),

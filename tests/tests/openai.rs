@@ -1,0 +1,214 @@
+//! `drama serve` as a drop-in OpenAI speech endpoint, driven over real HTTP: every output
+//! format whole, streamed and as SSE (the same bytes each way), OpenAI's default format,
+//! fields accepted but not applied named in a header, and voices saved, used, listed and
+//! deleted by name through OpenAI's `/v1/audio/voices`.
+
+use std::io::Read;
+
+use drama_tests::server::{Answer, Server};
+use serde_json::{Value, json};
+
+fn checkpoint(dir: &std::path::Path) -> std::path::PathBuf {
+    let checkpoint = dir.join("tiny");
+    drama_fixtures::write_preset("tiny", 7, &checkpoint).unwrap();
+    checkpoint
+}
+
+/// The audio an SSE answer's `speech.audio.delta` events carry, in order.
+fn sse_audio(events: &[u8]) -> Vec<u8> {
+    use base64::Engine as _;
+    let events = std::str::from_utf8(events).expect("SSE is text");
+    assert!(events.contains("event: speech.audio.done"), "{events}");
+    events
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str::<Value>(data).unwrap())
+        .filter(|event| event["type"] == "speech.audio.delta")
+        .flat_map(|event| {
+            base64::engine::general_purpose::STANDARD
+                .decode(event["audio"].as_str().unwrap())
+                .unwrap()
+        })
+        .collect()
+}
+
+/// A multipart/form-data body of `fields` (name, file name, bytes) and its content type.
+fn form(fields: &[(&str, Option<&str>, &[u8])]) -> (String, Vec<u8>) {
+    let boundary = "drama-test-boundary-7f3a";
+    let mut body = Vec::new();
+    for (name, file, bytes) in fields {
+        body.extend(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"").bytes());
+        if let Some(file) = file {
+            body.extend(format!("; filename=\"{file}\"\r\nContent-Type: audio/wav").bytes());
+        }
+        body.extend(b"\r\n\r\n");
+        body.extend(*bytes);
+        body.extend(b"\r\n");
+    }
+    body.extend(format!("--{boundary}--\r\n").bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+fn error_param(answer: &Answer) -> Option<String> {
+    answer.json()["error"]["param"].as_str().map(str::to_string)
+}
+
+#[test]
+fn every_format_is_the_same_bytes_whole_streamed_and_as_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&checkpoint(dir.path()), &dir.path().join("data"), &[]);
+    let request = |format: Option<&str>, stream: Option<&str>| {
+        let mut body = json!({"model": "tts-1", "input": "Formats agree. Every one.", "voice": "default", "seed": 3});
+        if let Some(format) = format {
+            body["response_format"] = json!(format);
+        }
+        if let Some(stream) = stream {
+            body["stream_format"] = json!(stream);
+        }
+        body
+    };
+    for (format, media_type) in [
+        ("mp3", "audio/mpeg"),
+        ("opus", "audio/ogg; codecs=opus"),
+        ("flac", "audio/flac"),
+        ("wav", "audio/wav"),
+        ("pcm", "audio/pcm"),
+    ] {
+        let whole = server.speech(&request(Some(format), None));
+        assert_eq!(whole.status, 200, "{format}: {}", String::from_utf8_lossy(&whole.body));
+        assert_eq!(whole.header("content-type"), Some(media_type), "{format}");
+        assert!(!whole.body.is_empty(), "{format}: no bytes");
+        let mut streamed = Vec::new();
+        server
+            .open_stream(&request(Some(format), Some("audio")))
+            .read_to_end(&mut streamed)
+            .unwrap();
+        let events = server.speech(&request(Some(format), Some("sse")));
+        assert_eq!(events.header("content-type"), Some("text/event-stream"));
+        let evented = sse_audio(&events.body);
+        if format == "wav" {
+            // Streamed, the WAV's sizes are unknown (0xFFFFFFFF); the rest is the same.
+            for bytes in [&streamed, &evented] {
+                assert_eq!(bytes.len(), whole.body.len());
+                assert_eq!(&bytes[4..8], &[0xFF; 4]);
+                assert_eq!(&bytes[44..], &whole.body[44..]);
+            }
+        } else {
+            assert!(streamed == whole.body, "{format}: streamed differs from whole");
+            assert!(evented == whole.body, "{format}: SSE differs from whole");
+        }
+    }
+    // No response_format: MP3, as OpenAI answers.
+    let default = server.speech(&request(None, None));
+    assert_eq!(default.header("content-type"), Some("audio/mpeg"));
+    assert_eq!(default.body, server.speech(&request(Some("mp3"), None)).body);
+}
+
+#[test]
+fn what_is_accepted_but_not_applied_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&checkpoint(dir.path()), &dir.path().join("data"), &[]);
+    let plain = json!({"model": "gpt-4o-mini-tts", "input": "Hello.", "seed": 4, "response_format": "pcm"});
+    let answer = server.speech(&plain);
+    assert_eq!(answer.header("x-drama-unapplied-fields"), None);
+    let mut styled = plain.clone();
+    styled["voice"] = json!("coral");
+    styled["instructions"] = json!("Speak like a pirate.");
+    let styled = server.speech(&styled);
+    assert_eq!(styled.status, 200);
+    assert_eq!(styled.header("x-drama-unapplied-fields"), Some("voice, instructions"));
+    assert_eq!(styled.body, answer.body, "an OpenAI voice name is the default voice");
+}
+
+#[test]
+fn voices_are_saved_used_listed_and_deleted_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&checkpoint(dir.path()), &dir.path().join("data"), &[]);
+    let recording = drama_tests::sine_wav(16_000, 0.4, 0.07);
+    let (content_type, body) = form(&[
+        ("name", None, b"narrator"),
+        ("consent", None, b"cons_123"),
+        ("audio_sample", Some("narrator.wav"), &recording),
+    ]);
+    let created = server.post("/v1/audio/voices", &content_type, &body);
+    assert_eq!(created.status, 201, "{}", String::from_utf8_lossy(&created.body));
+    assert_eq!(created.header("x-drama-unapplied-fields"), Some("consent"));
+    let voice = created.json();
+    let id = voice["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        (&voice["name"], &voice["object"], &voice["type"]),
+        (&json!("narrator"), &json!("audio.voice"), &json!("audio_sample"))
+    );
+    assert!(voice["created_at"].as_u64().unwrap() > 1_700_000_000);
+    // The same recording posted the old way gets the same id.
+    let plain = server.post("/v1/voices", "audio/wav", &recording);
+    assert_eq!(plain.json()["id"], json!(id));
+    // By name, by id, and as {"id": name}: the same speech.
+    let speak = |voice: Value| {
+        let answer = server.speech(
+            &json!({"model": "tts-1", "input": "Named voices.", "voice": voice, "seed": 8, "response_format": "pcm"}),
+        );
+        assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+        answer.body
+    };
+    let by_name = speak(json!("narrator"));
+    assert_eq!(by_name, speak(json!(id)));
+    assert_eq!(by_name, speak(json!({"id": "narrator"})));
+    assert_ne!(by_name, speak(json!("default")));
+    let listed = server.get("/v1/audio/voices").json();
+    assert_eq!(listed["object"], json!("list"));
+    assert_eq!(listed["data"][0]["name"], json!("narrator"));
+    // A name belongs to one voice; refusals name what was wrong.
+    let other = drama_tests::sine_wav(16_000, 0.4, 0.19);
+    let (content_type, body) = form(&[("name", None, b"narrator"), ("audio_sample", Some("b.wav"), &other)]);
+    let taken = server.post("/v1/audio/voices", &content_type, &body);
+    assert_eq!(taken.status, 409, "{}", String::from_utf8_lossy(&taken.body));
+    for (fields, param) in [
+        (vec![("audio_sample", Some("b.wav"), other.as_slice())], "name"),
+        (
+            vec![
+                ("name", None, b"alloy".as_slice()),
+                ("audio_sample", Some("b.wav"), &other),
+            ],
+            "name",
+        ),
+        (vec![("name", None, b"reader".as_slice())], "audio_sample"),
+        (
+            vec![
+                ("name", None, b"reader".as_slice()),
+                ("type", None, b"prompt"),
+                ("audio_sample", Some("b.wav"), &other),
+            ],
+            "type",
+        ),
+        (
+            vec![
+                ("name", None, b"reader".as_slice()),
+                ("audio_sample", Some("b.wav"), b"RIFFjunk"),
+            ],
+            "audio_sample",
+        ),
+    ] {
+        let (content_type, body) = form(&fields);
+        let refused = server.post("/v1/audio/voices", &content_type, &body);
+        assert_eq!(
+            (refused.status, error_param(&refused).as_deref()),
+            (400, Some(param)),
+            "{}",
+            String::from_utf8_lossy(&refused.body)
+        );
+    }
+    assert_eq!(server.post("/v1/audio/voices", "audio/wav", &other).status, 415);
+    // Deleted by name: gone for every way of naming it.
+    let deleted = server.delete("/v1/audio/voices/narrator");
+    assert_eq!(deleted.status, 200);
+    assert_eq!(
+        deleted.json(),
+        json!({"id": id, "deleted": true, "object": "audio.voice.deleted"})
+    );
+    assert_eq!(server.delete("/v1/audio/voices/narrator").status, 404);
+    assert_eq!(server.delete(&format!("/v1/voices/{id}")).status, 404);
+    let gone = server.speech(&json!({"model": "tts-1", "input": "hi", "voice": "narrator"}));
+    assert_eq!((gone.status, error_param(&gone).as_deref()), (400, Some("voice")));
+    assert_eq!(server.get("/v1/audio/voices").json()["data"], json!([]));
+}
