@@ -167,6 +167,19 @@ fn streamed_pieces_are_the_whole_file() {
             assert_eq!(streamed.len(), whole.len());
             assert_eq!(&streamed[4..8], &u32::MAX.to_le_bytes());
             assert_eq!((&streamed[8..40], &streamed[44..]), (&whole[8..40], &whole[44..]));
+        } else if format == AudioFormat::Flac {
+            // STREAMINFO's 36-bit length (from the low half of byte 21) and MD5 (bytes 26 to
+            // 42): unknown in the stream, filled in the whole file.
+            assert_eq!(streamed.len(), whole.len());
+            assert!(streamed[..21] == whole[..21] && streamed[21] >> 4 == whole[21] >> 4);
+            assert!(streamed[42..] == whole[42..], "flac: the frames differ");
+            assert_eq!(&streamed[21..26], &[streamed[21] & 0xF0, 0, 0, 0, 0]);
+            assert_eq!(&streamed[26..42], &[0; 16], "a streamed FLAC's MD5 is unknown");
+            let length = u64::from_be_bytes(whole[18..26].try_into().unwrap()) & ((1 << 36) - 1);
+            assert_eq!(length, samples.len() as u64);
+            use md5::Digest;
+            let digest = md5::Md5::digest(encode_samples(&samples, SampleFormat::Pcm16));
+            assert_eq!(&whole[26..42], digest.as_slice());
         } else {
             assert!(streamed == whole, "{}: the stream is not the whole file", format.name());
         }

@@ -11,7 +11,13 @@ pub const MODEL: &str = "drama-3";
 
 /// The model names of OpenAI's speech API, which existing clients send: answered as
 /// [`MODEL`], so such a client switches by changing only its base URL.
-pub const MODEL_ALIASES: [&str; 3] = ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
+pub const MODEL_ALIASES: [&str; 5] = [
+    "tts-1",
+    "tts-1-hd",
+    "gpt-4o-mini-tts",
+    "gpt-4o-mini-tts-2025-03-20",
+    "gpt-4o-mini-tts-2025-12-15",
+];
 
 /// A refused request: HTTP status, message and the field at fault.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -341,7 +347,7 @@ mod tests {
         let unknown = refusal(r#"{"model": "tts-2", "input": "hi"}"#);
         assert_eq!(
             unknown.message,
-            r#"unknown model "tts-2"; this server runs "drama-3" (also answering to "tts-1", "tts-1-hd", "gpt-4o-mini-tts")"#
+            r#"unknown model "tts-2"; this server runs "drama-3" (also answering to "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-03-20", "gpt-4o-mini-tts-2025-12-15")"#
         );
     }
 

@@ -1,7 +1,8 @@
 //! `drama serve` as a drop-in OpenAI speech endpoint, driven over real HTTP: every output
 //! format whole, streamed and as SSE (the same bytes each way), OpenAI's default format,
 //! fields accepted but not applied named in a header, and voices saved, used, listed and
-//! deleted by name through OpenAI's `/v1/audio/voices`.
+//! deleted by name through OpenAI's `/v1/audio/voices`; then all of it again through the
+//! official `openai` Python SDK, whose answers libsndfile decodes.
 
 use std::io::Read;
 
@@ -86,12 +87,13 @@ fn every_format_is_the_same_bytes_whole_streamed_and_as_events() {
         let events = server.speech(&request(Some(format), Some("sse")));
         assert_eq!(events.header("content-type"), Some("text/event-stream"));
         let evented = sse_audio(&events.body);
-        if format == "wav" {
-            // Streamed, the WAV's sizes are unknown (0xFFFFFFFF); the rest is the same.
+        if format == "wav" || format == "flac" {
+            // Streamed, a WAV's sizes and a FLAC's length and MD5 are unknown; the header
+            // they sit in is 44 and 42 bytes long; the rest is the same.
+            let header = if format == "wav" { 44 } else { 42 };
             for bytes in [&streamed, &evented] {
                 assert_eq!(bytes.len(), whole.body.len());
-                assert_eq!(&bytes[4..8], &[0xFF; 4]);
-                assert_eq!(&bytes[44..], &whole.body[44..]);
+                assert_eq!(&bytes[header..], &whole.body[header..], "{format}");
             }
         } else {
             assert!(streamed == whole.body, "{format}: streamed differs from whole");
@@ -211,4 +213,79 @@ fn voices_are_saved_used_listed_and_deleted_by_name() {
     let gone = server.speech(&json!({"model": "tts-1", "input": "hi", "voice": "narrator"}));
     assert_eq!((gone.status, error_param(&gone).as_deref()), (400, Some("voice")));
     assert_eq!(server.get("/v1/audio/voices").json()["data"], json!([]));
+}
+
+/// A Python virtual environment with the pinned `openai` SDK and `soundfile`
+/// (`tests/openai-sdk/requirements.txt`), made under `target/` on first use.
+fn sdk_python() -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let venv = root.join("target").join("openai-sdk-venv");
+    let python = venv.join("bin").join("python");
+    let stamp = venv.join("requirements.txt");
+    let requirements = root.join("tests").join("openai-sdk").join("requirements.txt");
+    let wanted = std::fs::read(&requirements).unwrap();
+    if std::fs::read(&stamp).ok().as_ref() == Some(&wanted) {
+        return python;
+    }
+    let run = |program: &std::path::Path, args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "making the SDK's environment failed ({} {:?}; it needs python3 with venv and PyPI): {}",
+            program.display(),
+            args,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let _ = std::fs::remove_dir_all(&venv);
+    run(
+        std::path::Path::new("python3"),
+        &["-m".as_ref(), "venv".as_ref(), venv.as_os_str()],
+    );
+    run(
+        &python,
+        &["-m", "pip", "install", "--quiet", "--no-deps", "-r"]
+            .map(std::ffi::OsStr::new)
+            .into_iter()
+            .chain([requirements.as_os_str()])
+            .collect::<Vec<_>>(),
+    );
+    std::fs::write(&stamp, wanted).unwrap();
+    python
+}
+
+#[test]
+fn the_openai_python_sdk_works_unchanged() {
+    let python = sdk_python();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&checkpoint(dir.path()), &dir.path().join("data"), &[]);
+    let recording = dir.path().join("narrator.wav");
+    std::fs::write(&recording, drama_tests::sine_wav(16_000, 0.4, 0.07)).unwrap();
+    let driver = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("openai-sdk")
+        .join("drive.py");
+    let out = std::process::Command::new(python)
+        .arg(driver)
+        .arg(format!("http://{}/v1", server.address()))
+        .arg(&recording)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the SDK run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("the driver reports JSON");
+    eprintln!("{report}");
+    assert_eq!(report["sdk"], json!("3.63.0"));
+    for format in ["wav", "flac"] {
+        assert_eq!(report["formats"][format]["exact"], json!(true), "{format}");
+    }
+    for format in ["mp3", "opus"] {
+        assert!(report["formats"][format]["samples"].as_u64().unwrap() > 0, "{format}");
+    }
+    assert_eq!(report["voice"]["deleted"], json!(true));
 }

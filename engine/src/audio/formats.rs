@@ -1,6 +1,7 @@
 //! The file formats speech is written in (`drama synth -o`, the service's `response_format`),
 //! each through an encoder that takes the speech as it is made: the bytes every call returns,
-//! in order, are the whole file, so a streamed response and a whole one are the same bytes.
+//! in order, are the whole file, so a streamed response and a whole one are the same bytes
+//! but for the header fields a stream cannot know (a WAV's sizes, a FLAC's length and MD5).
 //!
 //! - WAV: 16-bit PCM; streamed with the sizes unknown (0xFFFFFFFF), as a whole file with
 //!   them filled in ([`crate::audio::write_wav_pcm16`]).
@@ -9,8 +10,9 @@
 //!   (it would have to be written back at the start, which a stream cannot do).
 //! - Opus: libopus (through `opus`) in Ogg (RFC 7845), 20 ms frames at 48 kb/s, one page
 //!   per frame so that each is sent as soon as it is encoded.
-//! - FLAC: `flacenc`, 16-bit, blocks of [`FLAC_BLOCK`] samples; the stream header leaves the
-//!   total length and MD5 unknown (zero), as streamed FLAC does.
+//! - FLAC: `flacenc`, 16-bit, blocks of [`FLAC_BLOCK`] samples. Streamed, the header leaves
+//!   the total length and the MD5 of the samples unknown (zero), as streamed FLAC does; the
+//!   whole file has them (readers such as libsndfile need the length).
 //!
 //! All are lossless in their 16-bit samples but MP3 and Opus; the samples are the WAV's
 //! (the rounding rule of [`crate::audio::write_wav_pcm16`]).
@@ -115,10 +117,19 @@ impl AudioFormat {
     }
 
     /// The whole file of `samples` at `sample_rate`: the bytes a stream of them would be,
-    /// except that a WAV's sizes are filled in.
+    /// except that a WAV's sizes and a FLAC's length and MD5 are filled in.
     pub fn encode_whole(self, samples: &[f32], sample_rate: u32) -> Result<Vec<u8>, AudioError> {
-        if self == AudioFormat::Wav {
-            return super::write_wav_pcm16(samples, sample_rate);
+        match self {
+            AudioFormat::Wav => return super::write_wav_pcm16(samples, sample_rate),
+            AudioFormat::Flac => {
+                let mut flac = Flac::new(sample_rate)?;
+                let mut bytes = flac.push(samples)?;
+                bytes.extend(flac.finish()?);
+                let header = flac.complete_header()?;
+                bytes[..header.len()].copy_from_slice(&header);
+                return Ok(bytes);
+            }
+            _ => {}
         }
         let mut encoder = self.encoder(sample_rate)?;
         let mut bytes = encoder.push(samples)?;
@@ -352,6 +363,10 @@ struct Flac {
     pending: Vec<i32>,
     /// Frames written so far.
     frames: usize,
+    /// The MD5 of the samples so far (16-bit little-endian, as FLAC defines it).
+    digest: md5::Md5,
+    /// Samples pushed in all.
+    total: usize,
 }
 
 impl Flac {
@@ -374,7 +389,25 @@ impl Flac {
             header: sink.into_inner(),
             pending: Vec::new(),
             frames: 0,
+            digest: md5::Md5::default(),
+            total: 0,
         })
+    }
+
+    /// The stream header with the length and MD5 of everything pushed: the same length as
+    /// the one the stream began with.
+    fn complete_header(&self) -> Result<Vec<u8>, AudioError> {
+        use flacenc::component::BitRepr;
+        use md5::Digest;
+        let fail = |e: &dyn std::fmt::Debug| encode_error(AudioFormat::Flac, format!("{e:?}"));
+        let mut info = self.info.clone();
+        info.set_total_samples(self.total);
+        info.set_md5_digest(&self.digest.clone().finalize().into());
+        let mut sink = flacenc::bitsink::ByteSink::new();
+        flacenc::component::Stream::with_stream_info(info)
+            .write(&mut sink)
+            .map_err(|e| fail(&e))?;
+        Ok(sink.into_inner())
     }
 
     /// Encodes the pending samples in blocks; with `end`, the shorter last block too.
@@ -405,7 +438,13 @@ impl Flac {
 
 impl AudioEncoder for Flac {
     fn push(&mut self, samples: &[f32]) -> Result<Vec<u8>, AudioError> {
-        self.pending.extend(samples.iter().map(|&x| i32::from(pcm16(x))));
+        use md5::Digest;
+        let codes = codes(samples);
+        for code in &codes {
+            self.digest.update(code.to_le_bytes());
+        }
+        self.total += codes.len();
+        self.pending.extend(codes.into_iter().map(i32::from));
         self.encode_blocks(false)
     }
 
