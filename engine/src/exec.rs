@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use drama_graph::drama3::{STEP_INPUTS, StepShape};
-use drama_graph::ir::{LinearMember, Op, PairHalf, Projection, RouterOp, ValueKind};
+use drama_graph::ir::{CacheWrite, LinearMember, Op, PairHalf, Projection, RouterOp, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
@@ -48,6 +48,18 @@ pub struct Executable {
     written: std::sync::Mutex<Vec<Vec<u32>>>,
     /// The bytes of its own buffers (see [`Executable::device_bytes`]).
     device_bytes: u64,
+}
+
+/// What an [`Op::Linear`] asks of its launches besides its weights and buffers.
+struct LinearSettings {
+    /// Round outputs to BF16.
+    round: bool,
+    /// The members are a [gate, up] stack computing silu(gate) * up.
+    swiglu: bool,
+    /// How the launch reads x.
+    input: LinearInput,
+    /// Floats per output row.
+    y_stride: usize,
 }
 
 /// Everything a step binds besides its own buffers.
@@ -111,62 +123,29 @@ impl<'a> Lowering<'a> {
         self.graph.value(id).shape[0]
     }
 
+    /// The buffers of a node's values (`ids`: its inputs or outputs), named by the caller's
+    /// pattern; an error if the node has another count.
+    fn buffers<const N: usize>(&self, ids: &[ValueId]) -> Result<[&'a wgpu::Buffer; N], EngineError> {
+        let buffers = ids.iter().map(|&id| self.buffer(id)).collect::<Result<Vec<_>, _>>()?;
+        buffers.try_into().map_err(|found: Vec<_>| {
+            EngineError::Unsupported(format!("a node with {} values where {N} were expected", found.len()))
+        })
+    }
+
+    /// Lowers one node, by its op.
     fn lower(&mut self, node: &drama_graph::Node) -> Result<(), EngineError> {
-        let inputs = &node.inputs;
-        let out = self.buffer(node.outputs[0])?;
-        let weights = self.bind.weights;
         match &node.op {
-            Op::Embed { text, audio } => {
-                let rows = self.rows(inputs[0]);
-                let width = self.graph.value(node.outputs[0]).shape[1];
-                let grid = self.elements_grid(rows * width);
-                let (table, index, prefixes) = (
-                    self.buffer(inputs[0])?,
-                    self.buffer(inputs[1])?,
-                    self.buffer(inputs[2])?,
-                );
-                // Launch i takes segment i of each table, the first the prefixes too.
-                let (text, audio) = (&weights.tables[text], &weights.tables[audio]);
-                for i in 0..text.segments.len().max(audio.segments.len()) {
-                    let (Some((text_rows, text_data)), Some((audio_rows, audio_data))) =
-                        (text.launch_segment(i), audio.launch_segment(i))
-                    else {
-                        return Err(EngineError::Unsupported("an embedding table without rows".into()));
-                    };
-                    let params = ElementwiseParams::embed(rows, width, text_rows, audio_rows, i == 0);
-                    self.launch(
-                        Kernel::Embed,
-                        &params,
-                        &[prefixes, audio_data, text_data, table, index, out],
-                        grid,
-                    )?;
-                }
-            }
+            Op::Embed { text, audio } => self.embed(node, text, audio),
             Op::RmsNorm {
                 weight,
                 eps,
                 round_output,
-            } => {
-                let shape = &self.graph.value(inputs[0]).shape;
-                let params = NormParams {
-                    width: shape[1] as u32,
-                    flags: bit(*round_output, flags::norm::ROUND),
-                    eps: *eps,
-                    ..Default::default()
-                };
-                let x = self.buffer(inputs[0])?;
-                self.launch(
-                    Kernel::RmsNorm,
-                    &params,
-                    &[x, &weights.vectors[weight], out],
-                    [shape[0] as u32, 1, 1],
-                )?;
-            }
+            } => self.rms_norm(node, weight, *eps, *round_output),
             Op::Linear {
                 members,
                 in_features,
                 round_output,
-                residual,
+                residual: _,
                 swiglu,
                 cache_write,
                 // Lowered like any linear: its output has a buffer no earlier node used and
@@ -174,49 +153,20 @@ impl<'a> Lowering<'a> {
                 beside: _,
                 input,
             } => {
-                let residual = if *residual { Some(self.buffer(inputs[1])?) } else { None };
-                let cache = match cache_write {
-                    Some(w) => Some(CacheIo {
-                        row_lane: self.buffer(inputs[1])?,
-                        row_pos: self.buffer(inputs[2])?,
-                        rope_table: self.bind.rope_table,
-                        k_cache: self.buffer(inputs[3])?,
-                        v_cache: self.buffer(inputs[4])?,
-                        head_dim: w.head_dim,
-                        q_width: w.heads * w.head_dim,
-                        capacity: self.capacity,
-                    }),
-                    None => None,
-                };
-                let io = LinearIo {
-                    x: self.buffer(inputs[0])?,
-                    y: out,
-                    rows: self.rows(inputs[0]),
-                    column: 0,
-                    y_stride: members.iter().map(|m| m.out).sum(),
+                let settings = LinearSettings {
                     round: *round_output,
-                    residual,
                     swiglu: *swiglu,
-                    cache,
                     input: *input,
+                    y_stride: members.iter().map(|m| m.out).sum(),
                 };
-                self.lower_linear(members, *in_features, io)?;
+                self.linear(node, members, *in_features, cache_write.as_ref(), settings)
             }
             Op::LinearPair {
                 first,
                 second,
                 in_features,
                 input,
-            } => {
-                let (x, rows) = (self.buffer(inputs[0])?, self.rows(inputs[0]));
-                let io = |half: &PairHalf, y| LinearIo {
-                    swiglu: half.swiglu,
-                    input: *input,
-                    ..LinearIo::plain(x, y, rows, half.width(), half.round_output)
-                };
-                let ios = [io(first, out), io(second, self.buffer(node.outputs[1])?)];
-                self.lower_linear_pair([first, second], *in_features, ios)?;
-            }
+            } => self.linear_pair(node, [first, second], *in_features, *input),
             Op::Attention {
                 heads,
                 kv_heads,
@@ -224,172 +174,357 @@ impl<'a> Lowering<'a> {
                 round_output,
                 last_chunk_combines,
             } => {
-                let rows = self.rows(inputs[0]);
-                let params = self.attention_params(rows, *heads, *kv_heads, *head_dim, *round_output);
-                let kernel = if *last_chunk_combines {
-                    Kernel::AttendAndCombine
-                } else {
-                    Kernel::Attend
-                };
-                let (scratch, chunks_done) = (self.scratch.clone(), self.chunks_done.clone());
-                let resources = [
-                    self.buffer(inputs[1])?,
-                    self.buffer(inputs[2])?,
-                    self.bind.rope_table,
-                    self.buffer(inputs[0])?,
-                    self.buffer(inputs[3])?,
-                    self.buffer(inputs[4])?,
-                    out,
-                    &scratch,
-                    &chunks_done,
-                    &scratch,
-                ];
-                // Launched over the chunks the step's rows reach (see `attention_grid`), at
-                // most the capacity's.
-                let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
-                let mut attend =
-                    self.gpu
-                        .dispatch(kernel, &params, &resources, [rows as u32, *heads as u32, chunks])?;
-                attend.indirect = Some(self.attention_grid.clone());
-                self.dispatches.push(attend);
-                if !*last_chunk_combines {
-                    let combine = [self.buffer(inputs[2])?, out, &scratch, &scratch];
-                    self.launch(
-                        Kernel::AttendCombine,
-                        &params,
-                        &combine,
-                        [rows as u32, *heads as u32, 1],
-                    )?;
-                }
+                let params =
+                    self.attention_params(self.rows(node.inputs[0]), *heads, *kv_heads, *head_dim, *round_output);
+                self.attention(node, &params, *heads, *last_chunk_combines)
             }
-            Op::Router { route, linear } => {
-                let rows = self.rows(inputs[0]);
-                let params = router_params(route, rows, self.graph.value(inputs[0]).shape[1]);
-                let bias = weights.score_bias.get(&route.layer).unwrap_or(&weights.placeholder);
-                let listed = match inputs.get(1) {
-                    Some(&value) => self.buffer(value)?,
-                    None => &weights.placeholder,
-                };
-                let routing = [
-                    self.buffer(inputs[0])?,
-                    &weights.kept_ids[&route.layer],
-                    bias,
-                    out,
-                    self.buffer(node.outputs[1])?,
-                    listed,
-                ];
-                let beside = match linear {
-                    Some(half) => {
-                        let (x, y) = (listed, self.buffer(node.outputs[2])?);
-                        let io = LinearIo::plain(x, y, rows, half.width(), half.round_output);
-                        Some((half, self.graph.value(inputs[1]).shape[1], io))
-                    }
-                    None => None,
-                };
-                self.lower_router(&params, routing, beside)?;
-            }
+            Op::Router { route, linear } => self.router(node, route, linear.as_ref()),
             Op::Experts {
                 layer,
                 projections,
-                out: width,
+                out,
                 in_features,
                 k,
                 swiglu,
-                grouped,
+                grouped: _,
                 workgroup,
             } => {
-                let (x, ids) = (self.buffer(inputs[0])?, self.buffer(inputs[1])?);
-                let slots = if *grouped {
-                    let blocks = self.rows(inputs[2]);
-                    Slots::Grouped {
-                        blocks: (self.buffer(inputs[2])?, blocks),
-                        order: self.buffer(inputs[3])?,
-                    }
-                } else {
-                    Slots::Each(ids)
-                };
                 let shape = ExpertShape {
-                    slots: self.rows(inputs[1]) * k,
+                    slots: self.rows(node.inputs[1]) * k,
                     k: *k,
-                    width: *width,
+                    width: *out,
                     in_features: *in_features,
                     workgroup: *workgroup,
                 };
-                self.lower_experts(*layer, projections, *swiglu, shape, ExpertIo { x, slots, out })?;
+                self.experts(node, *layer, projections, *swiglu, shape)
             }
-            Op::GroupSlots { experts } => {
-                let slots = self.rows(inputs[0]) * self.graph.value(inputs[0]).shape[1];
-                let params = GroupParams {
-                    slots: slots as u32,
-                    experts: *experts as u32,
-                    blocks: self.rows(node.outputs[0]) as u32,
-                    pad: 0,
-                };
-                let resources = [self.buffer(inputs[0])?, out, self.buffer(node.outputs[1])?];
-                self.launch(Kernel::GroupSlots, &params, &resources, [1, 1, 1])?;
-            }
-            Op::PackBf16 => {
-                let shape = &self.graph.value(node.outputs[0]).shape;
-                let words = shape[0] * shape[1] / 2;
-                let params = ElementwiseParams {
-                    count: words as u32,
-                    ..Default::default()
-                };
-                let grid = self.elements_grid(words);
-                self.launch(Kernel::PackBf16, &params, &[self.buffer(inputs[0])?, out], grid)?;
-            }
-            Op::Swiglu { round_output } => {
-                let shape = &self.graph.value(node.outputs[0]).shape;
-                let count = shape[0] * shape[1];
-                let params = ElementwiseParams {
-                    count: count as u32,
-                    width: shape[1] as u32,
-                    k: 0,
-                    flags: bit(*round_output, flags::elementwise::ROUND),
-                    ..Default::default()
-                };
-                let grid = self.elements_grid(count);
-                self.launch(Kernel::Swiglu, &params, &[self.buffer(inputs[0])?, out], grid)?;
-            }
+            Op::GroupSlots { experts } => self.group_slots(node, *experts),
+            Op::PackBf16 => self.pack_bf16(node),
+            Op::Swiglu { round_output } => self.swiglu(node, *round_output),
             Op::MoeCombineNorm {
                 k,
-                shared,
+                shared: _,
                 weight,
                 eps,
                 round_output,
-            } => {
-                let shape = &self.graph.value(inputs[0]).shape;
-                let (gate_logits, shared_out) = if *shared {
-                    (self.buffer(inputs[3])?, self.buffer(inputs[4])?)
-                } else {
-                    (&weights.placeholder, &weights.placeholder)
-                };
-                let params = NormParams {
-                    width: shape[1] as u32,
-                    flags: bit(*round_output, flags::norm::ROUND) | bit(*shared, flags::norm::SHARED_EXPERT),
-                    eps: *eps,
-                    k: *k as u32,
-                    gate_stride: if *shared {
-                        self.graph.value(inputs[3]).shape[1] as u32
-                    } else {
-                        0
-                    },
-                    ..Default::default()
-                };
-                let resources = [
-                    self.buffer(inputs[0])?,
-                    &weights.vectors[weight],
-                    self.buffer(node.outputs[1])?,
-                    self.buffer(inputs[1])?,
-                    self.buffer(inputs[2])?,
-                    gate_logits,
-                    shared_out,
-                    out,
-                ];
-                self.launch(Kernel::CombineRmsNorm, &params, &resources, [shape[0] as u32, 1, 1])?;
-            }
+            } => self.moe_combine_norm(node, *k, weight, *eps, *round_output),
+        }
+    }
+
+    /// [`Op::Embed`]: inputs row_table, row_index, prefixes.
+    fn embed(&mut self, node: &drama_graph::Node, text: &str, audio: &str) -> Result<(), EngineError> {
+        let [table, index, prefixes] = self.buffers(&node.inputs)?;
+        let [out] = self.buffers(&node.outputs)?;
+        let rows = self.rows(node.inputs[0]);
+        let width = self.graph.value(node.outputs[0]).shape[1];
+        let grid = self.elements_grid(rows * width);
+        // Launch i takes segment i of each table, the first the prefixes too.
+        let weights = self.bind.weights;
+        let (text, audio) = (&weights.tables[text], &weights.tables[audio]);
+        for i in 0..text.segments.len().max(audio.segments.len()) {
+            let (Some((text_rows, text_data)), Some((audio_rows, audio_data))) =
+                (text.launch_segment(i), audio.launch_segment(i))
+            else {
+                return Err(EngineError::Unsupported("an embedding table without rows".into()));
+            };
+            let params = ElementwiseParams::embed(rows, width, text_rows, audio_rows, i == 0);
+            self.launch(
+                Kernel::Embed,
+                &params,
+                &[prefixes, audio_data, text_data, table, index, out],
+                grid,
+            )?;
         }
         Ok(())
+    }
+
+    /// [`Op::RmsNorm`]: input x.
+    fn rms_norm(&mut self, node: &drama_graph::Node, weight: &str, eps: f32, round: bool) -> Result<(), EngineError> {
+        let [x] = self.buffers(&node.inputs)?;
+        let [out] = self.buffers(&node.outputs)?;
+        let shape = &self.graph.value(node.inputs[0]).shape;
+        let params = NormParams {
+            width: shape[1] as u32,
+            flags: bit(round, flags::norm::ROUND),
+            eps,
+            ..Default::default()
+        };
+        let rows = shape[0] as u32;
+        self.launch(
+            Kernel::RmsNorm,
+            &params,
+            &[x, &self.bind.weights.vectors[weight], out],
+            [rows, 1, 1],
+        )
+    }
+
+    /// [`Op::Linear`]: input x; then the residual stream, or with a cache write row_lane,
+    /// row_pos, k_cache and v_cache.
+    fn linear(
+        &mut self,
+        node: &drama_graph::Node,
+        members: &[LinearMember],
+        in_features: usize,
+        cache_write: Option<&CacheWrite>,
+        settings: LinearSettings,
+    ) -> Result<(), EngineError> {
+        let [y] = self.buffers(&node.outputs)?;
+        let (x, residual, cache) = match (node.inputs.as_slice(), cache_write) {
+            ([x], None) => (self.buffer(*x)?, None, None),
+            ([x, residual], None) => (self.buffer(*x)?, Some(self.buffer(*residual)?), None),
+            (inputs, Some(w)) => {
+                let [x, row_lane, row_pos, k_cache, v_cache] = self.buffers(inputs)?;
+                let cache = CacheIo {
+                    row_lane,
+                    row_pos,
+                    rope_table: self.bind.rope_table,
+                    k_cache,
+                    v_cache,
+                    head_dim: w.head_dim,
+                    q_width: w.heads * w.head_dim,
+                    capacity: self.capacity,
+                };
+                (x, None, Some(cache))
+            }
+            (inputs, None) => {
+                return Err(EngineError::Unsupported(format!(
+                    "a linear with {} inputs",
+                    inputs.len()
+                )));
+            }
+        };
+        let io = LinearIo {
+            residual,
+            cache,
+            swiglu: settings.swiglu,
+            input: settings.input,
+            ..LinearIo::plain(x, y, self.rows(node.inputs[0]), settings.y_stride, settings.round)
+        };
+        self.lower_linear(members, in_features, io)
+    }
+
+    /// [`Op::LinearPair`]: input x; outputs the first half's, then the second's.
+    fn linear_pair(
+        &mut self,
+        node: &drama_graph::Node,
+        halves: [&PairHalf; 2],
+        in_features: usize,
+        input: LinearInput,
+    ) -> Result<(), EngineError> {
+        let [x] = self.buffers(&node.inputs)?;
+        let [first, second] = self.buffers(&node.outputs)?;
+        let rows = self.rows(node.inputs[0]);
+        let io = |half: &PairHalf, y| LinearIo {
+            swiglu: half.swiglu,
+            input,
+            ..LinearIo::plain(x, y, rows, half.width(), half.round_output)
+        };
+        let ios = [io(halves[0], first), io(halves[1], second)];
+        self.lower_linear_pair(halves, in_features, ios)
+    }
+
+    /// [`Op::Attention`]: inputs [q|k|v], row_lane, row_pos, k_cache, v_cache.
+    fn attention(
+        &mut self,
+        node: &drama_graph::Node,
+        params: &AttentionParams,
+        heads: usize,
+        last_chunk_combines: bool,
+    ) -> Result<(), EngineError> {
+        let [qkv, row_lane, row_pos, k_cache, v_cache] = self.buffers(&node.inputs)?;
+        let [out] = self.buffers(&node.outputs)?;
+        let rows = self.rows(node.inputs[0]) as u32;
+        let kernel = if last_chunk_combines {
+            Kernel::AttendAndCombine
+        } else {
+            Kernel::Attend
+        };
+        let (scratch, chunks_done) = (self.scratch.clone(), self.chunks_done.clone());
+        let resources = [
+            row_lane,
+            row_pos,
+            self.bind.rope_table,
+            qkv,
+            k_cache,
+            v_cache,
+            out,
+            &scratch,
+            &chunks_done,
+            &scratch,
+        ];
+        // Launched over the chunks the step's rows reach (see `attention_grid`), at most the
+        // capacity's.
+        let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
+        let mut attend = self
+            .gpu
+            .dispatch(kernel, params, &resources, [rows, heads as u32, chunks])?;
+        attend.indirect = Some(self.attention_grid.clone());
+        self.dispatches.push(attend);
+        if !last_chunk_combines {
+            let combine = [row_pos, out, &scratch, &scratch];
+            self.launch(Kernel::AttendCombine, params, &combine, [rows, heads as u32, 1])?;
+        }
+        Ok(())
+    }
+
+    /// [`Op::Router`]: input the logits, and optionally the input of the linear beside it;
+    /// outputs ids, weights, and with `linear` its output.
+    fn router(
+        &mut self,
+        node: &drama_graph::Node,
+        route: &RouterOp,
+        linear: Option<&PairHalf>,
+    ) -> Result<(), EngineError> {
+        let weights = self.bind.weights;
+        let logits = self.buffer(node.inputs[0])?;
+        let listed = match node.inputs.get(1) {
+            Some(&value) => self.buffer(value)?,
+            None => &weights.placeholder,
+        };
+        let rows = self.rows(node.inputs[0]);
+        let params = router_params(route, rows, self.graph.value(node.inputs[0]).shape[1]);
+        let bias = weights.score_bias.get(&route.layer).unwrap_or(&weights.placeholder);
+        let (ids, chosen_weights) = (self.buffer(node.outputs[0])?, self.buffer(node.outputs[1])?);
+        let routing = [
+            logits,
+            &weights.kept_ids[&route.layer],
+            bias,
+            ids,
+            chosen_weights,
+            listed,
+        ];
+        let beside = match linear {
+            Some(half) => {
+                let [_, _, y] = self.buffers(&node.outputs)?;
+                let io = LinearIo::plain(listed, y, rows, half.width(), half.round_output);
+                Some((half, self.graph.value(node.inputs[1]).shape[1], io))
+            }
+            None => None,
+        };
+        self.lower_router(&params, routing, beside)
+    }
+
+    /// [`Op::Experts`]: inputs x and ids; grouped, also the blocks and order of a
+    /// [`Op::GroupSlots`].
+    fn experts(
+        &mut self,
+        node: &drama_graph::Node,
+        layer: usize,
+        projections: &[(Projection, WeightFormat)],
+        swiglu: bool,
+        shape: ExpertShape,
+    ) -> Result<(), EngineError> {
+        let [out] = self.buffers(&node.outputs)?;
+        let (x, slots) = match node.inputs.as_slice() {
+            [x, ids] => (self.buffer(*x)?, Slots::Each(self.buffer(*ids)?)),
+            inputs => {
+                let [x, _ids, blocks, order] = self.buffers(inputs)?;
+                let count = self.rows(inputs[2]);
+                (
+                    x,
+                    Slots::Grouped {
+                        blocks: (blocks, count),
+                        order,
+                    },
+                )
+            }
+        };
+        self.lower_experts(layer, projections, swiglu, shape, ExpertIo { x, slots, out })
+    }
+
+    /// [`Op::GroupSlots`]: input ids; outputs blocks and order.
+    fn group_slots(&mut self, node: &drama_graph::Node, experts: usize) -> Result<(), EngineError> {
+        let [ids] = self.buffers(&node.inputs)?;
+        let [blocks, order] = self.buffers(&node.outputs)?;
+        let slots = self.rows(node.inputs[0]) * self.graph.value(node.inputs[0]).shape[1];
+        let params = GroupParams {
+            slots: slots as u32,
+            experts: experts as u32,
+            blocks: self.rows(node.outputs[0]) as u32,
+            pad: 0,
+        };
+        self.launch(Kernel::GroupSlots, &params, &[ids, blocks, order], [1, 1, 1])
+    }
+
+    /// [`Op::PackBf16`]: input x.
+    fn pack_bf16(&mut self, node: &drama_graph::Node) -> Result<(), EngineError> {
+        let [x] = self.buffers(&node.inputs)?;
+        let [out] = self.buffers(&node.outputs)?;
+        let shape = &self.graph.value(node.outputs[0]).shape;
+        let words = shape[0] * shape[1] / 2;
+        let params = ElementwiseParams {
+            count: words as u32,
+            ..Default::default()
+        };
+        let grid = self.elements_grid(words);
+        self.launch(Kernel::PackBf16, &params, &[x, out], grid)
+    }
+
+    /// [`Op::Swiglu`]: input [gate | up].
+    fn swiglu(&mut self, node: &drama_graph::Node, round: bool) -> Result<(), EngineError> {
+        let [gate_up] = self.buffers(&node.inputs)?;
+        let [out] = self.buffers(&node.outputs)?;
+        let shape = &self.graph.value(node.outputs[0]).shape;
+        let count = shape[0] * shape[1];
+        let params = ElementwiseParams {
+            count: count as u32,
+            width: shape[1] as u32,
+            k: 0,
+            flags: bit(round, flags::elementwise::ROUND),
+            ..Default::default()
+        };
+        let grid = self.elements_grid(count);
+        self.launch(Kernel::Swiglu, &params, &[gate_up, out], grid)
+    }
+
+    /// [`Op::MoeCombineNorm`]: inputs residual, routed outputs, routed weights, and with a
+    /// shared expert its gate logits and output; outputs h, then its norm.
+    fn moe_combine_norm(
+        &mut self,
+        node: &drama_graph::Node,
+        k: usize,
+        weight: &str,
+        eps: f32,
+        round: bool,
+    ) -> Result<(), EngineError> {
+        let weights = self.bind.weights;
+        let [h, normed] = self.buffers(&node.outputs)?;
+        let (residual, routed, routed_weights, shared) = match node.inputs.as_slice() {
+            [residual, routed, routed_weights] => (residual, routed, routed_weights, None),
+            [residual, routed, routed_weights, gate_logits, shared_out] => {
+                let gate_stride = self.graph.value(*gate_logits).shape[1] as u32;
+                let shared = (self.buffer(*gate_logits)?, self.buffer(*shared_out)?, gate_stride);
+                (residual, routed, routed_weights, Some(shared))
+            }
+            inputs => {
+                return Err(EngineError::Unsupported(format!(
+                    "a MoE combine with {} inputs",
+                    inputs.len()
+                )));
+            }
+        };
+        let (gate_logits, shared_out, gate_stride) = shared.unwrap_or((&weights.placeholder, &weights.placeholder, 0));
+        let shape = &self.graph.value(*residual).shape;
+        let params = NormParams {
+            width: shape[1] as u32,
+            flags: bit(round, flags::norm::ROUND) | bit(shared.is_some(), flags::norm::SHARED_EXPERT),
+            eps,
+            k: k as u32,
+            gate_stride,
+            ..Default::default()
+        };
+        let rows = shape[0] as u32;
+        let resources = [
+            self.buffer(*residual)?,
+            &weights.vectors[weight],
+            normed,
+            self.buffer(*routed)?,
+            self.buffer(*routed_weights)?,
+            gate_logits,
+            shared_out,
+            h,
+        ];
+        self.launch(Kernel::CombineRmsNorm, &params, &resources, [rows, 1, 1])
     }
 
     /// A linear node: one launch per segment of its stacked weight (a SwiGLU pair or a
