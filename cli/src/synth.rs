@@ -10,11 +10,12 @@ use clap::{Args, ValueEnum};
 use drama_engine::audio::AudioFormat;
 use drama_engine::audio::wav::write_wav_f32;
 use drama_engine::batch::synthesize;
+use drama_engine::error::EngineError;
 use drama_engine::guidance::check_gamma;
 use drama_engine::sampling::SamplingParams;
 use drama_engine::session::Engine;
-use drama_engine::synth::{GuidanceMode, Stop, SynthesisRequest};
-use drama_engine::text::{TextFrontEnd, text_budget};
+use drama_engine::synth::{GuidanceMode, SpeechSettings, Stop, SynthesisRequest};
+use drama_engine::text::TextFrontEnd;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::checkpoint_arg::CheckpointArg;
@@ -163,27 +164,29 @@ pub fn run(args: SynthArgs) -> Result<()> {
     file_format.encoder(config.codec.sample_rate)?;
     let max_audio_tokens = args.max_audio_tokens.unwrap_or(config.speech.max_audio_tokens);
     anyhow::ensure!(max_audio_tokens >= 1, "--max-audio-tokens must be at least 1");
-    let front = TextFrontEnd::new(&checkpoint);
-    let budget = text_budget(
-        config.max_position_embeddings,
-        config.speech.voice_prefix_len,
+    let settings = SpeechSettings {
+        // The voice is read once the GPU is open (a recording is encoded on it).
+        prefix: None,
+        gamma: args.gamma,
+        guidance: match args.guidance {
+            Guidance::Paired => GuidanceMode::Paired,
+            Guidance::Separate => GuidanceMode::Separate,
+        },
+        sampling,
         max_audio_tokens,
-    )
-    .with_context(|| {
-        let cap = match args.max_audio_tokens {
-            Some(n) => format!("--max-audio-tokens {n}"),
-            None => format!("the checkpoint's max_audio_tokens {max_audio_tokens} (lower it with --max-audio-tokens)"),
+    };
+    let mut request = SynthesisRequest::for_text(&TextFrontEnd::new(&checkpoint), &text, settings).map_err(|e| {
+        let flag = match (&e, args.max_audio_tokens) {
+            (EngineError::NoRoomForText { .. }, Some(_)) => " (set by --max-audio-tokens)",
+            (EngineError::NoRoomForText { .. }, None) => " (the checkpoint's; lower it with --max-audio-tokens)",
+            _ => "",
         };
-        format!(
-            "{cap} leaves no room for text in the context of {} positions ({} of them the voice prefix)",
-            config.max_position_embeddings, config.speech.voice_prefix_len
-        )
+        anyhow::anyhow!("{e}{flag}")
     })?;
-    let segments = front.segments(&text, budget)?;
     eprintln!(
         "seed: {seed}  checkpoint: {}  segments: {}",
         checkpoint.provenance,
-        segments.len()
+        request.segments.len()
     );
     let loading = Instant::now();
     let gpu = args.gpu.open()?;
@@ -197,18 +200,8 @@ pub fn run(args: SynthArgs) -> Result<()> {
         opened.as_secs_f64(),
         loading.elapsed().as_secs_f64()
     );
-    let segment_count = segments.len();
-    let request = SynthesisRequest {
-        segments,
-        prefix,
-        gamma: args.gamma,
-        guidance: match args.guidance {
-            Guidance::Paired => GuidanceMode::Paired,
-            Guidance::Separate => GuidanceMode::Separate,
-        },
-        sampling,
-        max_audio_tokens,
-    };
+    let segment_count = request.segments.len();
+    request.prefix = prefix;
     let progress = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new_spinner();
         bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));

@@ -25,6 +25,19 @@ pub enum EngineError {
     /// A request does not fit the model or the session.
     #[error("invalid input: {0}")]
     Input(String),
+    /// A token cap per segment that leaves no position of the context for text.
+    #[error(
+        "max_audio_tokens {max_audio_tokens} leaves no room for text in the context of {positions} positions \
+         ({prefix_len} of them the voice prefix)"
+    )]
+    NoRoomForText {
+        /// The cap asked for.
+        max_audio_tokens: usize,
+        /// Positions of the context.
+        positions: usize,
+        /// Positions the voice prefix takes.
+        prefix_len: usize,
+    },
 }
 
 /// Not `#[from]`: that would also make the graph error the source, and a chain printed whole

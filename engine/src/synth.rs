@@ -12,8 +12,10 @@
 
 use std::time::Duration;
 
+use crate::error::EngineError;
 use crate::sampling::SamplingParams;
 use crate::session::ForwardSplit;
+use crate::text::TextFrontEnd;
 
 /// How the guidance lanes run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +44,48 @@ pub struct SynthesisRequest {
     pub sampling: SamplingParams,
     /// Generated tokens per segment at most.
     pub max_audio_tokens: usize,
+}
+
+/// Everything a [`SynthesisRequest`] holds but its text.
+#[derive(Debug, Clone)]
+pub struct SpeechSettings {
+    /// The cond lane's voice prefix [P, H] (None: the checkpoint's default prefix).
+    pub prefix: Option<Vec<f32>>,
+    /// Guidance scale (1: cond lane only).
+    pub gamma: f32,
+    /// Paired or separate guidance lanes.
+    pub guidance: GuidanceMode,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// Generated tokens per segment at most.
+    pub max_audio_tokens: usize,
+}
+
+impl SynthesisRequest {
+    /// The request that speaks `text` with `settings`: the text cut into segments that each
+    /// fit the context beside the voice prefix and `settings.max_audio_tokens` tokens of
+    /// speech. What the CLI and the service both run.
+    pub fn for_text(
+        front: &TextFrontEnd,
+        text: &str,
+        settings: SpeechSettings,
+    ) -> Result<SynthesisRequest, EngineError> {
+        let SpeechSettings {
+            prefix,
+            gamma,
+            guidance,
+            sampling,
+            max_audio_tokens,
+        } = settings;
+        Ok(SynthesisRequest {
+            segments: front.segments_for(text, max_audio_tokens)?,
+            prefix,
+            gamma,
+            guidance,
+            sampling,
+            max_audio_tokens,
+        })
+    }
 }
 
 /// Why generation of the request ended.

@@ -14,17 +14,14 @@ use tokenizers::Tokenizer;
 use crate::error::EngineError;
 use drama_checkpoint::Checkpoint;
 
-/// The checkpoint's tokenizer.
+/// The checkpoint's tokenizer, and the context its segments must fit.
 pub struct TextFrontEnd {
     tokenizer: Arc<Tokenizer>,
     vocab: usize,
-}
-
-/// Text tokens one segment may hold: the context (`max_positions`) less the voice prefix,
-/// `audio_bos` and up to `max_audio_tokens` audio tokens; `None` when nothing is left.
-pub fn text_budget(max_positions: usize, prefix_len: usize, max_audio_tokens: usize) -> Option<usize> {
-    let reserved = prefix_len.checked_add(1)?.checked_add(max_audio_tokens)?;
-    max_positions.checked_sub(reserved).filter(|&budget| budget > 0)
+    /// Positions of the model's context.
+    max_positions: usize,
+    /// Positions the voice prefix takes.
+    prefix_len: usize,
 }
 
 impl TextFrontEnd {
@@ -33,7 +30,28 @@ impl TextFrontEnd {
         TextFrontEnd {
             tokenizer: checkpoint.tokenizer.clone(),
             vocab: checkpoint.config.text_vocab_size,
+            max_positions: checkpoint.config.max_position_embeddings,
+            prefix_len: checkpoint.config.speech.voice_prefix_len,
         }
+    }
+
+    /// Text tokens one segment may hold beside up to `max_audio_tokens` tokens of speech:
+    /// the context less the voice prefix, `audio_bos` and the speech; `None` when nothing
+    /// is left.
+    pub fn budget(&self, max_audio_tokens: usize) -> Option<usize> {
+        let reserved = self.prefix_len.checked_add(1)?.checked_add(max_audio_tokens)?;
+        self.max_positions.checked_sub(reserved).filter(|&budget| budget > 0)
+    }
+
+    /// `text` cut into segments that each fit the context beside up to `max_audio_tokens`
+    /// tokens of speech ([`TextFrontEnd::budget`], then [`TextFrontEnd::segments`]).
+    pub fn segments_for(&self, text: &str, max_audio_tokens: usize) -> Result<Vec<Vec<u32>>, EngineError> {
+        let budget = self.budget(max_audio_tokens).ok_or(EngineError::NoRoomForText {
+            max_audio_tokens,
+            positions: self.max_positions,
+            prefix_len: self.prefix_len,
+        })?;
+        self.segments(text, budget)
     }
 
     /// Token ids of `text` (no special tokens added).

@@ -11,9 +11,8 @@ use drama_checkpoint::Checkpoint;
 use drama_engine::audio::AudioEncoder;
 use drama_engine::batch::Batcher;
 use drama_engine::sampling::SamplingParams;
-use drama_engine::synth::{Stop, SynthesisRequest};
+use drama_engine::synth::{SpeechSettings, Stop, SynthesisRequest};
 use drama_engine::text::TextFrontEnd;
-use drama_engine::text::text_budget;
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
@@ -42,8 +41,6 @@ pub struct State {
     pub text: TextFrontEnd,
     pub provenance: String,
     pub sample_rate: u32,
-    pub prefix_len: usize,
-    pub max_positions: usize,
     pub default_max_audio_tokens: usize,
     pub config: ServerConfig,
     pub store: Arc<VoiceStore>,
@@ -389,12 +386,13 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         ));
     }
     let max_audio_tokens = speech.max_audio_tokens.unwrap_or(state.default_max_audio_tokens);
-    let Some(budget) = text_budget(state.max_positions, state.prefix_len, max_audio_tokens) else {
+    // Refused before a place is taken; the request's own check below cannot fail on it.
+    if state.text.budget(max_audio_tokens).is_none() {
         return Err(ApiError::invalid(
             "max_audio_tokens",
             "leaves no room for text in the context",
         ));
-    };
+    }
     // A place in flight is taken before the text is tokenized, so the queue's limit bounds
     // that work too; it runs off the async threads (a long input takes a while).
     let limit = state
@@ -408,20 +406,9 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     let (input, voice) = (speech.input.clone(), speech.voice.clone());
     // The tokenizing task holds the place while it runs, even if the client leaves and
     // this handler is dropped, and hands it back.
-    let (prefix, segments, guard) = tokio::task::spawn_blocking(move || {
-        let prefix = shared.store.prefix_for(&voice, &shared.checkpoint)?;
-        let segments = shared
-            .text
-            .segments(&input, budget)
-            .map_err(|e| ApiError::invalid("input", e.to_string()))?;
-        Ok::<_, ApiError>((prefix, segments, guard))
-    })
-    .await
-    .map_err(|e| ApiError::status(500, format!("preparing the request failed: {e}")))??;
     let seed = speech.seed.unwrap_or_else(random_seed);
-    let request = SynthesisRequest {
-        segments,
-        prefix,
+    let mut settings = SpeechSettings {
+        prefix: None,
         gamma,
         guidance: state.config.guidance,
         sampling: SamplingParams {
@@ -432,6 +419,14 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         },
         max_audio_tokens,
     };
+    let (request, guard) = tokio::task::spawn_blocking(move || {
+        settings.prefix = shared.store.prefix_for(&voice, &shared.checkpoint)?;
+        let request = SynthesisRequest::for_text(&shared.text, &input, settings)
+            .map_err(|e| ApiError::invalid("input", e.to_string()))?;
+        Ok::<_, ApiError>((request, guard))
+    })
+    .await
+    .map_err(|e| ApiError::status(500, format!("preparing the request failed: {e}")))??;
     // The format must hold the checkpoint's sample rate before any work starts.
     let encoder = speech
         .response_format

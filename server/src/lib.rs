@@ -144,8 +144,6 @@ pub async fn serve(
         text,
         provenance: engine.checkpoint.public_label(),
         sample_rate: c.codec.sample_rate,
-        prefix_len: c.speech.voice_prefix_len,
-        max_positions: c.max_position_embeddings,
         default_max_audio_tokens: c.speech.max_audio_tokens,
         config: config.clone(),
         store: store.clone(),

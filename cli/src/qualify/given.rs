@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use drama_engine::session::Engine;
-use drama_engine::text::{TextFrontEnd, text_budget};
+use drama_engine::text::TextFrontEnd;
 use drama_engine::tower::VoiceTower;
 use drama_engine::voice::prefix_from_wav;
 
@@ -59,10 +59,7 @@ pub fn checks(engine: &Engine, seed: u64, serve_args: &[String], scratch: &Path,
 }
 
 fn text_ids(engine: &Engine) -> Result<Vec<u32>> {
-    let c = &engine.checkpoint.config;
-    let budget = text_budget(c.max_position_embeddings, c.speech.voice_prefix_len, 24)
-        .context("the checkpoint holds too few positions for a short request")?;
-    let segments = TextFrontEnd::new(&engine.checkpoint).segments(TEXT, budget)?;
+    let segments = TextFrontEnd::new(&engine.checkpoint).segments_for(TEXT, 24)?;
     Ok(segments.concat())
 }
 
