@@ -1,6 +1,6 @@
 //! The benchmark suite behind `drama bench`: the read-bandwidth roofline, linear kernels at
-//! the model's matrix sizes, whole decode steps (1 lane, a guidance pair, 8 lanes), a
-//! prefill, and end-to-end synthesis, each set against its floor (bytes / roofline).
+//! the model's matrix sizes, whole decode steps (1, 2, 4 and 8 lanes by default, any lane
+//! counts and contexts on request), a prefill, and end-to-end synthesis, each set against its floor (bytes / roofline).
 //!
 //! GPU times come from timestamps at pass boundaries where the adapter has them (wall time
 //! otherwise); medians of repeats; linear kernels rotate over weight copies larger than any
@@ -34,6 +34,11 @@ pub struct BenchOptions {
     pub repeats: usize,
     /// KV context length of the timed decode steps.
     pub context: usize,
+    /// Lanes of the decode steps timed at `context`.
+    pub lanes: Vec<usize>,
+    /// More contexts at which a guidance pair's decode step is timed (how the step grows
+    /// with the context).
+    pub more_contexts: Vec<usize>,
     /// Prompt rows of the prefill measurement.
     pub prefill_rows: usize,
     /// Audio tokens of the synthesis measurement.
@@ -78,17 +83,21 @@ impl BenchOptions {
         Ok(())
     }
 
-    /// Positions per lane the decode-step sessions hold: the context, a step per repeat,
-    /// and five more (warm-up, the trace and the profile).
+    /// Positions per lane the decode-step sessions hold: the longest context, a step per
+    /// repeat, and five more (warm-up, the trace and the profile).
     fn decode_capacity(&self, max_positions: usize) -> Result<usize, EngineError> {
-        self.context
+        if self.lanes.contains(&0) {
+            return Err(EngineError::Input("decode steps need at least one lane".into()));
+        }
+        let context = self.more_contexts.iter().copied().fold(self.context, usize::max);
+        context
             .checked_add(self.repeats)
             .and_then(|n| n.checked_add(5))
             .filter(|&n| n <= max_positions)
             .ok_or_else(|| {
                 EngineError::Input(format!(
-                    "decode steps at context {} with {} repeats need more than the {max_positions} positions a lane holds",
-                    self.context, self.repeats
+                    "decode steps at context {context} with {} repeats need more than the {max_positions} positions a lane holds",
+                    self.repeats
                 ))
             })
     }
@@ -214,7 +223,7 @@ pub struct KernelResult {
 /// One decode-step measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepResult {
-    /// `single`, `pair`, `lanes-4` or `lanes-8`.
+    /// `single`, `pair` or `lanes-N`.
     pub label: String,
     /// Lanes in the step.
     pub lanes: usize,
@@ -984,6 +993,19 @@ pub fn kernel_shapes(engine: &Engine) -> Vec<KernelCase> {
         .collect()
 }
 
+/// The lanes a decode step is measured with, unless a run names others: one lane, a guidance
+/// pair, two and four pairs.
+pub const DEFAULT_STEP_LANES: [usize; 4] = [1, 2, 4, 8];
+
+/// A decode step's label by its lanes: `single`, `pair`, `lanes-N`.
+fn step_label(lanes: usize) -> String {
+    match lanes {
+        1 => "single".into(),
+        2 => "pair".into(),
+        n => format!("lanes-{n}"),
+    }
+}
+
 /// Runs the roofline, the launch cost and the parts `options` names.
 pub fn run(
     engine: &Engine,
@@ -1016,9 +1038,18 @@ pub fn run(
     };
     let decode = if wanted(BenchPart::Decode) {
         let mut steps = Vec::new();
-        for (label, lanes) in [("single", 1), ("pair", 2), ("lanes-4", 4), ("lanes-8", 8)] {
+        for &lanes in &options.lanes {
+            let label = step_label(lanes);
             progress(&format!("decode step {label}"));
-            steps.push(decode_step(engine, label, lanes, options, &roof, &launch)?);
+            steps.push(decode_step(engine, &label, lanes, options, &roof, &launch)?);
+        }
+        for &context in &options.more_contexts {
+            progress(&format!("decode step pair at context {context}"));
+            let at = BenchOptions {
+                context,
+                ..options.clone()
+            };
+            steps.push(decode_step(engine, &step_label(2), 2, &at, &roof, &launch)?);
         }
         Some(steps)
     } else {

@@ -40,6 +40,8 @@ fn eight_lanes_are_four_requests() {
     let options = BenchOptions {
         repeats: 1,
         context: 12,
+        lanes: drama_bench::DEFAULT_STEP_LANES.to_vec(),
+        more_contexts: Vec::new(),
         prefill_rows: 0,
         synthesis_tokens: 0,
         rotation_bytes: 0,

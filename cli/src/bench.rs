@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use drama_bench::{BenchOptions, BenchPart, KernelShare, SynthesisResult, run as run_bench};
+use drama_bench::{BenchOptions, BenchPart, DEFAULT_STEP_LANES, KernelShare, SynthesisResult, run as run_bench};
 use drama_engine::session::Engine;
 
 use crate::checkpoint_arg::CheckpointArg;
@@ -27,6 +27,12 @@ pub struct BenchArgs {
     /// KV context of the timed decode steps.
     #[arg(long, default_value_t = 256)]
     context: usize,
+    /// Lanes of the decode steps timed at --context (comma-separated) [default: 1,2,4,8].
+    #[arg(long, value_delimiter = ',')]
+    lanes: Vec<usize>,
+    /// More contexts at which a guidance pair's decode step is timed (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    more_contexts: Vec<usize>,
     /// Prompt rows of the prefill measurement.
     #[arg(long, default_value_t = 256)]
     prefill_rows: usize,
@@ -70,6 +76,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let options = BenchOptions {
         repeats: args.repeats,
         context: args.context,
+        lanes: if args.lanes.is_empty() {
+            DEFAULT_STEP_LANES.to_vec()
+        } else {
+            args.lanes.clone()
+        },
+        more_contexts: args.more_contexts.clone(),
         prefill_rows: args.prefill_rows,
         synthesis_tokens: args.synthesis_tokens,
         rotation_bytes: args.rotation_bytes,

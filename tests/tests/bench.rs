@@ -44,6 +44,69 @@ fn bench_only_writes_the_parts_it_names() {
     assert!(!err.contains("prefill") && !err.contains("synthesis"), "{err}");
 }
 
+/// `--lanes` and `--more-contexts` choose the decode steps timed: each lane count at
+/// `--context`, then a guidance pair at each further context.
+#[test]
+fn bench_times_the_lanes_and_contexts_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("tiny");
+    let seed = rng("bench --lanes").next_u64();
+    drama_fixtures::write_preset("tiny", seed, &checkpoint).unwrap();
+    let out = dir.path().join("bench.json");
+    let (context, longer) = (4 + (seed % 8) as usize, 20 + (seed % 16) as usize);
+    let (code, _, err) = drama_text(&[
+        "bench",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--only",
+        "decode",
+        "--repeats",
+        "1",
+        "--context",
+        &context.to_string(),
+        "--lanes",
+        "3,1,6",
+        "--more-contexts",
+        &longer.to_string(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let steps: Vec<(String, u64, u64)> = report["decode"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let label = s["label"].as_str().unwrap().to_string();
+            (label, s["lanes"].as_u64().unwrap(), s["context"].as_u64().unwrap())
+        })
+        .collect();
+    let (context, longer) = (context as u64, longer as u64);
+    assert_eq!(
+        steps,
+        [
+            ("lanes-3".to_string(), 3, context),
+            ("single".to_string(), 1, context),
+            ("lanes-6".to_string(), 6, context),
+            ("pair".to_string(), 2, longer),
+        ]
+    );
+    let (code, _, err) = drama_text(&[
+        "bench",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--only",
+        "decode",
+        "--lanes",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("at least one lane"), "{err}");
+}
+
 #[test]
 fn bench_times_each_nvfp4_size_in_the_dense_and_the_routed_expert_kernel() {
     let dir = tempfile::tempdir().unwrap();

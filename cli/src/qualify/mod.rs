@@ -201,6 +201,8 @@ fn bench(engine: &Engine, quick: bool) -> Result<BenchFigures> {
     let options = BenchOptions {
         repeats: if quick { 3 } else { 7 },
         context: (max_positions / 2).min(256),
+        lanes: drama_bench::DEFAULT_STEP_LANES.to_vec(),
+        more_contexts: Vec::new(),
         prefill_rows: (max_positions / 2).min(256),
         synthesis_tokens: (max_positions / 4).min(if quick { 32 } else { 200 }),
         rotation_bytes: 0,
