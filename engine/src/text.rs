@@ -2,7 +2,8 @@
 //! segments that fit the model's context.
 //!
 //! Splitting rule: text is cut after sentence ends (`.`, `!`, `?` or `;` followed by white
-//! space, and every line break); sentences are packed in order into segments of at most
+//! space, and every line break); the first sentence is a segment of its own (its audio
+//! starts however long the text), the others are packed in order into segments of at most
 //! `budget` tokens; a sentence longer than the budget is cut between words; a single word
 //! longer than the budget is refused.
 
@@ -81,7 +82,17 @@ impl TextFrontEnd {
             return Err(EngineError::Input("the text is empty".into()));
         }
         let mut segments = Vec::new();
-        for group in self.groups(text, budget)? {
+        let mut groups = self.groups(text, budget)?;
+        // The first sentence is a segment of its own, so its audio starts after its own
+        // prefill however much text follows it.
+        if let Some(first) = groups.first_mut()
+            && let Some(at) = first.iter().position(|piece| !text[piece.clone()].trim().is_empty())
+            && at + 1 < first.len()
+        {
+            let rest = first.split_off(at + 1);
+            groups.insert(1, rest);
+        }
+        for group in groups {
             let mut start = 0;
             while start < group.len() {
                 let (taken, ids) = self.longest_run(text, &group[start..], budget)?;

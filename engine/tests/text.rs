@@ -31,8 +31,15 @@ fn encodes_bytes_and_merges() {
 fn segments_follow_sentences_and_the_budget() {
     let (_dir, front) = front();
     let text = "One two three. Four five six! Seven eight nine? Ten.";
+    // The first sentence alone, the rest packed together.
     let whole = front.segments(text, 1000).unwrap();
-    assert_eq!(whole.len(), 1);
+    assert_eq!(
+        whole,
+        vec![
+            front.encode("One two three.").unwrap(),
+            front.encode("Four five six! Seven eight nine? Ten.").unwrap()
+        ]
+    );
     let sentence_budget = front.encode("Seven eight nine?").unwrap().len();
     let parts = front.segments(text, sentence_budget).unwrap();
     assert!(parts.len() >= 3, "{} segments", parts.len());
@@ -92,7 +99,11 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
         }
         current.clear();
     };
+    let mut first = true;
     for sentence in sentences {
+        // The first sentence that is not blank is a segment of its own when it fits whole.
+        let alone = first && !sentence.trim().is_empty() && fits(sentence).is_some();
+        first &= sentence.trim().is_empty();
         let pieces: Vec<&str> = if fits(sentence).is_some() {
             vec![sentence]
         } else {
@@ -108,6 +119,9 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
             close(&mut segments, &mut current, &mut current_ids);
             current_ids = fits(piece)?;
             current = piece.to_string();
+        }
+        if alone {
+            close(&mut segments, &mut current, &mut current_ids);
         }
     }
     close(&mut segments, &mut current, &mut current_ids);
