@@ -5,11 +5,11 @@ experts read in place: the step's slots are sorted by expert on the GPU and one 
 per projection (`torch._grouped_mm`, CUTLASS on sm90) reads each chosen expert's weights
 where they lie, gate and up stacked into one weight; no gathered copies. Timed two ways, at
 1, 2 and 8 lanes: captured as a CUDA graph and replayed (eager kernels), and compiled with
-`torch.compile(mode="max-autotune")`, whose CUDA graphs replay the compiled step. Weights are
-random: only speed is measured. The compiled step's logits are checked against the eager
-step's.
+`torch.compile(mode="max-autotune")`, whose CUDA graphs replay the compiled step (with
+`--compile`: autotuning takes minutes). Weights are random: only speed is measured. The
+compiled step's logits are checked against the eager step's.
 
-Run on the GPU machine:  python3 bench/pytorch_peer.py > peer.json
+Run on the GPU machine:  python3 bench/pytorch_peer.py [--compile] > peer.json
 """
 import json
 import sys
@@ -124,7 +124,8 @@ def median_ms(run, repeats=30):
     return times[len(times) // 2], times[0]
 
 
-compiled_step = torch.compile(step, mode="max-autotune", fullgraph=False)
+compile_too = "--compile" in sys.argv[1:]
+compiled_step = torch.compile(step, mode="max-autotune", fullgraph=False) if compile_too else None
 results = []
 for lanes in (1, 2, 8):
     caches = [
@@ -144,29 +145,22 @@ for lanes in (1, 2, 8):
     with torch.cuda.graph(graph):
         eager_logits = step(x, caches, pos)
     graph_ms, graph_min = median_ms(graph.replay)
-    # torch.compile, max-autotune (its own CUDA graphs).
-    started = time.perf_counter()
-    for _ in range(3):
-        compiled_logits = compiled_step(x, caches, pos)
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - started
-    compiled_ms, compiled_min = median_ms(lambda: compiled_step(x, caches, pos))
-    graph.replay()
-    compiled_logits = compiled_step(x, caches, pos).clone()
-    torch.cuda.synchronize()
-    difference = float((compiled_logits - eager_logits).abs().max() / eager_logits.abs().max())
-    results.append({
-        "lanes": lanes,
-        "cuda_graph_ms_median": graph_ms,
-        "cuda_graph_ms_min": graph_min,
-        "compiled_ms_median": compiled_ms,
-        "compiled_ms_min": compiled_min,
-        "compile_s": compile_s,
-        "compiled_vs_eager_max_rel": difference,
-        "finite": bool(torch.isfinite(eager_logits).all() and torch.isfinite(compiled_logits).all()),
-    })
-    print(f"lanes {lanes}: CUDA graph {graph_ms:.3f} ms, compiled {compiled_ms:.3f} ms ({compile_s:.0f} s to compile)", file=sys.stderr)
-
+    entry = {"lanes": lanes, "cuda_graph_ms_median": graph_ms, "cuda_graph_ms_min": graph_min}
+    if compile_too:
+        # torch.compile, max-autotune (its own CUDA graphs).
+        started = time.perf_counter()
+        for _ in range(3):
+            compiled_step(x, caches, pos)
+        torch.cuda.synchronize()
+        entry["compile_s"] = time.perf_counter() - started
+        entry["compiled_ms_median"], entry["compiled_ms_min"] = median_ms(lambda: compiled_step(x, caches, pos))
+        graph.replay()
+        compiled_logits = compiled_step(x, caches, pos).clone()
+        torch.cuda.synchronize()
+        entry["compiled_vs_eager_max_rel"] = float((compiled_logits - eager_logits).abs().max() / eager_logits.abs().max())
+    entry["finite"] = bool(torch.isfinite(eager_logits).all())
+    results.append(entry)
+    print(f"lanes {lanes}: {json.dumps(entry)}", file=sys.stderr)
 print(json.dumps({
     "peer": "PyTorch BF16, experts in place (grouped GEMM), CUDA graph; and torch.compile max-autotune",
     "torch": torch.__version__,

@@ -729,7 +729,10 @@ pub fn decode_step(
             })
         })
         .collect();
-    session.step(&prompt, false)?;
+    // In forwards the device's binding limit allows, as the batcher runs a long prompt.
+    for rows in prompt.chunks(session.max_step_rows()?) {
+        session.step(rows, false)?;
+    }
     let compile_start = std::time::Instant::now();
     let (dispatches, waiting_dispatches) = session.dispatch_count(lanes)?;
     let compile_ms = ms(compile_start.elapsed());
