@@ -71,11 +71,18 @@ ms = [s["gpu_ms"] for s in by_lanes]
 rates = [audio_rate(s) for s in by_lanes]
 sy_ms = scale([0] + ms, H - PAD, PAD)
 sy_rate = scale([0] + rates, H - PAD, PAD)
-parts.append(f'<line x1="{x0}" y1="{H - PAD}" x2="{x0 + panel}" y2="{H - PAD}" stroke="black"/>')
-parts.append(f'<line x1="{x0}" y1="{PAD}" x2="{x0}" y2="{H - PAD}" stroke="black"/>')
-for lane in lanes:
-    parts.append(f'<text x="{sx(lane):.1f}" y="{H - PAD + 16}" text-anchor="middle">{lane}</text>')
-parts.append(f'<text x="{x0 + panel / 2}" y="{H - 15}" text-anchor="middle">lanes (context {base})</text>')
+
+
+def axes(left, ticks, at, label):
+    """A panel's two axes, its x ticks and its x label."""
+    parts.append(f'<line x1="{left}" y1="{H - PAD}" x2="{left + panel}" y2="{H - PAD}" stroke="black"/>')
+    parts.append(f'<line x1="{left}" y1="{PAD}" x2="{left}" y2="{H - PAD}" stroke="black"/>')
+    for tick in ticks:
+        parts.append(f'<text x="{at(tick):.1f}" y="{H - PAD + 16}" text-anchor="middle">{tick}</text>')
+    parts.append(f'<text x="{left + panel / 2}" y="{H - 15}" text-anchor="middle">{label}</text>')
+
+
+axes(x0, lanes, sx, f"lanes (context {base})")
 parts.append(polyline([(sx(l), sy_ms(m)) for l, m in zip(lanes, ms)], "#1f77b4"))
 parts.append(polyline([(sx(l), sy_rate(r)) for l, r in zip(lanes, rates)], "#d62728"))
 parts.append(f'<text x="{x0 + 5}" y="{PAD - 25}" fill="#1f77b4">GPU ms per step (max {max(ms):.2f})</text>')
@@ -87,11 +94,7 @@ cms = [s["gpu_ms"] for s in by_context]
 if contexts:
     cx = scale(contexts, x1, x1 + panel, log=True)
     cy = scale([0] + cms, H - PAD, PAD)
-    parts.append(f'<line x1="{x1}" y1="{H - PAD}" x2="{x1 + panel}" y2="{H - PAD}" stroke="black"/>')
-    parts.append(f'<line x1="{x1}" y1="{PAD}" x2="{x1}" y2="{H - PAD}" stroke="black"/>')
-    for c in contexts:
-        parts.append(f'<text x="{cx(c):.1f}" y="{H - PAD + 16}" text-anchor="middle">{c}</text>')
-    parts.append(f'<text x="{x1 + panel / 2}" y="{H - 15}" text-anchor="middle">context (a guidance pair)</text>')
+    axes(x1, contexts, cx, "context (a guidance pair)")
     parts.append(polyline([(cx(c), cy(m)) for c, m in zip(contexts, cms)], "#1f77b4"))
     for c, m in zip(contexts, cms):
         parts.append(f'<text x="{cx(c):.1f}" y="{cy(m) - 8:.1f}" text-anchor="middle">{m:.2f} ms</text>')

@@ -6,27 +6,31 @@ use drama_engine::test_support::rng;
 use drama_tests::drama_text;
 use rand_core::Rng;
 
-#[test]
-fn bench_only_writes_the_parts_it_names() {
+/// A tiny checkpoint from a fresh seed in a new folder: (folder, checkpoint, seed).
+fn tiny(label: &str) -> (tempfile::TempDir, std::path::PathBuf, u64) {
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = dir.path().join("tiny");
-    let seed = rng("bench --only").next_u64();
+    let seed = rng(label).next_u64();
     drama_fixtures::write_preset("tiny", seed, &checkpoint).unwrap();
+    (dir, checkpoint, seed)
+}
+
+/// Runs `drama bench --checkpoint CHECKPOINT --only decode --repeats 1 ARGS --out OUT`.
+fn bench_decode(checkpoint: &std::path::Path, out: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let mut all = vec!["bench", "--checkpoint", checkpoint.to_str().unwrap()];
+    all.extend(["--only", "decode", "--repeats", "1"]);
+    all.extend_from_slice(args);
+    all.extend(["--out", out.to_str().unwrap()]);
+    let (code, _, err) = drama_text(&all);
+    (code, err)
+}
+
+#[test]
+fn bench_only_writes_the_parts_it_names() {
+    let (dir, checkpoint, seed) = tiny("bench --only");
     let out = dir.path().join("bench.json");
     let context = 4 + (seed % 12) as usize;
-    let (code, _, err) = drama_text(&[
-        "bench",
-        "--checkpoint",
-        checkpoint.to_str().unwrap(),
-        "--only",
-        "decode",
-        "--repeats",
-        "1",
-        "--context",
-        &context.to_string(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, err) = bench_decode(&checkpoint, &out, &["--context", &context.to_string()]);
     assert_eq!(code, Some(0), "{err}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let mut keys: Vec<&str> = report.as_object().unwrap().keys().map(String::as_str).collect();
@@ -48,29 +52,19 @@ fn bench_only_writes_the_parts_it_names() {
 /// `--context`, then a guidance pair at each further context.
 #[test]
 fn bench_times_the_lanes_and_contexts_it_is_given() {
-    let dir = tempfile::tempdir().unwrap();
-    let checkpoint = dir.path().join("tiny");
-    let seed = rng("bench --lanes").next_u64();
-    drama_fixtures::write_preset("tiny", seed, &checkpoint).unwrap();
+    let (dir, checkpoint, seed) = tiny("bench --lanes");
     let out = dir.path().join("bench.json");
     let (context, longer) = (4 + (seed % 8) as usize, 20 + (seed % 16) as usize);
-    let (code, _, err) = drama_text(&[
-        "bench",
-        "--checkpoint",
-        checkpoint.to_str().unwrap(),
-        "--only",
-        "decode",
-        "--repeats",
-        "1",
+    let (context_arg, longer_arg) = (context.to_string(), longer.to_string());
+    let args = [
         "--context",
-        &context.to_string(),
+        &context_arg,
         "--lanes",
         "3,1,6",
         "--more-contexts",
-        &longer.to_string(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+        &longer_arg,
+    ];
+    let (code, err) = bench_decode(&checkpoint, &out, &args);
     assert_eq!(code, Some(0), "{err}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let steps: Vec<(String, u64, u64)> = report["decode"]
@@ -92,17 +86,7 @@ fn bench_times_the_lanes_and_contexts_it_is_given() {
             ("pair".to_string(), 2, longer),
         ]
     );
-    let (code, _, err) = drama_text(&[
-        "bench",
-        "--checkpoint",
-        checkpoint.to_str().unwrap(),
-        "--only",
-        "decode",
-        "--lanes",
-        "0",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, err) = bench_decode(&checkpoint, &out, &["--lanes", "0"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("at least one lane"), "{err}");
 }
