@@ -14,6 +14,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from cuda_timing import captured, median_ms, step_inputs
+
 H, L, NH, NKV, HD = 2048, 24, 16, 4, 128
 DENSE, KEPT, K, IE, IS = 6144, 128, 8, 768, 2048
 VOCAB, CTX = 4098, 256
@@ -94,38 +96,17 @@ def step(x, caches, pos):
 
 results = []
 for lanes in (1, 2, 8):
-    caches = [(torch.randn(lanes, NKV, CTX, HD, device=dev, dtype=dt), torch.randn(lanes, NKV, CTX, HD, device=dev, dtype=dt)) for _ in range(L)]
-    x = torch.randn(lanes, H, device=dev, dtype=dt)
-    pos = torch.tensor([CTX - 1], device=dev)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step(x, caches, pos)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = step(x, caches, pos)
-    for _ in range(5):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
+    x, caches, pos = step_inputs(lanes, L, NKV, CTX, HD, H, dt)
+    graph, logits = captured(step, x, caches, pos)
+    ms_median, ms_min = median_ms(graph.replay)
     results.append({
         "lanes": lanes,
-        "ms_median": times[len(times) // 2],
-        "ms_min": times[0],
+        "ms_median": ms_median,
+        "ms_min": ms_min,
         "bf16_weight_bytes": weight_bytes(lanes),
         "finite": bool(torch.isfinite(logits).all()),
     })
-    print(f"lanes {lanes}: {times[len(times) // 2]:.3f} ms", file=sys.stderr)
+    print(f"lanes {lanes}: {ms_median:.3f} ms", file=sys.stderr)
 
 print(json.dumps({
     "baseline": "PyTorch BF16, gathered experts, CUDA graph replay",

@@ -18,6 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from cuda_timing import captured, median_ms, step_inputs
+
 H, L, NH, NKV, HD = 2048, 24, 16, 4, 128
 DENSE, KEPT, K, IE, IS = 6144, 128, 8, 768, 2048
 VOCAB, CTX = 4098, 256
@@ -108,42 +110,13 @@ def step(x, caches, pos):
     return F.linear(rms(h, final_norm), head).float()
 
 
-def median_ms(run, repeats=30):
-    for _ in range(5):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2], times[0]
-
-
 compile_too = "--compile" in sys.argv[1:]
 compiled_step = torch.compile(step, mode="max-autotune", fullgraph=False) if compile_too else None
 results = []
 for lanes in (1, 2, 8):
-    caches = [
-        (torch.randn(lanes, NKV, CTX, HD, device=dev, dtype=dt), torch.randn(lanes, NKV, CTX, HD, device=dev, dtype=dt))
-        for _ in range(L)
-    ]
-    x = torch.randn(lanes, H, device=dev, dtype=dt)
-    pos = torch.tensor([CTX - 1], device=dev)
+    x, caches, pos = step_inputs(lanes, L, NKV, CTX, HD, H, dt)
     # Eager kernels replayed as a CUDA graph.
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step(x, caches, pos)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        eager_logits = step(x, caches, pos)
+    graph, eager_logits = captured(step, x, caches, pos)
     graph_ms, graph_min = median_ms(graph.replay)
     entry = {"lanes": lanes, "cuda_graph_ms_median": graph_ms, "cuda_graph_ms_min": graph_min}
     if compile_too:
