@@ -60,7 +60,8 @@ pub async fn create(state: Arc<State>, request: Request<Incoming>) -> Result<Res
 }
 
 /// `GET /v1/audio/voices`: the served checkpoint's voices (and damaged files, marked), each
-/// named by its label or, for a voice saved without a name, by its id.
+/// named by its label or, for a voice saved without a name, by its id (created when its file
+/// was last written).
 pub fn list(state: &State) -> Response<Body> {
     let data: Vec<serde_json::Value> = state
         .store
@@ -69,7 +70,7 @@ pub fn list(state: &State) -> Response<Body> {
         .map(|voice| {
             let label = state.store.label(&voice.id).unwrap_or_else(|| Label {
                 name: voice.id.clone(),
-                created_at: 0,
+                created_at: state.store.saved_at(&voice.id).unwrap_or(0),
             });
             let mut object = voice_object(&voice.id, &label);
             if voice.damaged {

@@ -124,6 +124,12 @@ impl VoiceStore {
             .find(|id| self.label(id).is_some_and(|label| label.name == name))
     }
 
+    /// When voice `id`'s file was last written (Unix seconds).
+    pub fn saved_at(&self, id: &str) -> Option<u64> {
+        let modified = std::fs::metadata(self.path(id)).ok()?.modified().ok()?;
+        Some(modified.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs())
+    }
+
     /// The id a request's `voice` names: a saved voice's id, or its name.
     pub fn resolve(&self, id_or_name: &str) -> Option<String> {
         if valid_id(id_or_name) && self.path(id_or_name).exists() {

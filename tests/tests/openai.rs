@@ -160,6 +160,20 @@ fn voices_are_saved_used_listed_and_deleted_by_name() {
     let listed = server.get("/v1/audio/voices").json();
     assert_eq!(listed["object"], json!("list"));
     assert_eq!(listed["data"][0]["name"], json!("narrator"));
+    // A voice saved the old way, without a name, is listed by its id, dated by its file.
+    let unnamed = server.post("/v1/voices", "audio/wav", &drama_tests::sine_wav(16_000, 0.4, 0.31));
+    let unnamed = unnamed.json()["id"].as_str().unwrap().to_string();
+    let listed = server.get("/v1/audio/voices").json();
+    let entry = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["id"] == json!(unnamed))
+        .unwrap()
+        .clone();
+    assert_eq!(entry["name"], json!(unnamed));
+    assert!(entry["created_at"].as_u64().unwrap() > 1_700_000_000, "{entry}");
+    assert_eq!(server.delete(&format!("/v1/audio/voices/{unnamed}")).status, 200);
     // A name belongs to one voice; refusals name what was wrong.
     let other = drama_tests::sine_wav(16_000, 0.4, 0.19);
     let (content_type, body) = form(&[("name", None, b"narrator"), ("audio_sample", Some("b.wav"), &other)]);
