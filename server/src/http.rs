@@ -469,9 +469,11 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
             if let Some(failure) = failure(outcome) {
                 return Err(failure);
             }
-            let bytes = speech
-                .response_format
-                .encode_whole(&pcm, rate)
+            // Encoding minutes of speech takes a while: off the async threads.
+            let format = speech.response_format;
+            let bytes = tokio::task::spawn_blocking(move || format.encode_whole(&pcm, rate))
+                .await
+                .map_err(|e| ApiError::status(500, format!("encoding failed: {e}")))?
                 .map_err(|e| ApiError::status(500, e.to_string()))?;
             drop(guard);
             full(held.attach(bytes))
