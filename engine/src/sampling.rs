@@ -104,8 +104,8 @@ impl Sampler {
 
 /// Sorts candidate keys made in ascending id order: a stable radix sort of their logit halves
 /// (three passes of 11 bits), so candidates with equal logits keep their ids ascending and
-/// the result is the keys' full order. (On the H200's host, an unfiltered sample of 4097
-/// candidates measured faster this way than with a comparison sort, the same tokens.)
+/// the result is the keys' full order, in linear time where a comparison sort of a whole
+/// vocabulary would take n log n (the same tokens either way).
 fn sort_in_id_order(keys: &mut Vec<u64>) {
     let mut scratch = vec![0u64; keys.len()];
     for shift in [32u32, 43, 54] {

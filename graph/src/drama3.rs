@@ -536,8 +536,8 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
     // run one after another, routing's launch computes it too where it can (a launch fewer
     // per layer). Where a launch that needs no barrier runs beside the one before it, it is a
     // launch of its own beside the routed gate/up, and routing lists its input so that the
-    // barrier before routing makes that visible (on an H200 this made a guidance-pair decode
-    // step shorter than with the projection in routing's launch, the PCM identical).
+    // barrier before routing makes that visible: the projection then overlaps the routed
+    // experts instead of lengthening routing's launch, which the steps wait on (the same bits).
     let shared_down = PairHalf {
         members: g.members(&[(shared_down, s.hidden, false)]),
         round_output: true,

@@ -4,9 +4,9 @@
 //! host then holds the results only once the thread has been woken and scheduled again: time
 //! in which the GPU idles, since the next step needs what the host does with them. Polling
 //! costs a CPU core for as long as it lasts. So a wait blocks for the part of it that the
-//! last wait for the same kind of work says is safe and polls through the rest. (On an H200
-//! with NVIDIA's Vulkan driver a step's wait for its logits measured shorter polling all the
-//! way than blocking.) An adapter that is the CPU itself (lavapipe) never polls: there the
+//! last wait for the same kind of work says is safe and polls through the rest, so the wake-up
+//! latency is not paid at the end of a wait (the experiment log at the `lab-notebook` tag has
+//! the measurements). An adapter that is the CPU itself (lavapipe) never polls: there the
 //! polling thread would take a core from the rasterizer that runs the work.
 
 use std::sync::atomic::{AtomicU64, Ordering};
