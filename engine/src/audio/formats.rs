@@ -369,24 +369,33 @@ struct Flac {
     total: usize,
 }
 
+/// A FLAC encoder's error, as drama reports it.
+fn flac_error(e: impl std::fmt::Debug) -> AudioError {
+    encode_error(AudioFormat::Flac, format!("{e:?}"))
+}
+
+/// `fLaC` and the STREAMINFO block of `info`: a stream's header.
+fn flac_header(info: flacenc::component::StreamInfo) -> Result<Vec<u8>, AudioError> {
+    use flacenc::component::BitRepr;
+    let mut sink = flacenc::bitsink::ByteSink::new();
+    flacenc::component::Stream::with_stream_info(info)
+        .write(&mut sink)
+        .map_err(flac_error)?;
+    Ok(sink.into_inner())
+}
+
 impl Flac {
     fn new(sample_rate: u32) -> Result<Flac, AudioError> {
-        use flacenc::component::BitRepr;
         use flacenc::error::Verify;
-        let fail = |e: &dyn std::fmt::Debug| encode_error(AudioFormat::Flac, format!("{e:?}"));
         let config = flacenc::config::Encoder::default()
             .into_verified()
-            .map_err(|(_, e)| fail(&e))?;
-        let mut info = flacenc::component::StreamInfo::new(sample_rate as usize, 1, 16).map_err(|e| fail(&e))?;
-        info.set_block_sizes(FLAC_BLOCK, FLAC_BLOCK).map_err(|e| fail(&e))?;
-        let mut sink = flacenc::bitsink::ByteSink::new();
-        flacenc::component::Stream::with_stream_info(info.clone())
-            .write(&mut sink)
-            .map_err(|e| fail(&e))?;
+            .map_err(|(_, e)| flac_error(e))?;
+        let mut info = flacenc::component::StreamInfo::new(sample_rate as usize, 1, 16).map_err(flac_error)?;
+        info.set_block_sizes(FLAC_BLOCK, FLAC_BLOCK).map_err(flac_error)?;
         Ok(Flac {
             config,
+            header: flac_header(info.clone())?,
             info,
-            header: sink.into_inner(),
             pending: Vec::new(),
             frames: 0,
             digest: md5::Md5::default(),
@@ -397,35 +406,26 @@ impl Flac {
     /// The stream header with the length and MD5 of everything pushed: the same length as
     /// the one the stream began with.
     fn complete_header(&self) -> Result<Vec<u8>, AudioError> {
-        use flacenc::component::BitRepr;
         use md5::Digest;
-        let fail = |e: &dyn std::fmt::Debug| encode_error(AudioFormat::Flac, format!("{e:?}"));
         let mut info = self.info.clone();
         info.set_total_samples(self.total);
         info.set_md5_digest(&self.digest.clone().finalize().into());
-        let mut sink = flacenc::bitsink::ByteSink::new();
-        flacenc::component::Stream::with_stream_info(info)
-            .write(&mut sink)
-            .map_err(|e| fail(&e))?;
-        Ok(sink.into_inner())
+        flac_header(info)
     }
 
     /// Encodes the pending samples in blocks; with `end`, the shorter last block too.
     fn encode_blocks(&mut self, end: bool) -> Result<Vec<u8>, AudioError> {
         use flacenc::component::BitRepr;
         use flacenc::source::Fill;
-        let fail = |e: &dyn std::fmt::Debug| encode_error(AudioFormat::Flac, format!("{e:?}"));
         let mut sink = flacenc::bitsink::ByteSink::new();
-        let mut block = flacenc::source::FrameBuf::with_size(1, FLAC_BLOCK).map_err(|e| fail(&e))?;
+        let mut block = flacenc::source::FrameBuf::with_size(1, FLAC_BLOCK).map_err(flac_error)?;
         let mut start = 0;
         while self.pending.len() - start >= FLAC_BLOCK || (end && start < self.pending.len()) {
             let stop = (start + FLAC_BLOCK).min(self.pending.len());
-            block
-                .fill_interleaved(&self.pending[start..stop])
-                .map_err(|e| fail(&e))?;
-            let frame = flacenc::encode_fixed_size_frame(&self.config, &block, self.frames, &self.info)
-                .map_err(|e| fail(&e))?;
-            frame.write(&mut sink).map_err(|e| fail(&e))?;
+            block.fill_interleaved(&self.pending[start..stop]).map_err(flac_error)?;
+            let frame =
+                flacenc::encode_fixed_size_frame(&self.config, &block, self.frames, &self.info).map_err(flac_error)?;
+            frame.write(&mut sink).map_err(flac_error)?;
             self.frames += 1;
             start = stop;
         }
