@@ -89,6 +89,15 @@ fn error(e: &ApiError) -> Response<Body> {
     response
 }
 
+/// Names `fields` in the reply's `x-drama-unapplied-fields` header: fields a request gave
+/// that were accepted but change nothing (none: no header).
+pub(crate) fn mark_unapplied(response: &mut Response<Body>, fields: &[&str]) {
+    if !fields.is_empty() {
+        let value = HeaderValue::from_str(&fields.join(", ")).expect("field names are header-safe");
+        response.headers_mut().insert("x-drama-unapplied-fields", value);
+    }
+}
+
 /// Reads a request's body, at most `limit` bytes, within the client timeout.
 pub(crate) async fn read_body(state: &State, request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let timeout = state.config.client_timeout;
@@ -503,7 +512,7 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
             HeaderValue::from_str(&capped.to_string()).expect("digits"),
         );
     }
-    openai_voices::mark_unapplied(&mut response, &speech.unapplied);
+    mark_unapplied(&mut response, &speech.unapplied);
     Ok(response)
 }
 

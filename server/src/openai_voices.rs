@@ -7,11 +7,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::CONTENT_TYPE;
 use hyper::{Request, Response};
 
 use crate::api::ApiError;
-use crate::http::{Body, State, encode_upload, json, read_body, take_upload_place};
+use crate::http::{Body, State, encode_upload, json, mark_unapplied, read_body, take_upload_place};
 use crate::uploads::MAX_UPLOAD_BYTES;
 use crate::voices::Label;
 
@@ -93,14 +93,6 @@ pub fn delete(state: &State, id_or_name: &str) -> Result<Response<Body>, ApiErro
         )),
         Ok(false) => Err(unknown()),
         Err(e) => Err(ApiError::status(500, format!("cannot delete voice '{id}': {e}"))),
-    }
-}
-
-/// Names `fields` in the reply's `x-drama-unapplied-fields` header (none: no header).
-pub fn mark_unapplied(response: &mut Response<Body>, fields: &[&str]) {
-    if !fields.is_empty() {
-        let value = HeaderValue::from_str(&fields.join(", ")).expect("field names are header-safe");
-        response.headers_mut().insert("x-drama-unapplied-fields", value);
     }
 }
 
