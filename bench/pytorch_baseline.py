@@ -14,18 +14,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from cuda_timing import captured, median_ms, step_inputs
-
-H, L, NH, NKV, HD = 2048, 24, 16, 4, 128
-DENSE, KEPT, K, IE, IS = 6144, 128, 8, 768, 2048
-VOCAB, CTX = 4098, 256
-dev = torch.device("cuda")
-dt = torch.bfloat16
-torch.manual_seed(0)
-
-
-def w(*shape):
-    return (torch.randn(*shape, device=dev, dtype=dt) * shape[-1] ** -0.5).contiguous()
+from torch_step import (
+    CTX, DENSE, H, HD, IE, IS, K, KEPT, L, NH, NKV, VOCAB, captured, dev, dt, median_ms, rms, step_inputs, w,
+)
 
 
 layers = []
@@ -55,11 +46,6 @@ def weight_bytes(lanes):
     dense = 2 * 3 * DENSE * H
     moe = 2 * (KEPT * H + 2 * IS * H + IS * H + H) + min(KEPT, K * lanes) * 2 * 3 * IE * H
     return L * per_layer_attn + dense + (L - 1) * moe + 2 * VOCAB * H
-
-
-def rms(x, weight):
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(dt)
 
 
 def step(x, caches, pos):
@@ -96,7 +82,7 @@ def step(x, caches, pos):
 
 results = []
 for lanes in (1, 2, 8):
-    x, caches, pos = step_inputs(lanes, L, NKV, CTX, HD, H, dt)
+    x, caches, pos = step_inputs(lanes)
     graph, logits = captured(step, x, caches, pos)
     ms_median, ms_min = median_ms(graph.replay)
     results.append({

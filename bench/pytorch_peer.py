@@ -18,20 +18,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from cuda_timing import captured, median_ms, step_inputs
-
-H, L, NH, NKV, HD = 2048, 24, 16, 4, 128
-DENSE, KEPT, K, IE, IS = 6144, 128, 8, 768, 2048
-VOCAB, CTX = 4098, 256
-dev = torch.device("cuda")
-dt = torch.bfloat16
-torch.manual_seed(0)
+from torch_step import (
+    CTX, DENSE, H, HD, IE, IS, K, KEPT, L, NH, NKV, VOCAB, captured, dev, dt, median_ms, rms, step_inputs, w,
+)
 if not hasattr(torch, "_grouped_mm"):
     raise SystemExit(f"torch {torch.__version__} has no torch._grouped_mm")
-
-
-def w(*shape):
-    return (torch.randn(*shape, device=dev, dtype=dt) * shape[-1] ** -0.5).contiguous()
 
 
 layers = []
@@ -58,11 +49,6 @@ for i in range(L):
     layers.append(layer)
 final_norm = torch.ones(H, device=dev, dtype=dt)
 head = w(VOCAB, H)
-
-
-def rms(x, weight):
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(dt)
 
 
 def swiglu(gu):
@@ -114,7 +100,7 @@ compile_too = "--compile" in sys.argv[1:]
 compiled_step = torch.compile(step, mode="max-autotune", fullgraph=False) if compile_too else None
 results = []
 for lanes in (1, 2, 8):
-    x, caches, pos = step_inputs(lanes, L, NKV, CTX, HD, H, dt)
+    x, caches, pos = step_inputs(lanes)
     # Eager kernels replayed as a CUDA graph.
     graph, eager_logits = captured(step, x, caches, pos)
     graph_ms, graph_min = median_ms(graph.replay)
