@@ -765,7 +765,7 @@ pub fn decode_step(
             bytes += unique.len() as u64 * expert_bytes(engine, layer);
         }
     }
-    let kv_width = (c.num_key_value_heads * c.head_dim) as u64;
+    let kv_width = drama_graph::drama3::kv_cache_width(c.num_key_value_heads, c.head_dim) as u64;
     bytes += lanes as u64 * options.context as u64 * kv_width * 4 * 2 * c.num_hidden_layers as u64;
     let gpu_ms = median(gpu_times);
     let floor_ms = bytes as f64 / (roofline.gb_per_s * 1e9) * 1e3;

@@ -5,38 +5,27 @@
 
 use std::collections::BTreeMap;
 
-use drama_kernels::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, NORM_WIDTH_MULTIPLE};
+use drama_kernels::MAX_HEAD_DIM;
 
 use super::{CheckpointError, LayerMlp, LinearFormat, LinearInfo, ModelConfig, names};
 
-/// The limits `config.json` alone decides: `head_dim` (attention's head layout) and
-/// `voice_tower.dim` (the RMSNorm kernel reads rows as vec4s).
+/// The limits `config.json` alone decides: `head_dim` (attention's workgroup).
 pub fn config_beyond_limits(config: &ModelConfig) -> Vec<CheckpointError> {
     let mut found = Vec::new();
     let head_dim = config.head_dim;
-    if !head_dim.is_multiple_of(HEAD_DIM_MULTIPLE) || head_dim > MAX_HEAD_DIM {
+    if head_dim > MAX_HEAD_DIM {
         found.push(CheckpointError::EngineLimit {
             what: "config.json key `head_dim`".into(),
             found: head_dim.to_string(),
-            limit: format!(
-                "a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM} (the attention kernel's head layout)"
-            ),
-        });
-    }
-    let tower_dim = config.voice_tower.dim;
-    if !tower_dim.is_multiple_of(NORM_WIDTH_MULTIPLE) {
-        found.push(CheckpointError::EngineLimit {
-            what: "config.json key `voice_tower.dim`".into(),
-            found: tower_dim.to_string(),
-            limit: format!("a multiple of {NORM_WIDTH_MULTIPLE} (the RMSNorm kernel reads rows as vec4s)"),
+            limit: format!("up to {MAX_HEAD_DIM} (attention's workgroup holds one query head)"),
         });
     }
     found
 }
 
 /// The limits of the tensors, by module name: each backbone linear's input width, then
-/// each layer's expert formats. (The voice tower's linears and a dense layer's BF16 down
-/// projection run at any width.)
+/// each layer's expert formats. (The voice tower's linears and the BF16 linears that do
+/// not read the hidden width run at any width.)
 pub fn tensors_beyond_limits(linears: &BTreeMap<String, LinearInfo>, layers: &[LayerMlp]) -> Vec<CheckpointError> {
     let mut found = Vec::new();
     for (module, info) in linears {
@@ -82,12 +71,16 @@ pub fn tensors_beyond_limits(linears: &BTreeMap<String, LinearInfo>, layers: &[L
     found
 }
 
-/// Whether a backbone linear runs at any input width: a dense layer's or a shared expert's
-/// BF16 down projection (`Kernel::LinearRagged`, which reads plain f32 inputs).
+/// Whether a backbone linear runs at any input width: a BF16 attention output projection,
+/// or a dense layer's or shared expert's BF16 down projection, which the graph builds as
+/// plain linears (`Kernel::LinearRagged` reads their f32 inputs where the width needs it).
+/// The others read the hidden width, fused with the work beside them.
 fn runs_ragged(module: &str, info: &LinearInfo) -> bool {
     info.format == LinearFormat::Bf16
         && module.starts_with("model.layers.")
-        && (module.ends_with(".mlp.down_proj") || module.ends_with(".mlp.shared_expert.down_proj"))
+        && [".self_attn.o_proj", ".mlp.down_proj", ".mlp.shared_expert.down_proj"]
+            .iter()
+            .any(|tail| module.ends_with(tail))
 }
 
 #[cfg(test)]

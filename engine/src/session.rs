@@ -243,7 +243,8 @@ impl<'e> Session<'e> {
             )));
         }
         let gpu = &engine.gpu;
-        let cache_bytes = [lanes, capacity, c.num_key_value_heads, c.head_dim, 4]
+        let cache_width = drama_graph::drama3::kv_cache_width(c.num_key_value_heads, c.head_dim);
+        let cache_bytes = [lanes, capacity, cache_width, 4]
             .into_iter()
             .try_fold(1u64, |bytes, n| bytes.checked_mul(n as u64))
             .filter(|&bytes| bytes <= gpu.caps.max_storage_binding)

@@ -100,9 +100,12 @@ impl VoiceTower {
             eps: self.eps,
             ..Default::default()
         };
-        Ok(self
-            .gpu
-            .dispatch(Kernel::RmsNorm, &params, &[x, weight, y], [rows as u32, 1, 1])?)
+        Ok(self.gpu.dispatch(
+            Kernel::rms_norm(self.dim),
+            &params,
+            &[x, weight, y],
+            [rows as u32, 1, 1],
+        )?)
     }
 
     fn elementwise(

@@ -244,7 +244,7 @@ fn tiny_fp8_trace_matches_reference() {
     trace_against_reference("tiny-fp8", 2);
 }
 
-/// Widths a real checkpoint may have: head_dim 48, three query heads per key/value head,
+/// Widths a real checkpoint may have: head_dim 42, three query heads per key/value head,
 /// five layers with two dense ones, a top-3 (the voice tower's and codec's odd widths are
 /// in the tower and codec tests).
 #[test]

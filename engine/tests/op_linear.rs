@@ -768,11 +768,19 @@ fn gathered_swiglu_epilogue_matches_reference() {
 /// column. Outputs against the reference (bias and BF16 rounding included); the keys in the
 /// cache against the FP64 rotation of the kernel's own key outputs at each row's position,
 /// the values equal to its value outputs bit for bit, both at the row's lane and position;
-/// every other cache slot keeps its poison; each row alone gives the same bits.
+/// every other cache slot, and the padding of a head not a whole number of vec4s, keeps its
+/// poison; each row alone gives the same bits.
 #[test]
 fn linear_cache_write_matches_reference() {
-    let (heads, kv_heads, head_dim, cols, lanes, capacity) = (3usize, 2usize, 16usize, 64usize, 2usize, 9usize);
+    linear_cache_write_case(16);
+    linear_cache_write_case(6);
+}
+
+fn linear_cache_write_case(head_dim: usize) {
+    let (heads, kv_heads, cols, lanes, capacity) = (3usize, 2usize, 64usize, 2usize, 9usize);
     let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+    let stride = drama_kernels::head_stride(head_dim);
+    let cache_width = kv_heads * stride;
     let out = q_width + 2 * kv_width;
     let theta = 10000.0;
     let row_lane = [1u32, 0, 1];
@@ -780,7 +788,7 @@ fn linear_cache_write_matches_reference() {
     let rows = row_lane.len();
     let table = drama_engine::rope::rope_table(capacity, head_dim, theta);
     for format in [WeightFormat::Bf16, WeightFormat::Nvfp4] {
-        let label = format!("linear cache write {format:?}");
+        let label = format!("linear cache write {format:?} head_dim {head_dim}");
         let mut rng = rng(&label);
         let gpu = gpu();
         let members: Vec<Weights> = [q_width, kv_width, kv_width]
@@ -795,8 +803,8 @@ fn linear_cache_write_matches_reference() {
             let lane_b = gpu.buffer_with("lane", &u32_bytes(&row_lane[first..first + count]));
             let pos_b = gpu.buffer_with("pos", &u32_bytes(&row_pos[first..first + count]));
             let table_b = gpu.buffer_with("rope", bytemuck::cast_slice(&table));
-            let kc = poisoned(gpu, "k_cache", lanes * capacity * kv_width);
-            let vc = poisoned(gpu, "v_cache", lanes * capacity * kv_width);
+            let kc = poisoned(gpu, "k_cache", lanes * capacity * cache_width);
+            let vc = poisoned(gpu, "v_cache", lanes * capacity * cache_width);
             let y = poisoned(gpu, "y", count * out);
             let placeholder = gpu.buffer_with("placeholder", &[0; 4]);
             let mut dispatches = Vec::new();
@@ -866,21 +874,21 @@ fn linear_cache_write_matches_reference() {
         for r in 0..rows {
             let slot = row_lane[r] as usize * capacity + row_pos[r] as usize;
             written[slot] = true;
-            let base = slot * kv_width;
             let keys = &y[r * out + q_width..r * out + q_width + kv_width];
             let values = &y[r * out + q_width + kv_width..(r + 1) * out];
-            assert_eq!(
-                bits(&v_cache[base..base + kv_width]),
-                bits(values),
-                "{label}: row {r}'s values in the cache"
-            );
             for g in 0..kv_heads {
+                let base = slot * cache_width + g * stride;
+                assert_eq!(
+                    bits(&v_cache[base..base + head_dim]),
+                    bits(&values[g * head_dim..(g + 1) * head_dim]),
+                    "{label}: row {r}'s values of head {g} in the cache"
+                );
                 let head: Vec<f64> = keys[g * head_dim..(g + 1) * head_dim]
                     .iter()
                     .map(|&v| f64::from(v))
                     .collect();
                 let rotated = drama_reference::ops::rope(&head, row_pos[r] as usize, theta);
-                let got = &k_cache[base + g * head_dim..base + (g + 1) * head_dim];
+                let got = &k_cache[base..base + head_dim];
                 // Two f32 products and a sum, with cos/sin rounded to f32 once: a few f32
                 // steps of |a| + |b| (the pair's magnitudes).
                 let half = head_dim / 2;
@@ -888,12 +896,23 @@ fn linear_cache_write_matches_reference() {
                     .map(|i| head[i % half].abs() + head[i % half + half].abs())
                     .collect();
                 check(&format!("{label} keys row {r} head {g}"), got, &rotated, &bounds, 4e-7);
+                let padding = base + head_dim..base + stride;
+                assert!(
+                    k_cache[padding.clone()]
+                        .iter()
+                        .chain(&v_cache[padding])
+                        .all(|v| v.is_nan()),
+                    "{label}: row {r}'s padding of head {g} was written"
+                );
             }
         }
         for (slot, &was_written) in written.iter().enumerate() {
             if !was_written {
-                let untouched =
-                    |cache: &[f32]| cache[slot * kv_width..(slot + 1) * kv_width].iter().all(|v| v.is_nan());
+                let untouched = |cache: &[f32]| {
+                    cache[slot * cache_width..(slot + 1) * cache_width]
+                        .iter()
+                        .all(|v| v.is_nan())
+                };
                 assert!(
                     untouched(&k_cache) && untouched(&v_cache),
                     "{label}: slot {slot} was written"

@@ -18,13 +18,17 @@ fn to_f64(v: &[f32]) -> Vec<f64> {
 #[test]
 fn rms_norm_matches_reference() {
     // Widths below, between and past the two columns per invocation loaded ahead (1024 and
-    // 2048 values).
+    // 2048 values); and widths no multiple of 4, which `Kernel::RmsNormAny` runs.
     for (rows, width, round) in [
         (1usize, 64usize, true),
         (5, 300, false),
         (3, 20, true),
         (2, 1100, false),
         (2, 2200, true),
+        (3, 34, true),
+        (2, 1, false),
+        (4, 37, false),
+        (2, 2201, true),
     ] {
         let label = format!("rms_norm rows {rows} width {width} round {round}");
         let mut rng = rng(&label);
@@ -45,7 +49,12 @@ fn rms_norm_matches_reference() {
         );
         run(
             gpu,
-            &[dispatch(gpu, Kernel::RmsNorm, &[&p, &xb, &wb, &y], [rows as u32, 1, 1])],
+            &[dispatch(
+                gpu,
+                Kernel::rms_norm(width),
+                &[&p, &xb, &wb, &y],
+                [rows as u32, 1, 1],
+            )],
         );
         let got = gpu.read_f32(&y).unwrap();
         let exact = ops::rms_norm(&to_f64(&x), width, &to_f64(&w), 1e-6);
@@ -78,12 +87,16 @@ fn attention_with_wide_heads_matches_reference() {
 
 /// Head widths whose vec4 columns the kernel's four quarters of a dot product do not share
 /// evenly (24: six columns, quarters of two, two, one and one; 8: two columns, two quarters
-/// idle), over two chunks.
+/// idle), over two chunks; and even widths that are no whole number of vec4s (42, 6, 2:
+/// the cache's padding, a query staged and an output written element by element).
 #[test]
 fn attention_at_head_widths_no_multiple_of_16_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
     attention_case("attention-hd24", 6, 2, 24, chunk + 9, [3, chunk, chunk + 9]);
     attention_case("attention-hd8", 3, 3, 8, chunk + 2, [chunk + 2, 1, 17]);
+    attention_case("attention-hd42", 6, 2, 42, chunk + 9, [3, chunk, chunk + 9]);
+    attention_case("attention-hd6", 3, 1, 6, 20, [20, 1, 7]);
+    attention_case("attention-hd2", 2, 2, 2, 9, [9, 4, 1]);
 }
 
 /// The same over several attention chunks: lengths one short of, exactly at and past chunk
@@ -129,10 +142,13 @@ fn attention_case(
     let theta = 10000.0;
     let lanes = 3;
     let kv_width = kv_heads * head_dim;
+    // A head's floats in the caches: whole vec4s, the padding zero as the engine leaves it.
+    let stride = drama_kernels::head_stride(head_dim);
+    let cache_width = kv_heads * stride;
     // Every lane's cache up to and including the current position (where the [q|k|v]
     // projection wrote this step's key and value), as rotated keys / values.
-    let mut k_cache = vec![0f32; lanes * capacity * kv_width];
-    let mut v_cache = vec![0f32; lanes * capacity * kv_width];
+    let mut k_cache = vec![0f32; lanes * capacity * cache_width];
+    let mut v_cache = vec![0f32; lanes * capacity * cache_width];
     let mut keys: Vec<Vec<Vec<f64>>> = vec![Vec::new(); lanes];
     let mut values: Vec<Vec<Vec<f64>>> = vec![Vec::new(); lanes];
     for lane in 0..lanes {
@@ -142,11 +158,14 @@ fn attention_case(
             let rotated: Vec<f64> = (0..kv_heads)
                 .flat_map(|g| ops::rope(&to_f64(&k[g * head_dim..(g + 1) * head_dim]), pos, theta))
                 .collect();
-            let base = (lane * capacity + pos) * kv_width;
-            for (i, r) in rotated.iter().enumerate() {
-                k_cache[base + i] = *r as f32;
+            let base = (lane * capacity + pos) * cache_width;
+            for g in 0..kv_heads {
+                let (head, at) = (g * head_dim..(g + 1) * head_dim, base + g * stride);
+                for (i, r) in rotated[head.clone()].iter().enumerate() {
+                    k_cache[at + i] = *r as f32;
+                }
+                v_cache[at..at + head_dim].copy_from_slice(&v[head]);
             }
-            v_cache[base..base + kv_width].copy_from_slice(&v);
             keys[lane].push(rotated.iter().map(|&r| f64::from(r as f32)).collect());
             values[lane].push(to_f64(&v));
         }

@@ -14,8 +14,9 @@ fn tower_matches_reference() {
     tower_case("tiny");
 }
 
-/// 20 mel bands and tower widths 36 and 52: every linear of the tower reads a width that is
-/// no multiple of 8 (`Kernel::LinearRagged`).
+/// 20 mel bands and tower widths 34 and 51: every linear of the tower reads a width that is
+/// no multiple of 8 (`Kernel::LinearRagged`), and its norms rows no multiple of 4
+/// (`Kernel::RmsNormAny`).
 #[test]
 fn tower_at_odd_widths_matches_reference() {
     tower_case("awkward");

@@ -324,6 +324,12 @@ impl Build<'_> {
     }
 }
 
+/// Floats per position of a layer's key (or value) cache: each KV head in whole vec4s
+/// ([`drama_kernels::head_stride`]), which is how attention reads them.
+pub fn kv_cache_width(kv_heads: usize, head_dim: usize) -> usize {
+    kv_heads * drama_kernels::head_stride(head_dim)
+}
+
 /// Builds the graph of one step.
 pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Result<Graph, GraphError> {
     let s = spec;
@@ -354,7 +360,7 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         audio: names.global(GlobalWeight::AudioEmbed),
     };
     let mut x = Residual::Value(g.b.node1("embed", embed, &[row_table, row_index, prefixes])?);
-    let cache_shape = vec![shape.lanes * shape.capacity, kv_width];
+    let cache_shape = vec![shape.lanes * shape.capacity, kv_cache_width(s.kv_heads, s.head_dim)];
     for (i, moe) in s.layers.iter().enumerate() {
         let l = |w: LayerWeight| names.layer(w, i);
         let at = |what: &str| format!("layers.{i}.{what}");

@@ -3,6 +3,7 @@
 
 use drama_kernels::{KeptCapacity, LinearInput, MAX_EXPERT_GROUPS, MAX_KEPT_EXPERTS, MAX_ROUTED_PER_TOKEN};
 
+use crate::drama3::kv_cache_width;
 use crate::ir::{DType, Op, Value, ValueKind};
 
 type Outputs = Vec<(Vec<usize>, DType)>;
@@ -99,7 +100,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                     w.head_dim % 2 == 0 && members.iter().all(|m| m.out % w.head_dim == 0),
                     || format!("a KV-cache write needs whole heads of an even width {}", w.head_dim),
                 )?;
-                cache_inputs(&inputs[1..5], rows_of(x), w.kv_heads * w.head_dim)?;
+                cache_inputs(&inputs[1..5], rows_of(x), kv_cache_width(w.kv_heads, w.head_dim))?;
             }
             if *residual {
                 expect(shape_of(inputs[1]) == [rows_of(x), out], || {
@@ -147,7 +148,7 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(shape_of(inputs[0]) == [rows, qkv], || {
                 format!("[q|k|v] must be [rows, {qkv}]")
             })?;
-            cache_inputs(&inputs[1..5], rows, kv_heads * head_dim)?;
+            cache_inputs(&inputs[1..5], rows, kv_cache_width(*kv_heads, *head_dim))?;
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows, heads * head_dim], dtype)])
         }

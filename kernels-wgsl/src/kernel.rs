@@ -32,8 +32,10 @@ pub enum Kernel {
     GatheredGrouped(WeightFormat, LinearWidth),
     /// Groups a step's routed-expert slots by expert.
     GroupSlots,
-    /// RMSNorm.
+    /// RMSNorm of rows whose width is a multiple of [`crate::NORM_WIDTH_MULTIPLE`].
     RmsNorm,
+    /// RMSNorm of rows of any width (the voice tower's), element by element.
+    RmsNormAny,
     /// A MoE layer's combine into the residual stream (routed experts, and the shared expert
     /// when there is one), written out, then the RMSNorm of the result.
     CombineRmsNorm,
@@ -184,6 +186,16 @@ const DENSE_BF16_BINDINGS: &[u32] = &[0, 1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 1
 const DENSE_SCALED_BINDINGS: &[u32] = &[0, 1, 2, 3, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16];
 
 impl Kernel {
+    /// The RMSNorm for rows `width` wide: vec4 rows where the width allows, else
+    /// element by element.
+    pub fn rms_norm(width: usize) -> Kernel {
+        if width.is_multiple_of(crate::NORM_WIDTH_MULTIPLE) {
+            Kernel::RmsNorm
+        } else {
+            Kernel::RmsNormAny
+        }
+    }
+
     /// The dense linear for `format` reading `input`: [`Kernel::LinearKv`] when it also
     /// writes the KV caches (an attention projection), [`Kernel::Linear`] otherwise.
     pub fn dense_linear(format: WeightFormat, writes_cache: bool, input: LinearInput) -> Kernel {
@@ -213,6 +225,7 @@ impl Kernel {
         }
         all.extend([
             Kernel::RmsNorm,
+            Kernel::RmsNormAny,
             Kernel::CombineRmsNorm,
             Kernel::Attend,
             Kernel::AttendAndCombine,
@@ -318,6 +331,8 @@ impl Kernel {
             ),
             // params, x, weight, y
             K::RmsNorm => entry(Module::Norm, "rms_norm", &[0, 1, 2, 3], NORM, None, 256),
+            // params, x, weight, y (as scalars)
+            K::RmsNormAny => entry(Module::Norm, "rms_norm_any", &[0, 9, 10, 11], NORM, None, 256),
             // params, residual, weight, y, routed_out, routed_weights, gate_logits,
             // shared_out, h
             K::CombineRmsNorm => entry(

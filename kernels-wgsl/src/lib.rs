@@ -24,8 +24,8 @@ pub use codec_launch::{CODEC_CONV_FRAMES, CodecLaunch, conv_transpose_launch, co
 pub use format::{ConvOutput, KeptCapacity, LinearInput, LinearWidth, WeightFormat, row_source};
 pub use kernel::{Kernel, KernelSpec, ParamBlock};
 pub use limits::{
-    HEAD_DIM_MULTIPLE, MAX_EXPERT_GROUPS, MAX_HEAD_DIM, MAX_KEPT_EXPERTS, MAX_ROUTED_PER_TOKEN, NORM_WIDTH_MULTIPLE,
-    WORKGROUP_MEMORY_BYTES,
+    MAX_EXPERT_GROUPS, MAX_HEAD_DIM, MAX_KEPT_EXPERTS, MAX_ROUTED_PER_TOKEN, NORM_WIDTH_MULTIPLE,
+    WORKGROUP_MEMORY_BYTES, head_stride,
 };
 pub use module::{Module, Numerics};
 pub use params::{

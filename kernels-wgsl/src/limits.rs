@@ -10,13 +10,16 @@ pub const WORKGROUP_MEMORY_BYTES: u32 = 18 * 1024;
 /// [`KeptCapacity`], `moe.wgsl`'s MAX_EXPERTS: their workgroup arrays).
 pub const MAX_KEPT_EXPERTS: usize = 512;
 
-/// `head_dim` the attention kernel runs is a multiple of this: it reads a head as vec4s,
-/// and RoPE pairs each vec4 of the first half with one of the second.
-pub const HEAD_DIM_MULTIPLE: usize = 8;
-
-/// The largest `head_dim` the attention kernel runs: its workgroup holds a query head as
-/// 256 vec4s.
+/// The largest `head_dim` the attention kernel runs (any even one up to it, as the
+/// contract asks): its workgroup holds a query head as 256 vec4s.
 pub const MAX_HEAD_DIM: usize = 1024;
+
+/// Floats a head takes in the KV caches and in attention's scratch: `head_dim` rounded up
+/// to whole vec4s (`common.wgsl`'s `head_stride`), the rest of the last vec4 zeros that no
+/// kernel writes. Attention reads keys and values as vec4s, so a head must start one.
+pub fn head_stride(head_dim: usize) -> usize {
+    head_dim.next_multiple_of(4)
+}
 
 /// Row widths the RMSNorm kernel reads are a multiple of this: it reads rows as vec4s.
 pub const NORM_WIDTH_MULTIPLE: usize = 4;

@@ -52,8 +52,8 @@ pub fn attention_chunks(capacity: usize) -> usize {
 }
 
 /// Floats of the scratch buffer attention needs for `rows` rows (`attention.wgsl`): per
-/// (row, head) and chunk, a head's partial output and a vec4 of the chunk's max and
-/// exponential sum.
+/// (row, head) and chunk, a head's partial output ([`crate::head_stride`] floats) and a
+/// vec4 of the chunk's max and exponential sum.
 pub fn attention_scratch_floats(rows: usize, heads: usize, head_dim: usize, capacity: usize) -> usize {
-    rows * heads * attention_chunks(capacity) * (head_dim + 4)
+    rows * heads * attention_chunks(capacity) * (crate::head_stride(head_dim) + 4)
 }

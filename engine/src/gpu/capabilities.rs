@@ -41,10 +41,9 @@ pub struct Capabilities {
     /// What the platform's shader compiler may do to floating point: Apple's Metal compiler
     /// defaults to fast math (wgpu sets no math mode); Vulkan and DX12 compile as written.
     pub compiler_math: &'static str,
-    /// The `head_dim` values attention runs: multiples of this...
-    pub head_dim_multiple: usize,
-    /// ...up to this (its workgroup holds one query head; the same on every backend, as
-    /// the kernel's workgroup memory fits WebGPU's minimum of 16 KiB).
+    /// The largest `head_dim` attention runs (any even one up to it): its workgroup holds
+    /// one query head; the same on every backend, as the kernel's workgroup memory fits
+    /// WebGPU's minimum of 16 KiB.
     pub max_head_dim: usize,
 }
 
@@ -96,7 +95,6 @@ impl Capabilities {
             } else {
                 "as written (IEEE, no fast-math flags)"
             },
-            head_dim_multiple: drama_kernels::HEAD_DIM_MULTIPLE,
             max_head_dim: drama_kernels::MAX_HEAD_DIM,
         }
     }

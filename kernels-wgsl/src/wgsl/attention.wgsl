@@ -6,7 +6,9 @@
 // caches, where that projection wrote them (linear.wgsl, `linear_kv`: keys already rotated).
 // RoPE is NeoX rotate-half over the whole head with cos/sin from a table the host computes
 // in f64 (`rope_table[pos * half + i]` = (cos, sin)), so every platform rotates by the same
-// numbers; queries are rotated as attention stages them.
+// numbers; queries are rotated as attention stages them. In the caches and in `scratch` a
+// head takes `head_stride(head_dim)` floats, whole vec4s, the padding zero: any even
+// `head_dim` runs, read as vec4s.
 // Attention is split over fixed chunks of positions and then combined (see `attend`). A
 // row's result depends only on its own cache, whatever else is in the batch.
 
@@ -25,7 +27,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> row_lane: array<u32>;
 @group(0) @binding(2) var<storage, read> row_pos: array<u32>;
 @group(0) @binding(3) var<storage, read> rope_table: array<vec2<f32>>;
-@group(0) @binding(7) var<storage, read_write> dst: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(8) var<storage, read_write> scratch: array<vec4<f32>>;
 
 // Floats per row of the [q | k | v] input.
@@ -54,7 +56,7 @@ fn qkv_width() -> u32 {
 // invocation's four times longer chain costs more than the launch it saves.)
 //
 // `scratch` holds a block per (row, head), block index row * heads + head, of
-// chunks_of(capacity) * (columns + 1) vec4s (columns = head_dim / 4): each chunk's o
+// chunks_of(capacity) * (columns + 1) vec4s (columns = head_stride(head_dim) / 4): each chunk's o
 // (columns vec4s), then each chunk's (m, l, 0, 0).
 const ATTEND_WG: u32 = 256u;
 const CHUNK: u32 = 64u;              // positions per attention workgroup (ATTEND_WG / 4)
@@ -72,7 +74,7 @@ fn chunk_block(block: u32, columns: u32, capacity: u32) -> u32 {
 
 const LOWEST: f32 = -3.0e38;
 
-@group(0) @binding(4) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> q: array<f32>;
 @group(0) @binding(5) var<storage, read> k4: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> v4: array<vec4<f32>>;
 
@@ -81,33 +83,42 @@ var<workgroup> query: array<vec4<f32>, 256>;
 var<workgroup> value_parts: array<vec4<f32>, 256>;
 var<workgroup> weights: array<f32, 64>;            // CHUNK: exp(score - m) per position
 
+// Element i of row r's query of head h, rotated (zero past the head: the padding of its
+// last vec4). Element i of the first half pairs with element i + half of the second.
+fn rotated_query(q_base: u32, i: u32, pos: u32) -> f32 {
+    let half = p.head_dim / 2u;
+    if (i >= p.head_dim) {
+        return 0.0;
+    }
+    let first_half = i < half;
+    let j = select(i - half, i, first_half);
+    let own = q[q_base + i];
+    let partner = q[q_base + select(j, j + half, first_half)];
+    let t = rope_table[pos * half + j];
+    // First half: a cos - b sin (a own, b partner); second half: b cos + a sin.
+    return select(own * t.x + partner * t.y, own * t.x - partner * t.y, first_half);
+}
+
 // Stages row r's query of head h in `query`, rotated (columns vec4s).
 fn stage_query(r: u32, h: u32, t: u32) {
-    let columns = p.head_dim / 4u;
-    let q_base = (r * qkv_width() + h * p.head_dim) / 4u;
-    // Column c of the first half pairs with column c + half / 4 of the second.
-    let half_columns = columns / 2u;
+    let columns = head_stride(p.head_dim) / 4u;
+    let q_base = r * qkv_width() + h * p.head_dim;
     let pos = row_pos[r];
     for (var c = t; c < columns; c += ATTEND_WG) {
-        let first_half = c < half_columns;
-        let own = q4[q_base + c];
-        let partner = q4[q_base + select(c - half_columns, c + half_columns, first_half)];
-        let j = 4u * select(c - half_columns, c, first_half);
-        let t0 = rope_table[pos * (p.head_dim / 2u) + j];
-        let t1 = rope_table[pos * (p.head_dim / 2u) + j + 1u];
-        let t2 = rope_table[pos * (p.head_dim / 2u) + j + 2u];
-        let t3 = rope_table[pos * (p.head_dim / 2u) + j + 3u];
-        let cosine = vec4<f32>(t0.x, t1.x, t2.x, t3.x);
-        let sine = vec4<f32>(t0.y, t1.y, t2.y, t3.y);
-        // First half: a cos - b sin (a own, b partner); second half: b cos + a sin.
-        query[c] = select(own * cosine + partner * sine, own * cosine - partner * sine, first_half);
+        let i = 4u * c;
+        query[c] = vec4<f32>(
+            rotated_query(q_base, i, pos),
+            rotated_query(q_base, i + 1u, pos),
+            rotated_query(q_base, i + 2u, pos),
+            rotated_query(q_base, i + 3u, pos),
+        );
     }
 }
 
 // Quarter `quarter` of the staged query's dot product with the key at `k_base`: its vec4
 // columns quarter, quarter + 4, ..., eight key loads in flight (past the end: its last
-// column repeated, unused). `columns` is even (head_dim a multiple of 8), not necessarily a
-// multiple of 4: a quarter may own one column fewer than another, or none.
+// column repeated, unused). `columns` need not be a multiple of 4: a quarter may own one
+// column fewer than another, or none.
 fn quarter_dot(k_base: u32, quarter: u32, columns: u32) -> f32 {
     // Only read when the quarter owns a column (quarter < columns).
     let last = quarter + 4u * ((columns - 1u - quarter) / 4u);
@@ -173,7 +184,7 @@ fn value_part(v_base: u32, kv_row: u32, part: u32, parts: u32, count: u32) -> ve
 
 // Where row r's cache of head h's KV group starts (vec4s).
 fn cache_base_of(r: u32, h: u32) -> u32 {
-    let columns = p.head_dim / 4u;
+    let columns = head_stride(p.head_dim) / 4u;
     let g = h / (p.heads / p.kv_heads);
     return row_lane[r] * p.capacity * p.kv_heads * columns + g * columns;
 }
@@ -193,7 +204,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         return;
     }
     let count = min(CHUNK, length - first);
-    let columns = p.head_dim / 4u;                 // vec4s per head
+    let columns = head_stride(p.head_dim) / 4u;    // vec4s per head
     let kv_row = p.kv_heads * columns;             // vec4s per cache position
     let cache_base = cache_base_of(r, h);
     stage_query(r, h, t);
@@ -347,17 +358,21 @@ fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32, acr
 
 // Writes row r's output of head h (dst [rows, heads * head_dim]) combined from its chunks
 // (`combine_chunks`, `across` as there), a vec4 column per invocation: columns first,
-// first + stride, ...
+// first + stride, ...; the padding past the head is not written.
 fn write_combined(r: u32, h: u32, first: u32, stride: u32, across: bool) {
-    let columns = p.head_dim / 4u;
+    let columns = head_stride(p.head_dim) / 4u;
     let block = chunk_block(r * p.heads + h, columns, p.capacity);
-    let out_base = (r * p.heads + h) * columns;
+    let out_base = (r * p.heads + h) * p.head_dim;
     for (var j = first; j < columns; j += stride) {
         var out = combine_chunks(block, columns, p.capacity, row_pos[r], j, across);
         if ((p.flags & ATTENTION_ROUND) != 0u) {
             out = round_bf16_4(out);
         }
-        dst[out_base + j] = out;
+        for (var k = 0u; k < 4u; k++) {
+            if (4u * j + k < p.head_dim) {
+                dst[out_base + 4u * j + k] = out[k];
+            }
+        }
     }
 }
 

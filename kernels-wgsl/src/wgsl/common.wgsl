@@ -23,3 +23,9 @@ fn bf16_half(word: u32, half: u32) -> f32 {
 fn bf16_pair(u: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(u << 16u), bitcast<f32>(u & 0xffff0000u));
 }
+
+// Floats a head of `head_dim` takes in the KV caches and attention's scratch: whole vec4s
+// (the host's `head_stride`); the padding stays zero.
+fn head_stride(head_dim: u32) -> u32 {
+    return (head_dim + 3u) / 4u * 4u;
+}

@@ -272,7 +272,8 @@ fn epilogue(index: u32, value: f32, flags: u32) -> f32 {
 // `linear_kv`: the values of y columns `column` and `column + head_dim / 2` (one head's rows j
 // and j + head_dim / 2) of activation row `row`. Key columns go into `k_cache` rotated by
 // the row's position (RoPE over the head's halves), value columns into `v_cache`, both at
-// the row's lane and position; query columns stay in y only (attention rotates them).
+// the row's lane and position; query columns stay in y only (attention rotates them). A
+// head takes `head_stride(head_dim)` floats of a cache row (see attention.wgsl).
 fn write_cache(row: u32, column: u32, a: f32, b: f32) {
     if (column < p.q_width) {
         return;
@@ -281,18 +282,24 @@ fn write_cache(row: u32, column: u32, a: f32, b: f32) {
     var c = column - p.q_width;
     let pos = row_pos[row];
     let half = p.head_dim / 2u;
-    let slot = (row_lane[row] * p.capacity + pos) * kv_width;
-    if (c < kv_width) {
-        let entry = 2u * (pos * half + c % p.head_dim);
+    let stride = head_stride(p.head_dim);
+    let slot = (row_lane[row] * p.capacity + pos) * (kv_width / p.head_dim * stride);
+    let is_key = c < kv_width;
+    if (!is_key) {
+        c -= kv_width;
+    }
+    let i = c % p.head_dim;
+    let at = slot + c / p.head_dim * stride + i;
+    if (is_key) {
+        let entry = 2u * (pos * half + i);
         let cos = rope_table[entry];
         let sin = rope_table[entry + 1u];
-        k_cache[slot + c] = a * cos - b * sin;
-        k_cache[slot + c + half] = b * cos + a * sin;
+        k_cache[at] = a * cos - b * sin;
+        k_cache[at + half] = b * cos + a * sin;
         return;
     }
-    c -= kv_width;
-    v_cache[slot + c] = a;
-    v_cache[slot + c + half] = b;
+    v_cache[at] = a;
+    v_cache[at + half] = b;
 }
 
 // silu(gate) * up, rounded to BF16 when flag 2 rounds.

@@ -1,6 +1,6 @@
 // RMSNorm in FP32: y = x * 1/sqrt(mean(x^2) + eps) * w, one 256-invocation workgroup per
-// row reading vec4s (the width is a multiple of 4: every normed vector feeds a linear, whose
-// input width is a multiple of 8). With flag 1 the output is rounded to BF16 (when every
+// row reading vec4s (the width a multiple of 4, as the backbone's is); `rms_norm_any` reads
+// rows of any width (the voice tower's) element by element. With flag 1 the output is rounded to BF16 (when every
 // consumer is a linear, which rounds its input anyway: rounding once here keeps the linears
 // free of it).
 //
@@ -202,5 +202,30 @@ fn combine_rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     write_first(t, base, columns, inv, array<vec4<f32>, 4>(h0, h1, w0, w1));
     for (var i = t + 2u * WG; i < columns; i += WG) {
         y[base + i] = normed(h[base + i], inv, weight_vec(i));
+    }
+}
+
+// The rows and weights of `rms_norm_any`, as scalars.
+@group(0) @binding(9) var<storage, read> x_any: array<f32>;
+@group(0) @binding(10) var<storage, read> weight_any: array<u32>;
+@group(0) @binding(11) var<storage, read_write> y_any: array<f32>;
+
+// `rms_norm` at any width: invocation t sums the squares of elements t, t + WG, ... in
+// order, then writes those elements normed.
+@compute @workgroup_size(256)
+fn rms_norm_any(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let base = wg.x * p.width;
+    var sum = 0.0;
+    for (var i = t; i < p.width; i += WG) {
+        let v = x_any[base + i];
+        sum += v * v;
+    }
+    let inv = inverse_rms(t, sum);
+    for (var i = t; i < p.width; i += WG) {
+        var n = x_any[base + i] * inv * bf16_half(weight_any[i / 2u], i % 2u);
+        if ((p.flags & NORM_ROUND) != 0u) {
+            n = round_bf16(n);
+        }
+        y_any[base + i] = n;
     }
 }
