@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::{Args, ValueEnum};
 use drama_engine::session::MAX_LANES;
 use drama_engine::spec::{CheckpointNames, model_spec};
-use drama_graph::drama3::{StepShape, build};
+use drama_graph::drama3::{StepShape, build, plain};
 use drama_graph::dump::dump;
 use drama_graph::plan::plan;
 
@@ -17,6 +17,15 @@ enum Format {
     Text,
     Json,
     Dot,
+}
+
+/// Which graph to show.
+#[derive(Clone, Copy, PartialEq, ValueEnum)]
+enum Stage {
+    /// What the model computes, each op in its plainest form.
+    Plain,
+    /// After the passes: what the engine runs.
+    Scheduled,
 }
 
 /// Arguments of `drama graph`.
@@ -37,6 +46,9 @@ pub struct GraphArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
+    /// The plain graph (what the model computes) or the scheduled one (what runs).
+    #[arg(long, value_enum, default_value = "scheduled")]
+    stage: Stage,
 }
 
 /// Runs `drama graph`.
@@ -62,15 +74,23 @@ pub fn run(args: GraphArgs) -> Result<()> {
         concurrent_launches: args.gpu.backend().runs_launches_concurrently(),
         device_barriers: args.gpu.backend().has_device_barriers(),
     };
-    let graph = build(&model_spec(&checkpoint), &CheckpointNames, shape)?;
+    let spec = model_spec(&checkpoint);
+    let graph = match args.stage {
+        Stage::Plain => plain(&spec, &CheckpointNames, shape)?,
+        Stage::Scheduled => build(&spec, &CheckpointNames, shape)?,
+    };
     let planned = plan(&graph);
     let dumped = dump(&graph, &planned);
     match args.format {
         Format::Json => outln!("{}", dumped.json())?,
         Format::Dot => out!("{}", dumped.dot())?,
         Format::Text => {
+            let stage = match args.stage {
+                Stage::Plain => "plain (what the model computes)",
+                Stage::Scheduled => "scheduled (what runs)",
+            };
             outln!(
-                "decode step: {} lane(s), KV capacity {} positions, {}",
+                "decode step, {stage}: {} lane(s), KV capacity {} positions, {}",
                 args.lanes,
                 shape.capacity,
                 checkpoint.provenance

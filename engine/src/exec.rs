@@ -208,6 +208,10 @@ impl<'a> Lowering<'a> {
                 eps,
                 round_output,
             } => self.moe_combine_norm(node, *k, weight, *eps, *round_output),
+            Op::MoeCombine { .. } => Err(EngineError::Unsupported(format!(
+                "{}: a plain graph's combine runs only once the passes fuse it into the norm after it",
+                node.label
+            ))),
         }
     }
 

@@ -1,18 +1,15 @@
-//! The Drama 3 builder: compiles a model description into the static graph of one step
-//! (any number of token rows over any number of lanes: a prefill, a decode step, or both
-//! guidance lanes at once).
+//! The Drama 3 model as a graph: [`plain`] builds what one step computes (any number of
+//! token rows over any number of lanes: a prefill, a decode step, or both guidance lanes at
+//! once), each op in its plainest form; [`build`] hands that to the passes
+//! ([`crate::passes`]), which decide how it runs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use drama_kernels::{LinearInput, WeightFormat};
+use drama_kernels::{LinearInput, LinearWidth, WeightFormat};
 use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
-use crate::ir::{CacheWrite, DType, LinearMember, Op, PairHalf, Projection, RouterOp, ValueId, ValueKind};
-use crate::select::{
-    GROUPED_EXPERT_ROWS, expert_width, last_chunk_combines, linear_input, pairs, routes_beside_linear, shares_launch,
-    stacks_expert_swiglu, stacks_swiglu,
-};
+use crate::ir::{CacheWrite, DType, LinearMember, Op, Projection, RouterOp, ValueId, ValueKind};
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
 pub trait WeightNames {
@@ -147,203 +144,29 @@ pub const STEP_INPUTS: [&str; 4] = ["row_table", "row_index", "row_lane", "row_p
 /// Where an embedded row comes from (the values of `row_table`).
 pub use drama_kernels::row_source;
 
-/// The residual stream after a layer: a value, or a MoE layer's combine left to the norm
-/// that follows it.
-enum Residual {
-    Value(ValueId),
-    Combine {
-        /// The MoE layer.
-        layer: usize,
-        /// The inputs of its [`Op::MoeCombineNorm`] (the norm's own come with it).
-        inputs: Vec<ValueId>,
-        /// It has a shared expert.
-        shared: bool,
-    },
-}
-
-struct Build<'a> {
-    b: GraphBuilder,
-    spec: &'a ModelSpec,
-    names: &'a dyn WeightNames,
-    trace: bool,
-    /// Token rows of the step.
-    rows: usize,
-    /// See [`StepShape::concurrent_launches`].
-    concurrent: bool,
-    /// See [`StepShape::device_barriers`].
-    device_barriers: bool,
-    /// Values packed into BF16 pairs so far, and their packed copies.
-    packed: HashMap<ValueId, ValueId>,
-}
-
-impl Build<'_> {
-    fn format(&self, module: &str) -> WeightFormat {
-        self.spec.formats.get(module).copied().unwrap_or(WeightFormat::Bf16)
-    }
-
-    fn linear(
-        &mut self,
-        label: &str,
-        x: ValueId,
-        members: &[(String, usize, bool)],
-        round: bool,
-        residual: Option<ValueId>,
-    ) -> Result<ValueId, GraphError> {
-        let members = self.members(members);
-        self.linear_node(label, x, members, round, residual, false)
-    }
-
-    /// `x` as the step's linears read it ([`linear_input`]): for steps of many rows packed
-    /// into BF16 pairs, once, by a launch labelled after the first linear that reads it.
-    fn linear_input(&mut self, label: &str, x: ValueId) -> Result<(ValueId, LinearInput), GraphError> {
-        let input = linear_input(self.rows);
-        if input == LinearInput::F32 {
-            return Ok((x, input));
-        }
-        if let Some(&packed) = self.packed.get(&x) {
-            return Ok((packed, input));
-        }
-        let packed = self.b.node1(&format!("{label}.input"), Op::PackBf16, &[x])?;
-        self.packed.insert(x, packed);
-        Ok((packed, input))
-    }
-
-    fn members(&self, members: &[(String, usize, bool)]) -> Vec<LinearMember> {
-        members
-            .iter()
-            .map(|(weight, out, bias)| LinearMember {
-                format: self.format(weight),
-                weight: weight.clone(),
-                out: *out,
-                bias: *bias,
-            })
-            .collect()
-    }
-
-    fn linear_node(
-        &mut self,
-        label: &str,
-        x: ValueId,
-        members: Vec<LinearMember>,
-        round: bool,
-        residual: Option<ValueId>,
-        swiglu: bool,
-    ) -> Result<ValueId, GraphError> {
-        let in_features = self.b_width(x);
-        // The ragged-width kernel reads f32 rows (`WeightFormat::runs_ragged`).
-        let ragged = members.iter().any(|m| m.format.runs_ragged(in_features));
-        let (x, input) = if ragged {
-            (x, LinearInput::F32)
-        } else {
-            self.linear_input(label, x)?
-        };
-        self.b.node1(
-            label,
-            Op::Linear {
-                members,
-                in_features,
-                round_output: round,
-                residual: residual.is_some(),
-                swiglu,
-                cache_write: None,
-                beside: false,
-                input,
-            },
-            &[x].into_iter().chain(residual).collect::<Vec<_>>(),
-        )
-    }
-
-    /// The RMSNorm of the residual stream `x` (labelled `label` when `x` is a value), and the
-    /// stream itself: a MoE layer's pending combine is computed by the norm's launch
-    /// ([`Op::MoeCombineNorm`], labelled `layers.{i}.hidden` like the value it writes).
-    fn norm(&mut self, label: &str, x: Residual, weight: String) -> Result<(ValueId, ValueId), GraphError> {
-        let eps = self.spec.eps;
-        match x {
-            Residual::Value(x) => {
-                let op = Op::RmsNorm {
-                    weight,
-                    eps,
-                    round_output: true,
-                };
-                Ok((x, self.b.node1(label, op, &[x])?))
-            }
-            Residual::Combine { layer, inputs, shared } => {
-                let op = Op::MoeCombineNorm {
-                    k: self.spec.top_k,
-                    shared,
-                    weight,
-                    eps,
-                    round_output: true,
-                };
-                let outputs = self.b.node(&format!("layers.{layer}.hidden"), op, &inputs)?;
-                if self.trace {
-                    self.b.output(outputs[0]);
-                }
-                Ok((outputs[0], outputs[1]))
-            }
-        }
-    }
-
-    fn b_width(&self, x: ValueId) -> usize {
-        *self.b.shape(x).last().unwrap_or(&0)
-    }
-
-    fn swiglu_mlp(
-        &mut self,
-        label: &str,
-        x: ValueId,
-        modules: [String; 3],
-        width: usize,
-        down: (&str, Option<ValueId>),
-    ) -> Result<ValueId, GraphError> {
-        let h = self.spec.hidden;
-        let [gate_m, up_m, down_m] = modules;
-        let act = self.swiglu_act(label, x, [gate_m, up_m], width)?;
-        // The down projection: its label, and the residual stream it adds into (if any).
-        let (down_label, residual) = down;
-        self.linear(down_label, act, &[(down_m, h, false)], true, residual)
-    }
-
-    /// silu(gate(x)) * up(x), rounded to BF16.
-    fn swiglu_act(
-        &mut self,
-        label: &str,
-        x: ValueId,
-        modules: [String; 2],
-        width: usize,
-    ) -> Result<ValueId, GraphError> {
-        let [gate_m, up_m] = modules;
-        let members = self.members(&[(gate_m, width, false), (up_m, width, false)]);
-        // Stacked gate/up compute the SwiGLU in their epilogue; otherwise a separate node.
-        if stacks_swiglu(&members) {
-            return self.linear_node(&format!("{label}.act"), x, members, true, None, true);
-        }
-        let gate_up = self.linear_node(&format!("{label}.gate_up"), x, members, true, None, false)?;
-        self.b
-            .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate_up])
-    }
-}
-
 /// Floats per position of a layer's key (or value) cache: each KV head in whole vec4s
 /// ([`drama_kernels::head_stride`]), which is how attention reads them.
 pub fn kv_cache_width(kv_heads: usize, head_dim: usize) -> usize {
     kv_heads * drama_kernels::head_stride(head_dim)
 }
 
-/// Builds the graph of one step.
+/// The graph of one step as it runs: the plain graph after every pass
+/// ([`crate::passes::schedule`]).
 pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Result<Graph, GraphError> {
+    crate::passes::schedule(plain(spec, names, shape)?, &shape)
+}
+
+/// The graph of one step as the model defines it: every linear reads f32 rows and computes
+/// its own output, each SwiGLU and MoE combine is a node of its own, routing only routes,
+/// and no op carries a choice of how it runs. (The [q|k|v] projection writes the step's
+/// keys and values into the caches as the model's attention defines them.)
+pub fn plain(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Result<Graph, GraphError> {
     let s = spec;
     let (h, rows) = (s.hidden, shape.rows);
-    let kv_width = s.kv_heads * s.head_dim;
-    let mut g = Build {
+    let mut g = Plain {
         b: GraphBuilder::default(),
         spec,
-        names,
         trace: shape.trace,
-        rows: shape.rows,
-        concurrent: shape.concurrent_launches,
-        device_barriers: shape.device_barriers,
-        packed: HashMap::new(),
     };
     let row_table = g.b.input("row_table", vec![rows], DType::U32, ValueKind::Input);
     let row_index = g.b.input("row_index", vec![rows], DType::U32, ValueKind::Input);
@@ -359,8 +182,9 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
         text: names.global(GlobalWeight::EmbedTokens),
         audio: names.global(GlobalWeight::AudioEmbed),
     };
-    let mut x = Residual::Value(g.b.node1("embed", embed, &[row_table, row_index, prefixes])?);
+    let mut x = g.b.node1("embed", embed, &[row_table, row_index, prefixes])?;
     let cache_shape = vec![shape.lanes * shape.capacity, kv_cache_width(s.kv_heads, s.head_dim)];
+    let kv_width = s.kv_heads * s.head_dim;
     for (i, moe) in s.layers.iter().enumerate() {
         let l = |w: LayerWeight| names.layer(w, i);
         let at = |what: &str| format!("layers.{i}.{what}");
@@ -368,80 +192,84 @@ pub fn build(spec: &ModelSpec, names: &dyn WeightNames, shape: StepShape) -> Res
             g.b.input(&at("k_cache"), cache_shape.clone(), DType::F32, ValueKind::State);
         let v_cache =
             g.b.input(&at("v_cache"), cache_shape.clone(), DType::F32, ValueKind::State);
-        let (stream, normed) = g.norm(&at("input_norm"), x, l(LayerWeight::InputNorm))?;
-        // The [q|k|v] projection also writes this step's keys and values into the caches.
+        let normed = g.norm(&at("input_norm"), x, l(LayerWeight::InputNorm))?;
+        // The [q|k|v] projection, which also writes this step's keys and values into the caches.
         let members = g.members(&[
             (l(LayerWeight::Q), s.heads * s.head_dim, true),
             (l(LayerWeight::K), kv_width, true),
             (l(LayerWeight::V), kv_width, true),
         ]);
-        let (qkv_input, input) = g.linear_input(&at("qkv_proj"), normed)?;
+        let cache_write = Some(CacheWrite {
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            head_dim: s.head_dim,
+        });
         let qkv = g.b.node1(
             &at("qkv_proj"),
-            Op::Linear {
-                members,
-                in_features: h,
-                round_output: true,
-                residual: false,
-                swiglu: false,
-                cache_write: Some(CacheWrite {
-                    heads: s.heads,
-                    kv_heads: s.kv_heads,
-                    head_dim: s.head_dim,
-                }),
-                beside: false,
-                input,
-            },
-            &[qkv_input, row_lane, row_pos, k_cache, v_cache],
+            plain_linear(members, h, true, false, cache_write),
+            &[normed, row_lane, row_pos, k_cache, v_cache],
         )?;
-        let attended = g.b.node1(
-            &at("attention"),
-            Op::Attention {
-                heads: s.heads,
-                kv_heads: s.kv_heads,
-                head_dim: s.head_dim,
-                round_output: true,
-                last_chunk_combines: last_chunk_combines(rows, g.device_barriers),
-            },
-            &[qkv, row_lane, row_pos, k_cache, v_cache],
-        )?;
+        let attention = Op::Attention {
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            head_dim: s.head_dim,
+            round_output: true,
+            last_chunk_combines: false,
+        };
+        let attended =
+            g.b.node1(&at("attention"), attention, &[qkv, row_lane, row_pos, k_cache, v_cache])?;
         // The residual stream after attention: x + o_proj(attended).
-        let stream = g.linear(
+        let o_proj = g.members(&[(l(LayerWeight::O), h, false)]);
+        let stream = g.b.node1(
             &at("o_proj"),
-            attended,
-            &[(l(LayerWeight::O), h, false)],
-            true,
-            Some(stream),
+            plain_linear(o_proj, s.heads * s.head_dim, true, true, None),
+            &[attended, x],
         )?;
-        let (stream, normed) = g.norm(&at("post_norm"), Residual::Value(stream), l(LayerWeight::PostNorm))?;
+        let normed = g.norm(&at("post_norm"), stream, l(LayerWeight::PostNorm))?;
         x = match moe {
             None => {
-                let modules = [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Dense(p)));
-                let hidden = g.swiglu_mlp(
-                    &at("mlp"),
-                    normed,
-                    modules,
-                    s.dense_width,
-                    (&at("hidden"), Some(stream)),
-                )?;
-                if g.trace {
-                    g.b.output(hidden);
-                }
-                Residual::Value(hidden)
+                let [gate, up, down] =
+                    [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Dense(p)));
+                let act = g.swiglu(&at("mlp"), normed, [gate, up], s.dense_width)?;
+                let down = g.members(&[(down, h, false)]);
+                g.b.node1(
+                    &at("hidden"),
+                    plain_linear(down, s.dense_width, true, true, None),
+                    &[act, stream],
+                )?
             }
-            Some(moe) => moe_block(&mut g, i, moe, stream, normed)?,
+            Some(moe) => moe_block(&mut g, names, i, moe, stream, normed)?,
         };
+        if g.trace {
+            g.b.output(x);
+        }
     }
-    let (_, normed) = g.norm("final_norm", x, names.global(GlobalWeight::FinalNorm))?;
-    let logits = g.linear(
-        "logits",
-        normed,
-        &[(names.global(GlobalWeight::AudioHead), s.audio_vocab, false)],
-        false,
-        None,
-    )?;
+    let normed = g.norm("final_norm", x, names.global(GlobalWeight::FinalNorm))?;
+    let head = g.members(&[(names.global(GlobalWeight::AudioHead), s.audio_vocab, false)]);
+    let logits =
+        g.b.node1("logits", plain_linear(head, h, false, false, None), &[normed])?;
     g.b.output(logits);
     Ok(g.b.finish())
+}
+
+/// A linear in its plain form: f32 input, its own launch, no SwiGLU.
+fn plain_linear(
+    members: Vec<LinearMember>,
+    in_features: usize,
+    round_output: bool,
+    residual: bool,
+    cache_write: Option<CacheWrite>,
+) -> Op {
+    Op::Linear {
+        members,
+        in_features,
+        round_output,
+        residual,
+        swiglu: false,
+        cache_write,
+        beside: false,
+        input: LinearInput::F32,
+    }
 }
 
 /// The members of each linear of a step (each half of a linear pair and the linear beside
@@ -473,48 +301,83 @@ pub fn linear_groups(spec: &ModelSpec, names: &dyn WeightNames) -> Result<Vec<(V
         .collect())
 }
 
-/// A MoE layer up to its combine, which the next norm computes (see [`Residual`]).
-fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: ValueId) -> Result<Residual, GraphError> {
+struct Plain<'a> {
+    b: GraphBuilder,
+    spec: &'a ModelSpec,
+    trace: bool,
+}
+
+impl Plain<'_> {
+    fn members(&self, members: &[(String, usize, bool)]) -> Vec<LinearMember> {
+        members
+            .iter()
+            .map(|(weight, out, bias)| LinearMember {
+                format: self.spec.formats.get(weight).copied().unwrap_or(WeightFormat::Bf16),
+                weight: weight.clone(),
+                out: *out,
+                bias: *bias,
+            })
+            .collect()
+    }
+
+    /// The RMSNorm of `x`, rounded to BF16 (its readers are linears).
+    fn norm(&mut self, label: &str, x: ValueId, weight: String) -> Result<ValueId, GraphError> {
+        let op = Op::RmsNorm {
+            weight,
+            eps: self.spec.eps,
+            round_output: true,
+        };
+        self.b.node1(label, op, &[x])
+    }
+
+    /// silu(gate(x)) * up(x), rounded to BF16: the [gate | up] linear (`{label}.gate_up`),
+    /// then the SwiGLU (`{label}.act`).
+    fn swiglu(&mut self, label: &str, x: ValueId, modules: [String; 2], width: usize) -> Result<ValueId, GraphError> {
+        let [gate, up] = modules;
+        let members = self.members(&[(gate, width, false), (up, width, false)]);
+        let in_features = *self.b.shape(x).last().unwrap_or(&0);
+        let gate_up = self.b.node1(
+            &format!("{label}.gate_up"),
+            plain_linear(members, in_features, true, false, None),
+            &[x],
+        )?;
+        self.b
+            .node1(&format!("{label}.act"), Op::Swiglu { round_output: true }, &[gate_up])
+    }
+}
+
+/// A MoE layer: router logits (with the shared expert's gate logit as the last column),
+/// the shared expert, routing, the routed experts, and their combine into the residual
+/// stream `x`, labelled `layers.{i}.hidden`.
+fn moe_block(
+    g: &mut Plain<'_>,
+    names: &dyn WeightNames,
+    i: usize,
+    moe: &MoeSpec,
+    x: ValueId,
+    normed: ValueId,
+) -> Result<ValueId, GraphError> {
     let s = g.spec;
-    let l = |w: LayerWeight| g.names.layer(w, i);
+    let l = |w: LayerWeight| names.layer(w, i);
     let at = |what: &str| format!("layers.{i}.{what}");
     let router_rows = if moe.full_width_router { s.num_experts } else { moe.kept };
-    // With a shared expert its gate logit comes from the same node, as the last column.
-    let gate_column = s.shared_width > 0;
+    let shared = s.shared_width > 0;
     let mut members = vec![(l(LayerWeight::Router), router_rows, false)];
-    if gate_column {
+    if shared {
         members.push((l(LayerWeight::SharedGate), 1, false));
     }
-    let router = PairHalf {
-        members: g.members(&members),
-        round_output: false,
-        swiglu: false,
-    };
+    let members = g.members(&members);
+    let logits = g.b.node1(
+        &at("router_logits"),
+        plain_linear(members, s.hidden, false, false, None),
+        &[normed],
+    )?;
     let [shared_gate, shared_up, shared_down] =
         [Projection::Gate, Projection::Up, Projection::Down].map(|p| l(LayerWeight::Shared(p)));
-    let shared = PairHalf {
-        members: g.members(&[
-            (shared_gate.clone(), s.shared_width, false),
-            (shared_up.clone(), s.shared_width, false),
-        ]),
-        round_output: true,
-        swiglu: true,
-    };
-    // The router logits and the shared expert's activation read the same row: one launch
-    // computes both where it can.
-    let (logits, shared_act) = if s.shared_width > 0 && pairs(&router, &shared) {
-        let (pair_input, input) = g.linear_input(&at("router_logits"), normed)?;
-        let pair = Op::LinearPair {
-            first: router,
-            second: shared,
-            in_features: g.b_width(normed),
-            input,
-        };
-        let outputs = g.b.node(&at("router_logits"), pair, &[pair_input])?;
-        (outputs[0], Some(outputs[1]))
+    let shared_act = if shared {
+        Some(g.swiglu(&at("shared_expert"), normed, [shared_gate, shared_up], s.shared_width)?)
     } else {
-        let logits = g.linear_node(&at("router_logits"), normed, router.members, false, None, false)?;
-        (logits, None)
+        None
     };
     let route = RouterOp {
         layer: i,
@@ -528,127 +391,45 @@ fn moe_block(g: &mut Build<'_>, i: usize, moe: &MoeSpec, x: ValueId, normed: Val
         n_group: s.n_group,
         topk_group: s.topk_group,
         group_size: s.num_experts / s.n_group.max(1),
-        gate_column,
+        gate_column: shared,
     };
-    // The shared expert's activation.
-    let shared_act = match shared_act {
-        Some(act) => Some(act),
-        None if s.shared_width > 0 => {
-            Some(g.swiglu_act(&at("shared_expert"), normed, [shared_gate, shared_up], s.shared_width)?)
-        }
-        None => None,
-    };
-    // Its down projection reads nothing routing or the routed experts write. Where launches
-    // run one after another, routing's launch computes it too where it can (a launch fewer
-    // per layer). Where a launch that needs no barrier runs beside the one before it, it is a
-    // launch of its own beside the routed gate/up, and routing lists its input so that the
-    // barrier before routing makes that visible: the projection then overlaps the routed
-    // experts instead of lengthening routing's launch, which the steps wait on (the same bits).
-    let shared_down = PairHalf {
-        members: g.members(&[(shared_down, s.hidden, false)]),
-        round_output: true,
-        swiglu: false,
-    };
-    // A BF16 width the main linear kernel cannot read runs in the ragged-width kernel: a
-    // launch of its own after the ones before it, reading f32 rows.
-    let ragged_down = shared_down.members.iter().any(|m| m.format.runs_ragged(s.shared_width));
-    let fused = shared_act.filter(|_| {
-        !g.concurrent && !ragged_down && shares_launch(&shared_down) && routes_beside_linear(g.rows, route.kept)
-    });
-    let listed = if g.concurrent { shared_act } else { fused };
-    let op = Op::Router {
-        route,
-        linear: fused.map(|_| shared_down.clone()),
-    };
-    let routed = g.b.node(
-        &at("router"),
-        op,
-        &[logits].into_iter().chain(listed).collect::<Vec<_>>(),
-    )?;
+    let routed = g.b.node(&at("router"), Op::Router { route, linear: None }, &[logits])?;
     let (ids, weights) = (routed[0], routed[1]);
     if g.trace {
         g.b.output(ids);
         g.b.output(weights);
     }
-    // Steps of many rows group their slots by expert once per layer (see GROUPED_EXPERT_ROWS).
-    let groups = if g.rows >= GROUPED_EXPERT_ROWS {
-        let grouping = Op::GroupSlots { experts: moe.kept };
-        g.b.node(&at("group_slots"), grouping, &[ids])?
-    } else {
-        Vec::new()
+    let experts = |projections: &[Projection], in_features: usize, out: usize| Op::Experts {
+        layer: i,
+        projections: projections
+            .iter()
+            .map(|&p| (p, moe.expert_formats[p as usize]))
+            .collect(),
+        out,
+        in_features,
+        k: s.top_k,
+        swiglu: false,
+        grouped: false,
+        workgroup: LinearWidth::Standard,
     };
-    // Grouped launches read their input as BF16 pairs (see `linear_input`).
-    let grouped = !groups.is_empty();
-    let expert =
-        |g: &mut Build<'_>, label: &str, projections: &[Projection], input: ValueId, out: usize, swiglu: bool| {
-            let in_features = *g.b.shape(input).last().unwrap_or(&0);
-            let (input, _) = g.linear_input(&at(label), input)?;
-            g.b.node1(
-                &at(label),
-                Op::Experts {
-                    layer: i,
-                    projections: projections
-                        .iter()
-                        .map(|&p| (p, moe.expert_formats[p as usize]))
-                        .collect(),
-                    out,
-                    in_features,
-                    k: s.top_k,
-                    swiglu,
-                    grouped,
-                    workgroup: expert_width(g.rows),
-                },
-                &[input, ids]
-                    .into_iter()
-                    .chain(groups.iter().copied())
-                    .collect::<Vec<_>>(),
-            )
-        };
-    let gate_up = [Projection::Gate, Projection::Up];
-    let [gate_format, up_format, _] = moe.expert_formats;
-    // Stacked gate/up experts compute the SwiGLU in their epilogue; otherwise a separate node.
-    let act = if stacks_expert_swiglu(gate_format, up_format) {
-        expert(g, "experts.act", &gate_up, normed, s.expert_width, true)?
-    } else {
-        let both = expert(g, "experts.gate_up", &gate_up, normed, s.expert_width, false)?;
-        g.b.node1(&at("experts.act"), Op::Swiglu { round_output: true }, &[both])?
-    };
-    let shared = match shared_act {
-        Some(_) if fused.is_some() => Some(routed[2]),
+    let gate_up = experts(&[Projection::Gate, Projection::Up], s.hidden, s.expert_width);
+    let gate_up = g.b.node1(&at("experts.gate_up"), gate_up, &[normed, ids])?;
+    let act =
+        g.b.node1(&at("experts.act"), Op::Swiglu { round_output: true }, &[gate_up])?;
+    let shared_out = match shared_act {
         Some(act) => {
-            // Beside the launch before it, it reads what routing lists: the activation as
-            // the pair wrote it. One after another, it reads what the step's linears read.
-            let beside = g.concurrent && !ragged_down;
-            let (act, input) = if beside || ragged_down {
-                (act, LinearInput::F32)
-            } else {
-                g.linear_input(&at("shared_expert.down"), act)?
-            };
-            Some(g.b.node1(
-                &at("shared_expert.down"),
-                Op::Linear {
-                    members: shared_down.members,
-                    in_features: s.shared_width,
-                    round_output: true,
-                    residual: false,
-                    swiglu: false,
-                    cache_write: None,
-                    beside,
-                    input,
-                },
-                &[act],
-            )?)
+            let down = g.members(&[(shared_down, s.hidden, false)]);
+            let linear = plain_linear(down, s.shared_width, true, false, None);
+            Some(g.b.node1(&at("shared_expert.down"), linear, &[act])?)
         }
         None => None,
     };
-    let down = expert(g, "experts.down", &[Projection::Down], act, s.hidden, false)?;
+    let down = experts(&[Projection::Down], s.expert_width, s.hidden);
+    let down = g.b.node1(&at("experts.down"), down, &[act, ids])?;
     let mut inputs = vec![x, down, weights];
-    if let Some(shared) = shared {
-        inputs.extend([logits, shared]);
+    if let Some(shared_out) = shared_out {
+        inputs.extend([logits, shared_out]);
     }
-    Ok(Residual::Combine {
-        layer: i,
-        inputs,
-        shared: shared_act.is_some(),
-    })
+    let combine = Op::MoeCombine { k: s.top_k, shared };
+    g.b.node1(&at("hidden"), combine, &inputs)
 }

@@ -85,8 +85,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(!members.is_empty(), || "no linears".into())?;
             let out: usize = members.iter().map(|m| m.out).sum();
             if *swiglu {
-                expect(crate::select::stacks_swiglu(members) && !*residual, || {
-                    "a SwiGLU linear needs stackable [gate, up] members of one width, no bias, no residual".into()
+                expect(is_gate_up(members) && !*residual, || {
+                    "a SwiGLU linear needs [gate, up] members of one width and no residual".into()
                 })?;
                 let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
                 return Ok(vec![(vec![rows_of(x), members[0].out], dtype)]);
@@ -123,8 +123,10 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             expect(x.dtype == dtype && width_of(x) == *in_features, || {
                 format!("x must be {dtype:?} of width {in_features}")
             })?;
-            expect(crate::select::pairs(first, second), || {
-                "a linear pair needs bias-free BF16 members, a SwiGLU half a [gate, up] pair of one width".into()
+            let half_fits =
+                |half: &crate::ir::PairHalf| !half.members.is_empty() && (!half.swiglu || is_gate_up(&half.members));
+            expect(half_fits(first) && half_fits(second), || {
+                "a linear pair needs members in each half, a SwiGLU half [gate, up] of one width".into()
             })?;
             let output = |half: &crate::ir::PairHalf| {
                 let dtype = if half.round_output { DType::Bf16 } else { DType::F32 };
@@ -180,8 +182,8 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 })?;
             }
             if let Some(linear) = linear {
-                expect(crate::select::shares_launch(linear) && !linear.swiglu, || {
-                    "the linear beside routing needs bias-free BF16 members and no SwiGLU".into()
+                expect(!linear.members.is_empty() && !linear.swiglu, || {
+                    "the linear beside routing needs members and no SwiGLU".into()
                 })?;
                 let dtype = if linear.round_output { DType::Bf16 } else { DType::F32 };
                 outputs.push((vec![rows, linear.width()], dtype));
@@ -208,10 +210,10 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                     "the slot order must hold every slot".into()
                 })?;
             }
-            let x_dtype = if *grouped { DType::Bf16Pairs } else { DType::Bf16 };
-            expect(x.dtype == x_dtype && width_of(x) == *in_features, || {
-                format!("x must be {x_dtype:?} of width in_features")
-            })?;
+            expect(
+                matches!(x.dtype, DType::Bf16 | DType::Bf16Pairs) && width_of(x) == *in_features,
+                || format!("x must be BF16 values of width {in_features}"),
+            )?;
             expect(ids.dtype == DType::U32 && width_of(ids) == *k, || {
                 "ids must be U32 [tokens, k]".into()
             })?;
@@ -224,14 +226,11 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
                 format!("x must have {x_rows} rows, has {}", rows_of(x))
             })?;
             if *swiglu {
-                let stackable = matches!(
+                let gate_up = matches!(
                     projections.as_slice(),
-                    [(crate::ir::Projection::Gate, g), (crate::ir::Projection::Up, u)]
-                        if crate::select::stacks_expert_swiglu(*g, *u)
+                    [(crate::ir::Projection::Gate, _), (crate::ir::Projection::Up, _)]
                 );
-                expect(stackable, || {
-                    "a SwiGLU expert node needs [gate, up] of one stackable format".into()
-                })?;
+                expect(gate_up, || "a SwiGLU expert node needs [gate, up]".into())?;
                 return Ok(vec![(vec![slots, *out], DType::Bf16)]);
             }
             Ok(vec![(vec![slots, out * projections.len()], DType::Bf16)])
@@ -268,43 +267,53 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
             Ok(vec![(vec![rows_of(inputs[0]), width / 2], dtype)])
         }
+        Op::MoeCombine { k, shared } => {
+            let residual = combine_inputs(inputs, *k, *shared)?;
+            Ok(vec![(residual.to_vec(), DType::F32)])
+        }
         Op::MoeCombineNorm {
             k,
             shared,
             round_output,
             ..
         } => {
-            arity(inputs, if *shared { 5 } else { 3 })?;
-            let residual = inputs[0];
-            let tokens = rows_of(residual);
-            let width = width_of(residual);
-            expect(residual.shape.len() == 2 && width.is_multiple_of(4), || {
-                format!(
-                    "the residual must be 2-D, a multiple of 4 wide, is {:?}",
-                    residual.shape
-                )
-            })?;
-            expect(shape_of(inputs[1]) == [tokens * k, width], || {
-                "expert outputs must be [tokens * k, width]".into()
-            })?;
-            expect(shape_of(inputs[2]) == [tokens, *k], || {
-                "weights must be [tokens, k]".into()
-            })?;
-            if *shared {
-                expect(inputs[3].shape.len() == 2 && rows_of(inputs[3]) == tokens, || {
-                    "the router logits must be [tokens, width]".into()
-                })?;
-                expect(shape_of(inputs[4]) == [tokens, width], || {
-                    "the shared expert's output must be [tokens, width]".into()
-                })?;
-            }
+            let residual = combine_inputs(inputs, *k, *shared)?;
             let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
-            Ok(vec![
-                (residual.shape.clone(), DType::F32),
-                (residual.shape.clone(), dtype),
-            ])
+            Ok(vec![(residual.to_vec(), DType::F32), (residual.to_vec(), dtype)])
         }
     }
+}
+
+/// Checks a MoE combine's inputs (residual, routed outputs, weights, and with `shared` the
+/// router logits and the shared expert's output) and returns the residual's shape.
+fn combine_inputs<'a>(inputs: &[&'a Value], k: usize, shared: bool) -> Result<&'a [usize], String> {
+    arity(inputs, if shared { 5 } else { 3 })?;
+    let residual = inputs[0];
+    let tokens = rows_of(residual);
+    let width = width_of(residual);
+    expect(residual.shape.len() == 2, || {
+        format!("the residual must be 2-D, is {:?}", residual.shape)
+    })?;
+    expect(shape_of(inputs[1]) == [tokens * k, width], || {
+        "expert outputs must be [tokens * k, width]".into()
+    })?;
+    expect(shape_of(inputs[2]) == [tokens, k], || {
+        "weights must be [tokens, k]".into()
+    })?;
+    if shared {
+        expect(inputs[3].shape.len() == 2 && rows_of(inputs[3]) == tokens, || {
+            "the router logits must be [tokens, width]".into()
+        })?;
+        expect(shape_of(inputs[4]) == [tokens, width], || {
+            "the shared expert's output must be [tokens, width]".into()
+        })?;
+    }
+    Ok(&residual.shape)
+}
+
+/// Whether linear members are a [gate, up] pair of one width (a SwiGLU's).
+fn is_gate_up(members: &[crate::ir::LinearMember]) -> bool {
+    members.len() == 2 && members[0].out == members[1].out
 }
 
 /// The dtype a linear reading `input` takes.

@@ -257,8 +257,9 @@ pub enum Op {
         experts: usize,
     },
     /// Routed-expert projections of one input, expert per slot read on the GPU, outputs
-    /// side by side (gate and up together). Inputs: x (BF16; with `grouped` as BF16 pairs),
-    /// ids, and with `grouped` the blocks and order of a [`Op::GroupSlots`].
+    /// side by side (gate and up together). Inputs: x (BF16 values, as f32 or as BF16
+    /// pairs: the grouped kernels read pairs), ids, and with `grouped` the blocks and order
+    /// of a [`Op::GroupSlots`].
     Experts {
         /// Decoder layer.
         layer: usize,
@@ -288,6 +289,16 @@ pub enum Op {
     Swiglu {
         /// Round to BF16 (feeds a down projection).
         round_output: bool,
+    },
+    /// A MoE layer's combine into the residual stream: h = residual + sum_j weight_j *
+    /// routed_j (+ sigmoid(gate) * shared with `shared`), the experts in the router's order
+    /// (ascending original id). Inputs as [`Op::MoeCombineNorm`]'s; output: h (F32). The
+    /// plain graph's form: the passes compute it in the launch of the norm after it.
+    MoeCombine {
+        /// Experts per token.
+        k: usize,
+        /// The layer has a shared expert.
+        shared: bool,
     },
     /// A MoE layer's combine into the residual stream, then the RMSNorm that follows it
     /// (the next layer's input norm, or the final norm) in the same launch:
@@ -329,6 +340,7 @@ impl Op {
             Op::GroupSlots { .. } => "group_slots",
             Op::PackBf16 => "pack_bf16",
             Op::Swiglu { .. } => "swiglu",
+            Op::MoeCombine { .. } => "moe_combine",
             Op::MoeCombineNorm { .. } => "moe_combine_norm",
         }
     }

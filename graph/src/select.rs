@@ -159,6 +159,8 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         Op::Swiglu { .. } => vec![Kernel::Swiglu],
         Op::PackBf16 => vec![Kernel::PackBf16],
         Op::MoeCombineNorm { .. } => vec![Kernel::CombineRmsNorm],
+        // The plain graph's combine: the passes compute it in the norm's launch.
+        Op::MoeCombine { .. } => Vec::new(),
     }
 }
 

@@ -4,54 +4,14 @@
 //! about 2.1 us on an H200 before it reads a byte, so the count of those is part of the
 //! step's cost: a change that adds one per layer fails here.
 
-use std::collections::BTreeMap;
+mod common;
 
-use drama_graph::drama3::{self, GlobalWeight, LayerWeight, ModelSpec, MoeSpec, StepShape, WeightNames};
+use common::{Names, bench_spec};
+use drama_graph::drama3::{self, StepShape};
 use drama_graph::plan::plan;
 use drama_graph::select::{PIPELINE_ROWS, kernels_of};
 use drama_graph::{Graph, Node, Op, ValueId};
 use drama_kernels::{KeptCapacity, Kernel, LinearInput, WeightFormat};
-
-struct Names;
-
-impl WeightNames for Names {
-    fn layer(&self, template: LayerWeight, layer: usize) -> String {
-        format!("layers.{layer}.{template:?}")
-    }
-
-    fn global(&self, which: GlobalWeight) -> String {
-        format!("{which:?}")
-    }
-}
-
-fn bench_spec() -> ModelSpec {
-    let moe = MoeSpec {
-        kept: 128,
-        full_width_router: false,
-        score_bias: false,
-        expert_formats: [WeightFormat::Nvfp4; 3],
-    };
-    ModelSpec {
-        hidden: 2048,
-        heads: 16,
-        kv_heads: 4,
-        head_dim: 128,
-        eps: 1e-6,
-        audio_vocab: 4098,
-        dense_width: 6144,
-        expert_width: 768,
-        shared_width: 2048,
-        top_k: 8,
-        num_experts: 256,
-        sigmoid: false,
-        norm_topk_prob: true,
-        routed_scaling_factor: 1.0,
-        n_group: 1,
-        topk_group: 1,
-        layers: (0..24).map(|i| (i != 0).then(|| moe.clone())).collect(),
-        formats: BTreeMap::new(),
-    }
-}
 
 /// A step of `rows` rows, for a device like Vulkan's (`vulkan`: launches that need no barrier
 /// run beside the one before them, and storage barriers have device scope) or like Metal's

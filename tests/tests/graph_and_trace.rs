@@ -59,6 +59,20 @@ fn graph_dumps_text_json_and_dot() {
             && text.contains("kernel launches per step"),
         "{text}"
     );
+    // The plain graph: each SwiGLU and MoE combine a node of its own, no linear pair.
+    let (code, plain, err) = drama_text(&["graph", "--checkpoint", c, "--stage", "plain"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        plain.starts_with("decode step, plain")
+            && plain.contains("layers.1.hidden              moe_combine")
+            && plain.contains("layers.0.mlp.act             swiglu")
+            && !plain.contains("linear_pair"),
+        "{plain}"
+    );
+    assert!(
+        text.contains("moe_combine_norm") && !text.contains(" moe_combine "),
+        "{text}"
+    );
     let (code, json, _) = drama_text(&["graph", "--checkpoint", c, "--format", "json"]);
     assert_eq!(code, Some(0));
     let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
