@@ -135,7 +135,7 @@ def other_table(d, serve):
         rows.append([f"`drama serve`, {s['clients']} client(s), {s['requests_per_client']} requests each",
                      f"{s['audio_seconds_per_second']:.2f} s of audio per second, first audio after "
                      f"{s['ttfa_s_median']:.3f} s (median), {len(s['errors'])} errors"])
-    table(["measurement", "H200"], rows)
+    table(["measurement", d["machine"]["adapter"]["adapter"]], rows)
 
 
 print(f"<!-- {args.results}: commit {d['machine']['commit']}, {d['machine']['adapter']['adapter']}, "

@@ -1152,3 +1152,98 @@ fn staging_on_a_lost_device_is_an_error_not_a_panic() {
         "{error}"
     );
 }
+
+/// Logits of one kind: spread floats, values full of ties (quantised), positive or negative
+/// near-ties (within a few 2^-16 of each other, so some share a level and some do not), or
+/// extremes
+/// (infinities, saturating magnitudes, subnormals, signed zeros).
+fn sampling_logits(rng: &mut impl Rng, kind: usize, vocab: usize) -> Vec<f32> {
+    (0..vocab)
+        .map(|_| {
+            let unit = (rng.next_u32() as f32 / u32::MAX as f32) * 2.0 - 1.0;
+            match kind {
+                0 => unit * 12.0,
+                1 => ((rng.next_u32() % 9) as f32 - 4.0) * 0.5,
+                2 => 3.0 + (rng.next_u32() % 64) as f32 * 2f32.powi(-18),
+                3 => -3.0 + (rng.next_u32() % 64) as f32 * 2f32.powi(-18),
+                _ => [
+                    f32::INFINITY,
+                    f32::NEG_INFINITY,
+                    1e30,
+                    -1e30,
+                    1e-40,
+                    -0.0,
+                    0.0,
+                    unit * 40000.0,
+                ][(rng.next_u32() % 8) as usize],
+            }
+        })
+        .collect()
+}
+
+/// The GPU's sampling kernel picks the host's token (`sampling::exact::choose`) for every
+/// row: thousands of logit vectors of every kind, with random temperatures, top-k and top-p
+/// (including none, and cuts inside a run of ties), random draws and forbidden ids; a row
+/// with a NaN gives no token on both. Runs in the fast-math emulation too.
+#[test]
+fn sampling_on_the_gpu_picks_the_hosts_tokens() {
+    use drama_engine::sampling::exact::{self, ExactSettings, ExpTables};
+    use drama_engine::sampling::gpu::GpuSampler;
+    let mut rng = rng("gpu sampling");
+    let gpu = gpu();
+    let sampler = GpuSampler::new(gpu);
+    let tables = ExpTables::new();
+    let mut compared = 0;
+    let mut distinct = std::collections::HashSet::new();
+    for (vocab, rows) in [(4098usize, 96usize), (300, 512), (7, 1024), (1000, 256), (2, 256)] {
+        for batch in 0..8 {
+            let mut logits = Vec::new();
+            let mut settings = Vec::new();
+            for row in 0..rows / 4 {
+                let mut values = sampling_logits(&mut rng, (row + batch) % 5, vocab);
+                if row % 97 == 5 {
+                    values[rng.next_u32() as usize % vocab] = f32::NAN;
+                }
+                logits.extend(values);
+                let tau = match rng.next_u32() % 4 {
+                    0 => 0,
+                    1 => 1 << 10,
+                    _ => 1 + rng.next_u32() % 10240,
+                };
+                let top_k = [0, 1, 2, 5, 50, vocab as u32 + 3][rng.next_u32() as usize % 6];
+                let top_p = match rng.next_u32() % 3 {
+                    0 => 1 << 24,
+                    1 => 1 + rng.next_u32() % (1 << 24),
+                    _ => 1 + rng.next_u32() % 4096,
+                };
+                let forbidden = rng.next_u32() as usize % (vocab + 1);
+                let random = rng.next_u32();
+                settings.push((
+                    ExactSettings {
+                        tau,
+                        top_k,
+                        top_p,
+                        random,
+                    },
+                    forbidden,
+                ));
+            }
+            let got = sampler.sample(gpu, &logits, vocab, &settings).unwrap();
+            for (row, ((s, forbidden), token)) in settings.iter().zip(&got).enumerate() {
+                let want = exact::choose(&tables, &logits[row * vocab..(row + 1) * vocab], *forbidden, s);
+                assert_eq!(
+                    *token,
+                    want.map(|t| t as u32),
+                    "vocab {vocab}, batch {batch}, row {row}: {s:?}, forbidden {forbidden}"
+                );
+                distinct.insert((vocab, *token));
+                compared += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{compared} rows sampled alike on the GPU and the host ({} distinct tokens)",
+        distinct.len()
+    );
+    assert_eq!(compared, (96 + 512 + 1024 + 256 + 256) / 4 * 8);
+}

@@ -6,7 +6,7 @@ use crate::format::{ConvOutput, KeptCapacity, LinearInput, LinearWidth, WeightFo
 use crate::module::Module;
 use crate::params::{
     AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, GroupParams, LinearParams, NormParams,
-    ProbeParams, RouterParams,
+    ProbeParams, RouterParams, SampleParams,
 };
 use crate::tuning::{DENSE_LINEAR_WIDTH, SHARED_LAUNCH_LINEAR_WIDTH};
 
@@ -77,6 +77,8 @@ pub enum Kernel {
     Gelu,
     /// Mean over rows.
     MeanRows,
+    /// One token per row of logits, as the contract's integer sampling defines it.
+    Sample,
     /// Streams a buffer: the bandwidth roofline.
     ReadBandwidth,
     /// Converts f16 pairs to f32 (the subnormal probe).
@@ -127,6 +129,8 @@ pub enum ParamBlock {
     Probe,
     /// [`BandwidthParams`].
     Bandwidth,
+    /// [`SampleParams`].
+    Sample,
 }
 
 impl ParamBlock {
@@ -142,6 +146,7 @@ impl ParamBlock {
             ParamBlock::Codec => size_of::<CodecParams>(),
             ParamBlock::Probe => size_of::<ProbeParams>(),
             ParamBlock::Bandwidth => size_of::<BandwidthParams>(),
+            ParamBlock::Sample => size_of::<SampleParams>(),
         }
     }
 }
@@ -244,6 +249,7 @@ impl Kernel {
             Kernel::ShiftHistory,
             Kernel::Gelu,
             Kernel::MeanRows,
+            Kernel::Sample,
             Kernel::ReadBandwidth,
             Kernel::UnpackF16,
         ]);
@@ -435,6 +441,15 @@ impl Kernel {
             K::Snake => entry(Module::Codec, "snake", &[0, 1, 3, 5], CODEC, None, 64),
             // params, x, hist, y
             K::ShiftHistory => entry(Module::Codec, "shift_history", &[0, 1, 2, 5], CODEC, None, 64),
+            // params, logits, row settings, exp tables, tokens
+            K::Sample => entry(
+                Module::Sample,
+                "sample",
+                &[0, 1, 2, 3, 4],
+                &[(0, ParamBlock::Sample)],
+                None,
+                256,
+            ),
             // params, data, sink
             K::ReadBandwidth => entry(
                 Module::Bandwidth,

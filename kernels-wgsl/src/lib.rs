@@ -30,7 +30,7 @@ pub use limits::{
 pub use module::{Module, Numerics};
 pub use params::{
     AttentionParams, BandwidthParams, CodecParams, ElementwiseParams, GroupParams, LinearParams, NormParams,
-    ProbeParams, RouterParams,
+    ProbeParams, RouterParams, SampleParams, SampleRow,
 };
 pub use tuning::{
     ATTENTION_CHUNK, DENSE_LINEAR_WIDTH, EXPERT_GROUP_SLOTS, FORCE_LOOP_BOUNDING, LINEAR_PASS_ROWS,

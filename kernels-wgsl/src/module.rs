@@ -32,6 +32,8 @@ pub enum Module {
     Moe,
     /// `codec.wgsl`: causal convolutions, snake, tanh, stream history.
     Codec,
+    /// `sample.wgsl`: the contract's integer sampling.
+    Sample,
     /// `bandwidth.wgsl`: the read-bandwidth roofline.
     Bandwidth,
     /// `probe.wgsl`: device behaviour checked when the device opens.
@@ -39,7 +41,7 @@ pub enum Module {
 }
 impl Module {
     /// Every module the engine can use.
-    pub const ALL: [Module; 20] = [
+    pub const ALL: [Module; 21] = [
         Module::Linear(WeightFormat::Bf16, LinearWidth::Narrow),
         Module::Linear(WeightFormat::Bf16, LinearWidth::Standard),
         Module::Linear(WeightFormat::Bf16, LinearWidth::Wide),
@@ -58,6 +60,7 @@ impl Module {
         Module::Elementwise,
         Module::Moe,
         Module::Codec,
+        Module::Sample,
         Module::Bandwidth,
         Module::Probe,
     ];
@@ -105,6 +108,7 @@ impl Module {
             }
             Module::Moe => ("", include_str!("wgsl/moe.wgsl")),
             Module::Codec => ("", include_str!("wgsl/codec.wgsl")),
+            Module::Sample => ("", include_str!("wgsl/sample.wgsl")),
             Module::Bandwidth => ("", include_str!("wgsl/bandwidth.wgsl")),
             Module::Probe => ("", include_str!("wgsl/probe.wgsl")),
         };

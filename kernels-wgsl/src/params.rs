@@ -217,3 +217,33 @@ pub struct BandwidthParams {
     /// Padding.
     pub pad: [u32; 2],
 }
+
+/// `sample.wgsl` parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct SampleParams {
+    /// Rows of logits.
+    pub rows: u32,
+    /// Logits per row.
+    pub vocab: u32,
+    /// Padding.
+    pub pad: [u32; 2],
+}
+
+/// One row's settings for `sample.wgsl` (its `Row`), in a storage buffer of one per row.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct SampleRow {
+    /// floor(T * 2^10); 0 picks the best.
+    pub tau: u32,
+    /// Keep the k best levels (0: all).
+    pub top_k: u32,
+    /// floor(p * 2^24).
+    pub top_p: u32,
+    /// The draw's random word.
+    pub random: u32,
+    /// The id never sampled.
+    pub forbidden: u32,
+    /// Padding.
+    pub pad: [u32; 3],
+}

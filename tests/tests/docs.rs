@@ -31,8 +31,8 @@ const NOT_RUN: &[(&str, &str, &str)] = &[
     ),
     (
         "docs/performance.md",
-        ".gpu/drama fixture --preset bench --out /tmp/bench",
-        "the GPU machine's recipe: a 9.2 GB checkpoint and an H200",
+        "drama fixture --preset bench --out /tmp/bench",
+        "the GPU machine's recipe: a 9.2 GB checkpoint and a datacenter GPU",
     ),
 ];
 

@@ -6,7 +6,7 @@ use drama_tests::drama_text;
 use serde_json::Value;
 
 /// The checks a quick run without a checkpoint makes, in order.
-const QUICK_CHECKS: [&str; 20] = [
+const QUICK_CHECKS: [&str; 21] = [
     "kernel.linear.bf16",
     "kernel.linear.bf16-ragged",
     "kernel.linear.nvfp4-modelopt",
@@ -21,6 +21,7 @@ const QUICK_CHECKS: [&str; 20] = [
     "exact.batched-solo",
     "exact.voice-file",
     "exact.same-seed",
+    "exact.sampler",
     "reference.codec",
     "reference.voice-tower",
     "given.same-seed",
@@ -36,7 +37,7 @@ fn a_quick_run_passes_and_writes_a_receipt_without_paths() {
     let (code, stdout, stderr) =
         drama_text(&["qualify", "--quick", "--backend", "vulkan", "-o", out.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    assert!(stdout.contains("16 passed, 0 failed, 4 skipped"), "{stdout}");
+    assert!(stdout.contains("17 passed, 0 failed, 4 skipped"), "{stdout}");
     let text = std::fs::read_to_string(&out).unwrap();
     let receipt: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(receipt["schema"], 1);
@@ -92,7 +93,7 @@ fn a_quick_run_passes_and_writes_a_receipt_without_paths() {
 /// names the check (on stdout's line and in the error), with the other checks still run.
 #[test]
 fn a_planted_wrong_result_fails_naming_the_check() {
-    for planted in ["kernel.linear.nvfp4-modelopt", "exact.voice-file"] {
+    for planted in ["kernel.linear.nvfp4-modelopt", "exact.voice-file", "exact.sampler"] {
         let (code, stdout, stderr) = drama_text(&["qualify", "--quick", "--plant", planted]);
         assert_eq!(code, Some(1), "{planted}: {stdout}\n{stderr}");
         let line = stdout
@@ -100,7 +101,7 @@ fn a_planted_wrong_result_fails_naming_the_check() {
             .find(|l| l.contains(planted))
             .unwrap_or_else(|| panic!("{stdout}"));
         assert!(line.starts_with("FAIL"), "{line}");
-        assert!(stdout.contains("15 passed, 1 failed, 4 skipped"), "{stdout}");
+        assert!(stdout.contains("16 passed, 1 failed, 4 skipped"), "{stdout}");
         assert!(stderr.contains(&format!("1 check(s) failed: {planted}")), "{stderr}");
     }
 }
