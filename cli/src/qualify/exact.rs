@@ -102,49 +102,57 @@ pub fn checks(engine: &Engine, seed: u64, plant: &Plant) -> Vec<Check> {
 }
 
 /// The GPU's sampling kernel against the host's integer sampling (`docs/contract.md` §6.2)
-/// on rows of the checkpoint's audio vocabulary: spread logits, runs of ties and
-/// near-ties a few 2^-16 apart, under random temperatures, top-k, top-p and draws.
+/// on rows of the checkpoint's audio vocabulary and of the pinned model's (4098): spread
+/// logits, runs of ties and near-ties a few 2^-16 apart, under random temperatures, top-k,
+/// top-p and draws.
 fn gpu_sampler(engine: &Engine, seed: u64, plant: &Plant) -> Result<Measured> {
     use drama_engine::sampling::exact::{self, ExactSettings, ExpTables};
     use drama_engine::sampling::gpu::GpuSampler;
-    let vocab = engine.checkpoint.config.speech.audio_vocab_size;
-    let forbidden = engine.checkpoint.config.speech.audio_bos();
+    const ROWS: usize = 128;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5A3F1E);
-    let rows = 256;
-    let mut logits = Vec::with_capacity(rows * vocab);
-    let mut settings = Vec::with_capacity(rows);
-    for row in 0..rows {
-        logits.extend((0..vocab).map(|_| {
-            let unit = rng.next_u32() as f32 / u32::MAX as f32;
-            match row % 3 {
-                0 => 24.0 * unit - 12.0,
-                1 => (rng.next_u32() % 9) as f32 * 0.5 - 2.0,
-                _ => -3.0 + (rng.next_u32() % 64) as f32 * 2f32.powi(-18),
-            }
-        }));
-        let settings_of_row = ExactSettings {
-            tau: [0, 1 << 10, 1 + rng.next_u32() % 10240][row % 3],
-            top_k: [0, 1, 5, 50][row % 4],
-            top_p: [1 << 24, 1 + rng.next_u32() % (1 << 24)][row % 2],
-            random: rng.next_u32(),
-        };
-        settings.push((settings_of_row, forbidden));
-    }
-    let got = GpuSampler::new(&engine.gpu).sample(&engine.gpu, &logits, vocab, &settings)?;
+    let sampler = GpuSampler::new(&engine.gpu);
     let tables = ExpTables::new();
-    let mut tokens: Vec<f32> = got.iter().map(|t| t.map_or(-1.0, |t| t as f32)).collect();
-    plant.corrupt("exact.sampler", &mut tokens);
-    let differing = settings
-        .iter()
-        .enumerate()
-        .filter(|&(row, (s, forbidden))| {
-            let want = exact::choose(&tables, &logits[row * vocab..(row + 1) * vocab], *forbidden, s);
-            tokens[row] != want.map_or(-1.0, |t| t as f32)
-        })
-        .count();
+    let speech = &engine.checkpoint.config.speech;
+    let vocabs = [(speech.audio_vocab_size, speech.audio_bos()), (4098, 4096)];
+    let mut differing = 0;
+    for (vocab, forbidden) in vocabs {
+        let mut logits = Vec::with_capacity(ROWS * vocab);
+        let mut settings = Vec::with_capacity(ROWS);
+        for row in 0..ROWS {
+            logits.extend((0..vocab).map(|_| {
+                let unit = rng.next_u32() as f32 / u32::MAX as f32;
+                match row % 3 {
+                    0 => 24.0 * unit - 12.0,
+                    1 => (rng.next_u32() % 9) as f32 * 0.5 - 2.0,
+                    _ => -3.0 + (rng.next_u32() % 64) as f32 * 2f32.powi(-18),
+                }
+            }));
+            let row_settings = ExactSettings {
+                tau: [0, 1 << 10, 1 + rng.next_u32() % 10240][row % 3],
+                top_k: [0, 1, 5, 50][row % 4],
+                top_p: [1 << 24, 1 + rng.next_u32() % (1 << 24)][row % 2],
+                random: rng.next_u32(),
+            };
+            settings.push((row_settings, forbidden));
+        }
+        let got = sampler.sample(&engine.gpu, &logits, vocab, &settings)?;
+        let mut tokens: Vec<f32> = got.iter().map(|t| t.map_or(-1.0, |t| t as f32)).collect();
+        plant.corrupt("exact.sampler", &mut tokens);
+        differing += settings
+            .iter()
+            .enumerate()
+            .filter(|&(row, (s, forbidden))| {
+                let want = exact::choose(&tables, &logits[row * vocab..(row + 1) * vocab], *forbidden, s);
+                tokens[row] != want.map_or(-1.0, |t| t as f32)
+            })
+            .count();
+    }
     Ok(Measured::exact(
         differing,
-        format!("{rows} rows of {vocab} logits sampled on the GPU and on the host"),
+        format!(
+            "{} rows each of {} and {} logits sampled on the GPU and on the host",
+            ROWS, vocabs[0].0, vocabs[1].0
+        ),
     ))
 }
 
