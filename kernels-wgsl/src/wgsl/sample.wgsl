@@ -114,27 +114,17 @@ fn weight_of(gap: u32, tau: u32) -> u32 {
     return mul_wide(tables[x >> 12u], tables[512u + (x & 4095u)]).y >> 6u;
 }
 
-// The workgroup's largest `value` (every invocation must call it; the result is uniform).
-fn reduce_max(t: u32, value: u32) -> u32 {
+// The workgroup's largest `value`, or with `smallest` its smallest (every invocation must
+// call it; the result is uniform).
+fn reduce_extreme(t: u32, value: u32, smallest: bool) -> u32 {
     workgroupBarrier();
     low_words[t] = value;
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
         workgroupBarrier();
         if (t < stride) {
-            low_words[t] = max(low_words[t], low_words[t + stride]);
-        }
-    }
-    return workgroupUniformLoad(&low_words[0]);
-}
-
-// The workgroup's smallest `value`.
-fn reduce_min(t: u32, value: u32) -> u32 {
-    workgroupBarrier();
-    low_words[t] = value;
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        workgroupBarrier();
-        if (t < stride) {
-            low_words[t] = min(low_words[t], low_words[t + stride]);
+            let a = low_words[t];
+            let b = low_words[t + stride];
+            low_words[t] = select(max(a, b), min(a, b), smallest);
         }
     }
     return workgroupUniformLoad(&low_words[0]);
@@ -192,13 +182,13 @@ fn sample(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             best = max(best, level_of(bits));
         }
     }
-    if (reduce_max(t, nan) != 0u) {
+    if (reduce_extreme(t, nan, false) != 0u) {
         if (t == 0u) {
             tokens[row] = NO_TOKEN;
         }
         return;
     }
-    let top = reduce_max(t, best);
+    let top = reduce_extreme(t, best, false);
     if (s.tau == 0u) {
         var id = NO_TOKEN;
         for (var i = first; i < end; i++) {
@@ -206,7 +196,7 @@ fn sample(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 id = i;
             }
         }
-        let token = reduce_min(t, id);
+        let token = reduce_extreme(t, id, true);
         if (t == 0u) {
             tokens[row] = token;
         }
