@@ -195,15 +195,20 @@ fn generated(gpu: &std::sync::Arc<drama_engine::gpu::Gpu>, preset: &str, dir: &P
     Ok(Engine::load(gpu.clone(), checkpoint)?)
 }
 
-/// Decode steps at 1, 2, 4 and 8 lanes, a prefill and a guided synthesis on `engine`.
+/// Decode steps at 1, 2, 4 and 8 lanes (1, 2 and 8 with `quick`), a prefill and a guided
+/// synthesis on `engine`.
 fn bench(engine: &Engine, quick: bool) -> Result<BenchFigures> {
     let max_positions = engine.checkpoint.config.max_position_embeddings;
     let options = BenchOptions {
         repeats: if quick { 3 } else { 7 },
         context: (max_positions / 2).min(256),
-        lanes: drama_bench::DEFAULT_STEP_LANES.to_vec(),
+        lanes: if quick {
+            vec![1, 2, 8]
+        } else {
+            drama_bench::DEFAULT_STEP_LANES.to_vec()
+        },
         more_contexts: Vec::new(),
-        prefill_rows: (max_positions / 2).min(256),
+        prefill_rows: (max_positions / 2).min(if quick { 128 } else { 256 }),
         synthesis_tokens: (max_positions / 4).min(if quick { 32 } else { 200 }),
         rotation_bytes: 0,
         parts: vec![BenchPart::Decode, BenchPart::Prefill, BenchPart::Synthesis],
