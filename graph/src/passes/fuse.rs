@@ -134,38 +134,25 @@ fn half(node: &Node) -> Option<(PairHalf, usize, drama_kernels::LinearInput)> {
 pub fn route_with_shared_down(graph: &mut Graph, shape: &StepShape) {
     let mut index = 0;
     while index < graph.nodes.len() {
-        if let Some((router, down)) = router_and_shared_down(graph, index) {
-            let Op::Linear {
-                members, in_features, ..
-            } = &graph.nodes[down].op
-            else {
-                unreachable!("the shared down projection is a linear");
-            };
-            let ragged = members.iter().any(|m| m.format.runs_ragged(*in_features));
-            let Some((linear, _, _)) = half(&graph.nodes[down]) else {
-                unreachable!("the shared down projection reads only its input");
-            };
-            let Op::Router { route, .. } = &graph.nodes[router].op else {
-                unreachable!("a router");
-            };
+        if let Some(found) = shared_down_of_router(graph, index) {
             let fused = !shape.concurrent_launches
-                && !ragged
-                && shares_launch(&linear)
-                && routes_beside_linear(shape.rows, route.kept);
-            let activation = graph.nodes[down].inputs[0];
+                && !found.ragged
+                && shares_launch(&found.linear)
+                && routes_beside_linear(shape.rows, found.kept);
+            let activation = graph.nodes[found.down].inputs[0];
             if fused {
-                let down = graph.nodes.remove(down);
-                let node = &mut graph.nodes[router];
+                let down = graph.nodes.remove(found.down);
+                let node = &mut graph.nodes[index];
                 graph.values[down.outputs[0].0].name = format!("{}.2", node.label);
-                if let Op::Router { linear: slot, .. } = &mut node.op {
-                    *slot = Some(linear);
+                if let Op::Router { linear, .. } = &mut node.op {
+                    *linear = Some(found.linear);
                 }
                 node.inputs.push(activation);
                 node.outputs.extend(down.outputs);
             } else if shape.concurrent_launches {
-                graph.nodes[router].inputs.push(activation);
-                if let Op::Linear { beside, .. } = &mut graph.nodes[down].op {
-                    *beside = !ragged;
+                graph.nodes[index].inputs.push(activation);
+                if let Op::Linear { beside, .. } = &mut graph.nodes[found.down].op {
+                    *beside = !found.ragged;
                 }
             }
         }
@@ -173,12 +160,27 @@ pub fn route_with_shared_down(graph: &mut Graph, shape: &StepShape) {
     }
 }
 
-/// The router at `index` (routing only) and its layer's shared-expert down projection: the
+/// A router's layer's shared-expert down projection, as [`route_with_shared_down`] weighs it.
+struct SharedDown {
+    /// The down projection's node.
+    down: usize,
+    /// It as the linear of a router.
+    linear: PairHalf,
+    /// Its BF16 width is one only the ragged-width kernel reads.
+    ragged: bool,
+    /// The router's kept experts.
+    kept: usize,
+}
+
+/// For the router at `index` (routing only): its layer's shared-expert down projection, the
 /// linear whose output the combine that reads the router's weights adds as its shared
 /// expert's.
-fn router_and_shared_down(graph: &Graph, index: usize) -> Option<(usize, usize)> {
+fn shared_down_of_router(graph: &Graph, index: usize) -> Option<SharedDown> {
     let router = &graph.nodes[index];
-    let Op::Router { linear: None, .. } = router.op else {
+    let Op::Router {
+        route, linear: None, ..
+    } = &router.op
+    else {
         return None;
     };
     let weights = *router.outputs.get(1)?;
@@ -186,7 +188,13 @@ fn router_and_shared_down(graph: &Graph, index: usize) -> Option<(usize, usize)>
         .into_iter()
         .find(|&r| matches!(graph.nodes[r].op, Op::MoeCombine { shared: true, .. }))?;
     let down = producer(graph, graph.nodes[combine].inputs[4])?;
-    matches!(graph.nodes[down].op, Op::Linear { .. }).then_some((index, down))
+    let (linear, in_features, _) = half(&graph.nodes[down])?;
+    Some(SharedDown {
+        down,
+        ragged: linear.members.iter().any(|m| m.format.runs_ragged(in_features)),
+        linear,
+        kept: route.kept,
+    })
 }
 
 /// A MoE combine followed by the RMSNorm of its output (the next layer's input norm, or the
