@@ -38,9 +38,9 @@ pub const GROUPED_EXPERT_ROWS: usize = 16;
 /// BF16 pairs, packed by a launch of their own ([`Op::PackBf16`]) where they are made, half
 /// the bytes and loads of f32 (the grouped routed experts always; the dense linears too,
 /// except a MoE layer's shared-expert down projection where it runs beside the launch before
-/// it, reading its input as routing lists it, as the linear pair wrote it; this made an
-/// H200's prefill markedly shorter, the bits the same). Decode steps keep f32: a pack is a
-/// launch more, which a step of few rows does not earn back.
+/// it, reading its input as routing lists it, as the linear pair wrote it; measured: a
+/// markedly shorter prefill, the same bits). Decode steps keep f32: a pack is a launch more,
+/// which a step of few rows does not earn back.
 pub fn linear_input(rows: usize) -> LinearInput {
     if rows >= GROUPED_EXPERT_ROWS {
         LinearInput::Bf16Pairs
@@ -53,8 +53,8 @@ pub fn linear_input(rows: usize) -> LinearInput {
 /// head)'s chunks to finish, in attention's launch ([`Op::Attention`]'s
 /// `last_chunk_combines`), on a device with `device_barriers` (see
 /// [`crate::drama3::StepShape::device_barriers`]): steps of fewer than
-/// [`GROUPED_EXPERT_ROWS`] rows. On an H200, the same bits, the decode steps of every lane
-/// count were shorter than with the combine a launch of its own, but the prefill longer.
+/// [`GROUPED_EXPERT_ROWS`] rows: a launch fewer per layer, the same bits. (Measured: decode
+/// steps of every lane count shorter than with the combine a launch of its own, prefill longer.)
 pub fn last_chunk_combines(rows: usize, device_barriers: bool) -> bool {
     device_barriers && rows < GROUPED_EXPERT_ROWS
 }
@@ -67,10 +67,10 @@ pub fn last_chunk_combines(rows: usize, device_barriers: bool) -> bool {
 pub const PIPELINE_ROWS: [usize; 3] = [1, 8, GROUPED_EXPERT_ROWS];
 
 /// The workgroup width of a step's routed-expert launches ([`crate::ir::Op::Experts`]):
-/// narrow for one or two rows and for grouped steps, standard between. On an H200, every
-/// linear kernel at 32 invocations against 64 shortened the one-lane and pair decode steps
-/// and the prefill's grouped launches, but lengthened the eight-lane step's gathered
-/// launches; at four rows the two widths measured the same.
+/// narrow for one or two rows and for grouped steps, standard between. (Measured: 32
+/// invocations against 64 shortened the one-lane and pair decode steps and the prefill's
+/// grouped launches, but lengthened the eight-lane step's gathered launches; at four rows
+/// the two widths measured the same.)
 pub fn expert_width(rows: usize) -> LinearWidth {
     if rows <= 2 || rows >= GROUPED_EXPERT_ROWS {
         LinearWidth::Narrow
@@ -84,8 +84,8 @@ pub fn expert_width(rows: usize) -> LinearWidth {
 /// or launches the two apart. Beside routing, the linear's workgroups carry routing's
 /// workgroup memory ([`KeptCapacity`]): about 5.6 KB each for up to 128 kept experts, 16 KB
 /// for 512. One or two rows gain a launch per layer either way. Up to eight rows gain with
-/// the smallest capacity (on an H200 an eight-row decode step was shorter than with the two
-/// apart) but lost with the largest, and a 256-row prefill lost by far more with it.
+/// the smallest capacity (an eight-row decode step measured shorter than with the two apart)
+/// but lost with the largest, and a 256-row prefill lost by far more with it.
 pub fn routes_beside_linear(rows: usize, kept: usize) -> bool {
     let smallest = KeptCapacity::for_kept(kept) == Some(KeptCapacity::ALL[0]);
     rows <= 2 || (smallest && rows <= 8)

@@ -1,8 +1,8 @@
 //! How many kernel launches a step of the bench shape takes (`drama fixture --preset bench`:
 //! hidden 2048, 24 layers, the first dense, 23 MoE layers keeping 128 of 256 experts, top-8,
 //! a shared expert, routed experts in NVFP4). A launch that waits for the one before costs
-//! about 2.1 us on an H200 before it reads a byte, so the count of those is part of the
-//! step's cost: a change that adds one per layer fails here.
+//! a few microseconds on the GPUs measured (docs/performance.md) before it reads a byte, so
+//! the count of those is part of the step's cost: a change that adds one per layer fails here.
 
 mod common;
 

@@ -36,8 +36,7 @@ const TRANSPOSE_CHANNELS_PER_THREAD: usize = 32;
 
 // Fewer channels per thread mean more threads per output channel and a longer tree to add
 // their sums; more mean longer loops on fewer threads. Each floor above is the one that
-// measured fastest on an H200 for a chunk of the bench codec, each kind varied alone and
-// then together (see the experiment log at the `lab-notebook` tag).
+// measured fastest for a chunk of the bench codec, each kind varied alone and then together.
 
 /// Threads per output channel of a convolution over `cin` input channels: the largest power
 /// of two up to 64 that leaves each thread at least `least` channels (one thread below).
@@ -50,7 +49,7 @@ fn conv_lanes(cin: usize, least: usize) -> usize {
 /// without a channel: a workgroup holds 64 / lanes * CONV_CHANNELS channels, so a convolution with
 /// fewer outputs (the output convolution's one) gives the threads it would leave idle to the
 /// channels it has. (With 8 lanes the output convolution, 64 -> 1 channels, left seven of
-/// each workgroup's eight thread rows idle and measured markedly slower on an H200.)
+/// each workgroup's eight thread rows idle and measured markedly slower.)
 fn lanes_for_few_outputs(cout: usize) -> usize {
     let groups = cout.div_ceil(CONV_CHANNELS).clamp(1, 64);
     64 / (1 << groups.ilog2())

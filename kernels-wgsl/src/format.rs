@@ -92,9 +92,8 @@ pub enum ConvOutput {
 /// The kept experts a routing module's workgroup arrays hold (`router.wgsl`'s MAX_KEPT): a
 /// layer routes with the smallest capacity that holds its kept experts, since routing's
 /// workgroup memory (about 16 KB at 512) is carried by every workgroup of its launch, the
-/// linear's beside it too. (On an H200, 128 kept experts compiled for 128 instead of 512
-/// made a guidance-pair decode step and its `route_linear` launches shorter, the bits the
-/// same.)
+/// linear's beside it too. (128 kept experts compiled for 128 instead of 512 measured faster,
+/// the bits the same.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeptCapacity(u16);
 

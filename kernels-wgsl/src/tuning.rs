@@ -3,9 +3,9 @@
 
 use crate::format::LinearWidth;
 
-/// The workgroup width of the dense linears ([`Kernel::Linear`], [`Kernel::LinearKv`]): wide,
-/// which on an H200 made their launches in the decode steps of every lane count shorter than
-/// at 64 invocations, the prefill's the same.
+/// The workgroup width of the dense linears ([`Kernel::Linear`], [`Kernel::LinearKv`]): wide
+/// (measured: shorter launches than at 64 invocations in decode steps of every lane count,
+/// the prefill's the same).
 pub const DENSE_LINEAR_WIDTH: LinearWidth = LinearWidth::Wide;
 
 /// The workgroup width of the launches a linear shares: [`Kernel::LinearPair`] (wide made its
@@ -27,9 +27,8 @@ pub const EXPERT_GROUP_SLOTS: usize = 8;
 /// every launch: naga's Metal translation has the first invocation store every workgroup
 /// variable the entry point uses, one after another, while the others wait at a barrier
 /// (naga 30's `write_workgroup_variables_initialization`): 10 KB per attention workgroup,
-/// 5.6-16 KB per routing one (by its [`KeptCapacity`]). Vulkan drivers fill natively: on an
-/// H200 decode steps, prefill and PCM were the same either way. The engine's pipelines and
-/// [`to_msl`] use this setting.
+/// 5.6-16 KB per routing one (by its [`KeptCapacity`]). Vulkan drivers fill natively (steps
+/// measured the same either way). The engine's pipelines and [`to_msl`] use this setting.
 pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
 
 /// Whether the translated kernels count every loop's iterations and leave a loop after
@@ -39,8 +38,8 @@ pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
 /// convolution's lanes, the roofline's stride, a linear's workgroup rows; attention's
 /// `parts` loops run only when `parts` is nonzero) toward a bound that the counter reaches
 /// without wrapping (sizes stay below 2^31). A new loop must keep to that. The counters
-/// cost: on an H200 they made the decode steps, the prefill and a codec chunk longer, the
-/// PCM identical.
+/// cost: an extra count and branch per iteration, measured to lengthen steps and codec
+/// chunks, the PCM identical.
 pub const FORCE_LOOP_BOUNDING: bool = false;
 /// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
 /// workgroup per (row, head, chunk), `[rows, heads, attention_chunks(capacity)]`.

@@ -47,13 +47,14 @@ fn qkv_width() -> u32 {
 // to finish does, the same bits with a launch less (see `combine_if_last`). Chunks are
 // fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
 // cache, never on the batch. (One workgroup per (row, head), scores through global memory,
-// was slow in an H200 decode step, bound by its chain of dependent memory round trips on 16
-// of 132 SMs. Loading an invocation's first eight values before the scores, or its first
-// eight keys too before staging the query, made the launches longer. Both launches in one,
-// a workgroup per (row, head) taking its chunks four at a time, 64 invocations per chunk
-// each doing the work of four of `attend`'s, then combining them itself (the same bits):
-// one launch less per layer, but every step longer, and more so at longer contexts: an
-// invocation's four times longer chain costs more than the launch it saves.)
+// was slow in a decode step, bound by its chain of dependent memory round trips on a few
+// of the GPU's multiprocessors. Loading an invocation's first eight values before the
+// scores, or its first eight keys too before staging the query, made the launches longer.
+// Both launches in one, a workgroup per (row, head) taking its chunks four at a time, 64
+// invocations per chunk each doing the work of four of `attend`'s, then combining them
+// itself (the same bits): one launch less per layer, but every step longer, and more so at
+// longer contexts: an invocation's four times longer chain costs more than the launch it
+// saves.)
 //
 // `scratch` holds a block per (row, head), block index row * heads + head, of
 // chunks_of(capacity) * (columns + 1) vec4s (columns = head_stride(head_dim) / 4): each chunk's o
@@ -191,8 +192,8 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
 
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`, and
 // with LAST_CHUNK_COMBINES the combined output of the row's and head's chunks if this chunk
-// finished last (see `combine_if_last`). (The body as a function of (row, head, chunk) made
-// the H200 prefill's attention launches longer.)
+// finished last (see `combine_if_last`). (The body as a function of (row, head, chunk)
+// measured slower in the prefill's attention launches.)
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
@@ -258,12 +259,12 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 // `attend_combine` gives each invocation a vec4 column of a (row, head)'s output: it finds
 // the chunks' largest m itself (a few chunks, the same addresses for the whole workgroup:
 // no trees, no barriers), then sums the denominator and its column in one pass. Chunks are
-// read COMBINE_BATCH at a time, every load of a batch issued before its values are used, so
-// a row of up to COMBINE_BATCH chunks waits for one memory round trip for the maxima and
-// one for the sums. (On an H200, reading one chunk at a time made the launches longer; two
-// scalar columns per invocation, the denominator and each column summed in passes of their
-// own, made the launches and the decode steps longer, the prefill about the same. Eight
-// chunks a batch measured no faster.)
+// read COMBINE_BATCH at a time, every load of a batch issued before its values are used,
+// so a row of up to COMBINE_BATCH chunks waits for one memory round trip for the maxima
+// and one for the sums. (Reading one chunk at a time measured slower; two scalar columns
+// per invocation, the denominator and each column summed in passes of their own, made the
+// launches and the decode steps longer, the prefill about the same. Eight chunks a batch
+// measured no faster.)
 const COMBINE_BATCH: u32 = 4u;
 
 // Chunk c's term of a sum in chunk order, `value exp(m_c - M)`; nothing past the row's last
@@ -390,19 +391,20 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 // the count back to zero for the next launch. On SPIR-V naga gives `storageBarrier` device
 // memory scope with acquire-release semantics: the barrier before the count releases the
 // chunk's results, the one after it acquires the other chunks'. (On Metal it orders memory
-// within the threadgroup only, so steps there keep the two launches.) The combining workgroup
-// reads the chunks' results with atomic loads (`scratch_bits`, the same buffer as
-// `scratch`): plain loads may be served by a cache of its own that still holds what the
-// buffer held before. On an H200 a linear whose last workgroup normed the rows the others
-// had written read, with plain loads, values from before (in some step forms, every time),
-// and the right ones with atomic loads. (Against plain loads the decode steps measured the
-// same within their spread; reading one chunk at a time instead of four made them longer.)
+// within the threadgroup only, so steps there keep the two launches.) The combining
+// workgroup reads the chunks' results with atomic loads (`scratch_bits`, the same buffer
+// as `scratch`): plain loads may be served by a cache of its own that still holds what the
+// buffer held before. On NVIDIA's Vulkan driver a linear whose last workgroup normed the
+// rows the others had written read, with plain loads, values from before (in some step
+// forms, every time), and the right ones with atomic loads. (Against plain loads the
+// decode steps measured the same within their spread; reading one chunk at a time instead
+// of four made them longer.)
 @group(0) @binding(9) var<storage, read_write> chunks_done: array<atomic<u32>>;
 @group(0) @binding(10) var<storage, read_write> scratch_bits: array<atomic<u32>>;
 var<workgroup> finished_chunks: u32;
 // A pipeline constant rather than a flag of the parameter block, so that the pipeline of
 // steps that combine in a launch of their own carries none of the combine's code: with a
-// flag, the atomic reads made the H200 prefill's attention launches, which never combine,
+// flag, the atomic reads made the prefill's attention launches, which never combine,
 // longer; the constant takes back most of that, the decode steps the same.
 override LAST_CHUNK_COMBINES: bool = false;
 

@@ -77,9 +77,9 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // also computes several outputs that share its activation loads: a conv1d thread CHANNELS
 // output channels, a conv_transpose thread PHASES phases (their weights lie side by side)
 // of TRANSPOSE_CHANNELS channels. Each output's terms keep their order, so neither changes
-// a bit. The counts are the fastest measured on an H200 for the bench codec: the activation
-// loads are the cost, so the same registers spent on more frames instead of channels
-// measured slower, and more than two phases bought nothing.
+// a bit. The counts are the fastest measured for the bench codec: the activation loads are
+// the cost, so the same registers spent on more frames instead of channels measured
+// slower, and more than two phases bought nothing.
 const FRAMES: u32 = 4u;
 const CHANNELS: u32 = 4u;
 const PHASES: u32 = 2u;
@@ -146,7 +146,7 @@ fn reduce_lanes(t: u32, s: array<Sum4, 4>, outputs: u32) {
 // After `reduce_lanes`: frame f of output k of the channel whose lane 0 is thread `first`.
 // Any thread of the workgroup may read it, so a channel's lanes share the writing of its
 // outputs (with its lane 0 writing them all, the epilogues ran one after another, and the
-// 1x1 convolutions of an H200 chunk took markedly longer).
+// 1x1 convolutions measured markedly slower).
 fn reduced(k: u32, first: u32, f: u32) -> f32 {
     let at = k * WG + first;
     return (part_value[at] + part_error[at])[f];
@@ -171,8 +171,8 @@ fn extended4(e: u32, i: u32) -> vec4<f32> {
 
 // Whether frames e .. e + 3 of [hist | x] all lie in the chunk (x), where `frames4` reads
 // them with four plain loads (uniform across a workgroup: e depends on the tile and tap).
-// (Against extended4 everywhere this made an H200 codec chunk shorter, most of it in the
-// dilated convolutions, the same bits.)
+// (Against extended4 everywhere this measured faster, most of it in the dilated
+// convolutions, the same bits.)
 fn in_chunk(e: u32) -> bool {
     return e >= p.history && e + 3u < p.history + p.frames;
 }

@@ -18,7 +18,7 @@
 // Gathered launches give each thread row four weight rows (two [gate, up] pairs with the
 // SwiGLU epilogue): routed NVFP4 experts load 64 activation bytes per 8-byte unit, so
 // sharing each activation load among more rows matters more than for the dense kernel
-// (four rows per thread row instead of two shortened every H200 decode step, most at eight
+// (four rows per thread row measured faster than two in every decode step, most at eight
 // lanes). NVFP4's thread rows are LANES (16) threads here too: with 32, each thread walking
 // half as many units, the one-lane step got shorter but the others and the prefill longer,
 // and a row's bits must not depend on how many rows its step has.
@@ -105,7 +105,7 @@ fn reduce_quad(t: u32) -> vec4<f32> {
 }
 
 // Slots of one expert a `gathered_grouped` workgroup computes in one pass over its rows
-// (eight against four shortened the H200 prefill's grouped experts; decode steps do not
+// (eight measured faster than four in the prefill's grouped experts; decode steps do not
 // group).
 const GROUP_SLOTS: u32 = 8u;
 
@@ -116,7 +116,7 @@ alias SlotVecs = array<u32, GROUP_SLOTS>;
 // `count` slots of a block, slot i's activations at `x_at[i] + offset` (of `x_packed` with
 // `packed`): each slot gets the term it gets when computed alone. (Written out: every array
 // index is a constant. As loops over the slots, here and in `gathered_grouped`, the arrays
-// went to local memory and the H200 pair step and prefill got markedly longer.)
+// went to local memory, which made the pair step and prefill markedly slower.)
 fn add_unit(
     acc: ptr<function, array<vec4<f32>, GROUP_SLOTS>>,
     a: Unit,
@@ -169,9 +169,9 @@ fn expert_sums(n: vec4<u32>, valid: bool, lane: u32, x_at: SlotVecs, count: u32,
     let units = p.in_features / UNIT;
     let base = n * units;
     let unit_vecs = select(VECS, VECS / 2u, packed);
-    // One unit of each row per iteration: on the H200 the fewer loads in flight per thread,
-    // the shorter the launches (two, four and eight units per iteration made the pair
-    // step's gathered launches longer, the more the longer; two made the prefill longer too).
+    // One unit of each row per iteration: here fewer loads in flight per thread measured
+    // faster (two, four and eight units per iteration made the pair step's gathered
+    // launches longer, the more the longer; two made the prefill longer too).
     for (var k = lane; k < units; k += LANES) {
         let s = vec4<f32>(unit_scale(n.x, k), unit_scale(n.y, k), unit_scale(n.z, k), unit_scale(n.w, k));
         add_unit(&acc, w[base.x + k], w[base.y + k], w[base.z + k], w[base.w + k], s, x_at, k * unit_vecs, count, packed);
@@ -229,8 +229,8 @@ fn write_quad(slot: u32, sum: vec4<f32>, quad: RowQuad, local_expert: u32) {
 // A workgroup per (GATHERED_ROWS weight rows, slot). Every invocation reads the slot's
 // expert itself: a load from a read-only buffer at a uniform index is uniform, so the early
 // return leaves the barriers below in uniform control flow. (One invocation reading it for
-// all through workgroup memory and a workgroupUniformLoad, a barrier more, measured the same
-// on the H200.)
+// all through workgroup memory and a workgroupUniformLoad, a barrier more, measured the
+// same.)
 @compute @workgroup_size(WG)
 fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let quad = plan_quad(wg.x, t / LANES);
@@ -272,7 +272,7 @@ fn store_slot_sums(slot: u32, t: u32, acc: vec4<f32>) {
 // `slot_order`) in `reduce_quad`'s order and tree, so each output gets the bits
 // `finish_slot` gives it, but every slot's reduction at once: two barriers for the block
 // instead of two per slot, the sums and the writes spread over the workgroup. (Against one
-// slot after another this shortened the H200 prefill and its grouped launches.)
+// slot after another this measured faster in the prefill's grouped launches.)
 fn finish_block(t: u32, group: u32, first: u32, acc: array<vec4<f32>, GROUP_SLOTS>, local_expert: u32, count: u32) {
     store_slot_sums(0u, t, acc[0]);
     store_slot_sums(1u, t, acc[1]);
@@ -320,7 +320,7 @@ fn finish_block(t: u32, group: u32, first: u32, acc: array<vec4<f32>, GROUP_SLOT
 // many rows, whose slots share experts). Each slot gets the bits `gathered` gives it. The
 // activations are read as BF16 pairs, which halves the loads that dominate these launches
 // (each 8-byte weight unit is applied to 64 bytes of f32 activations per slot; a timing
-// emulation, the f32 buffer read as pairs, shortened the H200 prefill's grouped launches).
+// emulation, the f32 buffer read as pairs, shortened the prefill's grouped launches).
 @compute @workgroup_size(WG)
 fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let quad = plan_quad(wg.x, t / LANES);

@@ -7,14 +7,13 @@
 // 15, so the f16 holds the E2M1 value times 2^-14 exactly and `unpack2x16float` converts
 // two nibbles at once. The 2^14 is folded into the block scale (a power of two: exact). The
 // block scale is decoded the same way (see `scale_of`). Every pair and scale is masked
-// straight out of its word (before: a shift per pair, and the E4M3 scale decoded with a
-// branch and a select), which made the gathered launches of the H200's decode steps shorter
-// at every lane count, the same bits.
+// straight out of its word (fewer instructions than a shift per pair and an E4M3 scale
+// decoded with a branch and a select; measured faster in decode steps), the same bits.
 alias Unit = vec2<u32>;
 const UNIT: u32 = 16u;
 // Threads per thread row (WG / LANES thread rows, two weight rows each, per workgroup). (32 threads
 // per row, with the tail of each row's blocks loaded in one batch, measured faster alone
-// but slower in the H200 decode steps of one and eight lanes.)
+// but slower in decode steps of one and eight lanes.)
 const LANES: u32 = 16u;
 
 // A word's eight weights: columns 0..3 and 4..7. Nibbles j and j + 4 land in the two f16

@@ -2,12 +2,10 @@
 //
 // A dense workgroup applies each decoded weight unit to PASS_ROWS (2) activation rows per
 // pass over its weights, and a launch gives every pass its own workgroup row (see
-// `linear_rows`). Eight-row passes, one after another in each workgroup, were the choice
-// for steps of more than two rows until the passes got workgroups of their own: then two
-// rows per pass made an H200 eight-lane decode step shorter (prefill, one and two lanes
-// unchanged). Every row is computed with the same partition and reduction
-// tree whichever pass and workgroup it falls in, so a row's bits never depend on the rows
-// beside it.
+// `linear_rows`). With each pass in workgroups of its own, two rows per pass measured
+// faster than eight at eight lanes (prefill, one and two lanes unchanged). Every row is
+// computed with the same partition and reduction tree whichever pass and workgroup it
+// falls in, so a row's bits never depend on the rows beside it.
 //
 // The weight format is supplied by a format file appended to this one (fmt_bf16.wgsl,
 // fmt_nvfp4.wgsl, fmt_fp8.wgsl). It defines `Unit` (the storage element of `w`: one
@@ -19,27 +17,26 @@
 //
 // A workgroup is WG / LANES thread rows of LANES threads; each thread row computes two
 // weight rows (A and B) side by side, so every activation vec4 a thread loads serves both
-// (one row per thread measured slower in H200 decode steps, much slower at 8 lanes). Each
+// (one row per thread measured slower in decode steps, much slower at 8 lanes). Each
 // thread walks its units two at a time, issuing the four weight loads (two units of each
 // row; the last batch too) before decoding any, so enough bytes are in flight to cover
 // memory latency (eight loads in flight measured no faster). A pass of one activation row
-// also issues the next batch's loads before this batch's math (`pipelined_sums`, which
-// shortened the single-lane H200 decode step); a pass of two rows does not
-// (`batched_sums`), which shortened the H200's eight-lane decode step and the prefill, one
-// and two lanes unchanged (pipelining every pass, as before; without it for one row too,
-// the single-lane step was longer), though the bench's NVFP4 GEMV over two rows got longer
-// (the model's NVFP4 weights run in the gathered kernels). Pipelining NVFP4's two-row
-// passes again (the row count passed to `pipelined_sums` at run time), together with one
-// loop body shared by both forms, made the BF16 steps slower. The shared body alone (a
-// struct of a batch's loads, `load_batch` and `apply_batch` under both loops; the same
-// bits) left the decode steps as they were but made the BF16 two-row passes and the
-// prefill's dense linears longer, so the two loops stay written out. The gathered kernels,
-// four weight rows per thread row, load one unit of each row per iteration (see
-// `expert_sums`): larger batches, and the next batch's loads before this batch's math,
-// measured slower there. The sums still run in unit order. Small per-thread arrays
-// (decoded weights, the per-row sums) are only ever indexed by constants: NVIDIA's compiler
-// left loop-indexed ones in local memory, and the H200 decode step got markedly shorter
-// when they were written out.
+// also issues the next batch's loads before this batch's math (`pipelined_sums`, measured
+// faster at one lane); a pass of two rows does not (`batched_sums`, measured faster at
+// eight lanes and in prefill than pipelining every pass, one and two lanes unchanged;
+// without pipelining for one row too, the single-lane step was slower), though the bench's
+// NVFP4 GEMV over two rows is slower so (the model's NVFP4 weights run in the gathered
+// kernels). Pipelining NVFP4's two-row passes (the row count passed to `pipelined_sums` at
+// run time), together with one loop body shared by both forms, made the BF16 steps slower.
+// The shared body alone (a struct of a batch's loads, `load_batch` and `apply_batch` under
+// both loops; the same bits) left the decode steps as they were but made the BF16 two-row
+// passes and the prefill's dense linears longer, so the two loops stay written out. The
+// gathered kernels, four weight rows per thread row, load one unit of each row per
+// iteration (see `expert_sums`): larger batches, and the next batch's loads before this
+// batch's math, measured slower there. The sums still run in unit order. Small per-thread
+// arrays (decoded weights, the per-row sums) are only ever indexed by constants: NVIDIA's
+// compiler left loop-indexed ones in local memory, which made decode steps markedly
+// slower.
 //
 // Entry points:
 //   `linear`:   a workgroup computes ROWS_PER_GROUP weight rows; each unit is decoded once
@@ -365,9 +362,9 @@ fn linear_packed(
 // An attention layer's [q | k | v] projection, writing the KV caches as it goes (see
 // `write_cache`). Its own entry point, passing `cache` as a constant, so that a compiler that
 // inlines `linear_rows` (NVIDIA's did) drops that code from the other linears (with it behind
-// a flag of the parameter block, the bench's large NVFP4 linear was markedly slower on the
-// H200). Every dense entry point still names the cache bindings and the pair's second
-// weight and output.
+// a flag of the parameter block, the bench's large NVFP4 linear measured markedly slower).
+// Every dense entry point still names the cache bindings and the pair's second weight and
+// output.
 @compute @workgroup_size(WG)
 fn linear_kv(
     @builtin(workgroup_id) wg: vec3<u32>,

@@ -4,7 +4,7 @@
 // 0), experts ascending; blocks past the last have count 0. Within an expert the slots come
 // in whatever order the atomics give them places: no slot's result depends on which others
 // share its block (a stable order, ranking each slot among its window's, made this launch
-// costly in an H200 prefill).
+// costly in prefill).
 
 const GROUP_WG: u32 = 256u;
 const GROUP_SLOTS: u32 = 8u;

@@ -11,10 +11,10 @@ var<workgroup> tree: array<f32, 256>;   // one value per invocation, up to 256
 // combines (x[i], x[i + w / 2]) and (x[i + w / 4], x[i + 3 w / 4]), then the two results,
 // exactly the additions of the levels at distance w / 2 and w / 4; with an odd number of
 // levels, every invocation does the last one itself (tree[0] and tree[1]). (Against one
-// level per barrier this shortened the H200 prefill's attention, the decode steps about the
-// same. Every invocation finishing the last five levels itself from the 32 values left, one
-// barrier instead of five, made every decode step longer: 32 loads from workgroup memory in
-// each invocation cost more than the barriers.)
+// level per barrier, this halves the barriers and measured faster in the prefill's
+// attention, decode steps about the same. Every invocation finishing the last five levels
+// itself from the 32 values left, one barrier instead of five, made every decode step
+// longer: 32 loads from workgroup memory in each invocation cost more than the barriers.)
 fn tree_reduce(t: u32, value: f32, is_max: bool, width: u32) -> f32 {
     tree[t] = value;
     var w = width;

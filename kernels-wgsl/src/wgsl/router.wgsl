@@ -32,16 +32,16 @@
 // (fixed reduction trees) serve only the K chosen experts' probabilities. The counting
 // compares four scores at a time without branches, and the chosen set is a bit mask whose
 // popcounts give each chosen expert its output position (short-circuit conditions in the
-// counting loop and one invocation sorting the chosen experts made a route much longer on
-// the H200, and counting without the eligibility loads where a router has no groups, two
-// quads at a time, made it longer too).
+// counting loop and one invocation sorting the chosen experts made routing much slower,
+// and counting without the eligibility loads where a router has no groups, two quads at a
+// time, made it longer too).
 //
 // Routing alone (`route`) runs 256 invocations per token, beside the linear
 // (`route_linear`) the linear's WG (64: the host's `SHARED_LAUNCH_LINEAR_WIDTH`). With two
 // invocations per kept expert (routing alone, up to 128 kept), each counts the experts
 // above its expert in half of the quads, and the two counts are added; the chosen weights
 // are gathered into workgroup memory once, so the renormalising sum reads them without a
-// chain of dependent loads (with the trees' two levels per barrier, H200 steps slightly
+// chain of dependent loads (with the trees' two levels per barrier, steps measured slightly
 // shorter; eligibility as bits set by workgroup atomics and counts split by dividing by the
 // kept count made routing slower, and so did routing on 128 invocations).
 // For the softmax denominator the first WG invocations each sum their experts' terms in
@@ -154,8 +154,8 @@ fn keep_best_groups() {
     }
 }
 
-// Routing alone: a workgroup of ROUTE_WG invocations per token. (With the linear's 64, an
-// H200 eight-lane decode step's routing launches took longer.)
+// Routing alone: a workgroup of ROUTE_WG invocations per token. (With the linear's 64, the
+// routing launches of eight-lane decode steps measured slower.)
 const ROUTE_WG: u32 = 256u;
 
 @compute @workgroup_size(256)
