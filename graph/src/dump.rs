@@ -114,9 +114,12 @@ pub fn dump(graph: &Graph, plan: &MemoryPlan) -> GraphDump {
 }
 
 impl GraphDump {
-    /// One line per node: index, label, op, output shape/dtype/buffer, formats, kernels.
+    /// One line per node: index, label, op, output shape/dtype/buffer, formats, kernels; the
+    /// labels and op names in columns as wide as the longest.
     pub fn text(&self) -> String {
         let mut out = String::new();
+        let label_width = self.nodes.iter().map(|n| n.label.len()).max().unwrap_or(0);
+        let op_width = self.nodes.iter().map(|n| n.op.len()).max().unwrap_or(0);
         for n in &self.nodes {
             let outputs: Vec<String> = n
                 .outputs
@@ -128,7 +131,7 @@ impl GraphDump {
                 .collect();
             let _ = write!(
                 out,
-                "{:>4}  {:<28} {:<12} -> {}",
+                "{:>4}  {:<label_width$}  {:<op_width$}  -> {}",
                 n.index,
                 n.label,
                 n.op,
