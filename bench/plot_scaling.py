@@ -29,7 +29,7 @@ def audio_rate(step):
     return max(step["lanes"] // 2, 1) * args.token_seconds / (step["gpu_ms"] / 1e3)
 
 
-print(f"| lanes | GPU ms per step | audio s per s | x one request |")
+print("| lanes | GPU ms per step | audio s per s | x one request |")
 print("|---|---|---|---|")
 pair = next((s for s in by_lanes if s["lanes"] == 2), None)
 for s in by_lanes:

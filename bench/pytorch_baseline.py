@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_step import (
-    CTX, DENSE, H, HD, IE, IS, K, KEPT, L, NH, NKV, VOCAB, captured, dev, dt, median_ms, rms, step_inputs, w,
+    CTX, DENSE, H, HD, IE, IS, K, KEPT, L, NH, NKV, VOCAB, attention, captured, dev, dt, median_ms, rms, step_inputs,
+    w,
 )
 
 
@@ -53,14 +54,8 @@ def step(x, caches, pos):
     h = x.float()
     for i, ly in enumerate(layers):
         n = rms(h, ly["n1"])
-        q = F.linear(n, ly["q"], ly["qb"]).view(b, NH, 1, HD)
-        k = F.linear(n, ly["k"], ly["kb"]).view(b, NKV, 1, HD)
-        v = F.linear(n, ly["v"], ly["vb"]).view(b, NKV, 1, HD)
-        kc, vc = caches[i]
-        kc.index_copy_(2, pos, k)
-        vc.index_copy_(2, pos, v)
-        a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True).reshape(b, NH * HD)
-        h = h + F.linear(a, ly["o"]).float()
+        q, k, v = (F.linear(n, ly[name], ly[name + "b"]) for name in "qkv")
+        h = h + attention(q, k, v, caches[i], pos, ly["o"])
         n = rms(h, ly["n2"])
         if i == 0:
             out = F.linear(F.silu(F.linear(n, ly["g"])) * F.linear(n, ly["u"]), ly["d"])

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_step import (
-    CTX, DENSE, H, HD, IE, IS, K, KEPT, L, NH, NKV, VOCAB, captured, dev, dt, median_ms, rms, step_inputs, w,
+    CTX, DENSE, H, HD, IE, IS, K, KEPT, L, NH, NKV, VOCAB, attention, captured, dev, dt, median_ms, rms, step_inputs,
+    w,
 )
 if not hasattr(torch, "_grouped_mm"):
     raise SystemExit(f"torch {torch.__version__} has no torch._grouped_mm")
@@ -74,18 +75,11 @@ def experts(n, ly):
 
 
 def step(x, caches, pos):
-    b = x.shape[0]
     h = x.float()
     for i, ly in enumerate(layers):
         n = rms(h, ly["n1"])
-        qkv = F.linear(n, ly["qkv"], ly["qkvb"])
-        q, k, v = qkv.split([NH * HD, NKV * HD, NKV * HD], -1)
-        q, k, v = q.view(b, NH, 1, HD), k.view(b, NKV, 1, HD), v.view(b, NKV, 1, HD)
-        kc, vc = caches[i]
-        kc.index_copy_(2, pos, k)
-        vc.index_copy_(2, pos, v)
-        a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True).reshape(b, NH * HD)
-        h = h + F.linear(a, ly["o"]).float()
+        q, k, v = F.linear(n, ly["qkv"], ly["qkvb"]).split([NH * HD, NKV * HD, NKV * HD], -1)
+        h = h + attention(q, k, v, caches[i], pos, ly["o"])
         n = rms(h, ly["n2"])
         if i == 0:
             out = F.linear(swiglu(F.linear(n, ly["gu"])), ly["d"])

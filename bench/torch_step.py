@@ -1,5 +1,5 @@
 """What the PyTorch decode-step scripts share: the bench shape, random weights, RMSNorm, a
-step's inputs at a lane count, the step captured as a CUDA graph, and the median of its
+layer's attention with its KV-cache write, a step's inputs at a lane count, the step captured as a CUDA graph, and the median of its
 timed replays. Importing it seeds torch's generator, so each script draws the same weights."""
 import torch
 
@@ -21,6 +21,18 @@ def rms(x, weight):
     """RMSNorm in FP32, rounded to BF16."""
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(dt)
+
+
+def attention(q, k, v, cache, pos, o):
+    """One row per lane: this step's keys and values written into `cache` at `pos`, then
+    grouped-query attention over it and the output projection `o`, in FP32."""
+    b = q.shape[0]
+    q, k, v = q.view(b, NH, 1, HD), k.view(b, NKV, 1, HD), v.view(b, NKV, 1, HD)
+    kc, vc = cache
+    kc.index_copy_(2, pos, k)
+    vc.index_copy_(2, pos, v)
+    a = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, enable_gqa=True).reshape(b, NH * HD)
+    return torch.nn.functional.linear(a, o).float()
 
 
 def step_inputs(lanes):
