@@ -63,6 +63,12 @@ pub struct ExpTables {
 }
 
 impl ExpTables {
+    /// The tables, computed once per process.
+    pub fn get() -> &'static ExpTables {
+        static TABLES: std::sync::OnceLock<ExpTables> = std::sync::OnceLock::new();
+        TABLES.get_or_init(ExpTables::new)
+    }
+
     /// The tables (the same on every platform).
     pub fn new() -> ExpTables {
         let table = |entries: usize, step: f64| -> Vec<u32> {
@@ -181,17 +187,24 @@ pub fn choose(tables: &ExpTables, logits: &[f32], forbidden: usize, settings: &E
             .sum()
     };
     if settings.top_p < 1 << TOP_P_SHIFT {
-        let threshold = (u128::from(mass(lowest)) * u128::from(settings.top_p)).div_ceil(1 << TOP_P_SHIFT) as u64;
-        let mut kept: Vec<i32> = candidates()
-            .map(|id| levels[id])
-            .filter(|&level| level >= lowest)
+        // The kept candidates' (level, weight), best level first; the weight at or above a
+        // level is the running sum at that level's last candidate.
+        let mut kept: Vec<(i32, u64)> = candidates()
+            .filter(|&id| levels[id] >= lowest)
+            .map(|id| (levels[id], weights[id]))
             .collect();
-        kept.sort_unstable_by(|a, b| b.cmp(a));
-        kept.dedup();
-        lowest = kept
-            .into_iter()
-            .find(|&level| mass(level) >= threshold)
-            .unwrap_or(lowest);
+        kept.sort_unstable_by_key(|&(level, _)| std::cmp::Reverse(level));
+        let total: u64 = kept.iter().map(|&(_, weight)| weight).sum();
+        let threshold = (u128::from(total) * u128::from(settings.top_p)).div_ceil(1 << TOP_P_SHIFT) as u64;
+        let mut running = 0;
+        for (i, &(level, weight)) in kept.iter().enumerate() {
+            running += weight;
+            let level_ends = kept.get(i + 1).is_none_or(|next| next.0 != level);
+            if level_ends && running >= threshold {
+                lowest = level;
+                break;
+            }
+        }
     }
     let total = mass(lowest);
     let target = ((u128::from(settings.random) * u128::from(total)) >> 32) as u64;

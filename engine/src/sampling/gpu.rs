@@ -18,7 +18,7 @@ pub struct GpuSampler {
 impl GpuSampler {
     /// Uploads the tables ([`ExpTables`]) to `gpu`.
     pub fn new(gpu: &Gpu) -> GpuSampler {
-        let words = ExpTables::new().words();
+        let words = ExpTables::get().words();
         GpuSampler {
             tables: gpu.buffer_with("sampling tables", bytemuck::cast_slice(&words)),
         }

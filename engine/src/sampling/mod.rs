@@ -72,26 +72,20 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     draws: u64,
-    tables: std::sync::Arc<ExpTables>,
 }
 
 impl Sampler {
     /// A sampler at the start of the stream `params.seed` names.
     pub fn new(params: SamplingParams) -> Result<Sampler, EngineError> {
         params.validate()?;
-        static TABLES: std::sync::OnceLock<std::sync::Arc<ExpTables>> = std::sync::OnceLock::new();
-        Ok(Sampler {
-            params,
-            draws: 0,
-            tables: TABLES.get_or_init(|| std::sync::Arc::new(ExpTables::new())).clone(),
-        })
+        Ok(Sampler { params, draws: 0 })
     }
 
     /// Picks a token id from `logits`, never `forbidden` (audio_bos).
     pub fn sample(&mut self, logits: &[f32], forbidden: usize) -> Result<u32, EngineError> {
         let settings = self.params.exact(self.draws);
         self.draws += 1;
-        match exact::choose(&self.tables, logits, forbidden, &settings) {
+        match exact::choose(ExpTables::get(), logits, forbidden, &settings) {
             Some(token) => Ok(token as u32),
             None => match logits.iter().position(|v| v.is_nan()) {
                 Some(i) => Err(EngineError::Unsupported(format!("logit {i} is NaN"))),
