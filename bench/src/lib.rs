@@ -22,7 +22,8 @@ use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::error::EngineError;
 use drama_engine::exec::{LinearIo, linear_launches};
 use drama_engine::gpu::{Capabilities, Dispatch, Gpu};
-use drama_engine::sampling::SamplingParams;
+use drama_engine::sampling::gpu::Draw;
+use drama_engine::sampling::{SamplingParams, gamma_fixed};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest};
 use drama_engine::weights::GpuLinear;
@@ -68,7 +69,10 @@ impl BenchOptions {
                 self.prefill_rows
             )));
         }
-        if self.parts.contains(&BenchPart::Synthesis) {
+        if self.parts.contains(&BenchPart::TokenLoop) && self.lanes.contains(&0) {
+            return Err(EngineError::Input("the token loop needs at least one lane".into()));
+        }
+        if self.parts.contains(&BenchPart::Synthesis) || self.parts.contains(&BenchPart::TokenLoop) {
             // Positions taken before the first audio token: the voice prefix, the text and
             // audio_bos.
             let before = Batcher::positions_needed(config.speech.voice_prefix_len, SYNTHESIS_TEXT_TOKENS, 0);
@@ -115,17 +119,21 @@ pub enum BenchPart {
     Prefill,
     /// End-to-end synthesis of `synthesis_tokens` tokens.
     Synthesis,
+    /// Synthesis through the batcher at each of `lanes`: the time per token against the
+    /// GPU's busy time per token.
+    TokenLoop,
     /// One codec chunk alone.
     Codec,
 }
 
 impl BenchPart {
     /// Every part, in the order a run measures them.
-    pub const ALL: [BenchPart; 5] = [
+    pub const ALL: [BenchPart; 6] = [
         BenchPart::Kernels,
         BenchPart::Decode,
         BenchPart::Prefill,
         BenchPart::Synthesis,
+        BenchPart::TokenLoop,
         BenchPart::Codec,
     ];
 }
@@ -317,7 +325,8 @@ pub struct SynthesisResult {
     pub first_audio_s: f64,
     /// Tokens per second.
     pub tokens_per_s: f64,
-    /// Seconds in batched forwards (submit until the logits are on the host).
+    /// Seconds in batched steps (from submitting one until the tokens of the one before are
+    /// on the host).
     pub forward_s: f64,
     /// Of them: checking each step's rows and writing its inputs (the GPU has nothing to
     /// run meanwhile).
@@ -326,14 +335,41 @@ pub struct SynthesisResult {
     pub submit_s: f64,
     /// Of them: recording each next step's commands (while the GPU runs the current one).
     pub record_s: f64,
-    /// Of them: waiting for the logits and reading them back.
+    /// Of them: waiting for the drawn tokens and reading them back.
     pub wait_s: f64,
-    /// Seconds in guidance mixes and sampling.
+    /// Seconds submitting the draws (the GPU mixes and samples).
     pub sampling_s: f64,
     /// Seconds in codec chunks (submit until the PCM is on the host).
     pub codec_s: f64,
     /// Codec chunks submitted in parts behind the steps (the others ran whole).
     pub codec_chunks_in_parts: usize,
+}
+
+/// Synthesis through the batcher with `lanes` lanes busy (guided pairs, and an unguided
+/// job for an odd lane), set against what the GPU has to do per token.
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenLoopResult {
+    /// Lanes in use.
+    pub lanes: usize,
+    /// Jobs running side by side.
+    pub jobs: usize,
+    /// Steps timed: from the third (the first two hold the prompts and their first tokens)
+    /// to the last before a job ended.
+    pub steps: usize,
+    /// Median wall milliseconds per step of the timed ones: a token of every job.
+    pub token_ms: f64,
+    /// GPU milliseconds of one decode step of `lanes` rows at the timed steps' middle
+    /// position (timestamps at the pass boundaries, median of the repeats).
+    pub step_gpu_ms: f64,
+    /// GPU milliseconds of the step's draws (the guidance mix and the sampling), alone.
+    pub draw_gpu_ms: f64,
+    /// GPU milliseconds of codec work per step: a chunk's time alone, times the jobs, over
+    /// the codes of a chunk.
+    pub codec_gpu_ms: f64,
+    /// What the GPU is busy with per token: the step, its draws and its codec share.
+    pub busy_ms: f64,
+    /// `token_ms / busy_ms`: 1 means the GPU never waits for the host.
+    pub token_over_busy: f64,
 }
 
 /// One codec chunk (the codes a synthesis decodes at a time), timed alone.
@@ -375,6 +411,9 @@ pub struct BenchReport {
     /// Synthesis.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub synthesis: Option<SynthesisResult>,
+    /// The token loop at each lane count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_loop: Option<Vec<TokenLoopResult>>,
     /// The codec alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub codec: Option<CodecResult>,
@@ -695,6 +734,42 @@ fn decode_rows(lanes: usize, pos: usize, token: u32, codes: u32) -> Vec<Row> {
         .collect()
 }
 
+/// A session of `lanes` lanes of `capacity` positions, each holding `context` of them: an
+/// odd lane holds the null prefix (the uncond lane of a guidance pair) and every pair has
+/// codes of its own.
+fn prefilled_session<'e>(
+    engine: &'e Engine,
+    lanes: usize,
+    context: usize,
+    capacity: usize,
+) -> Result<Session<'e>, EngineError> {
+    let c = &engine.checkpoint.config;
+    let mut session = Session::new(engine, lanes, capacity)?;
+    let null = engine.checkpoint.float_tensor(drama_checkpoint::names::NULL_PREFIX);
+    for lane in (1..lanes).step_by(2) {
+        session.set_prefix(lane, &null)?;
+    }
+    let codes = c.speech.audio_codes as u32;
+    let prompt: Vec<Row> = (0..lanes)
+        .flat_map(|lane| {
+            (0..context).map(move |pos| Row {
+                source: if pos < c.speech.voice_prefix_len {
+                    RowSource::Prefix(pos)
+                } else {
+                    RowSource::Audio(pair_token((pos as u32 * 7919) % codes, lane / 2, codes))
+                },
+                lane,
+                pos,
+            })
+        })
+        .collect();
+    // In forwards the device's binding limit allows, as the batcher runs a long prompt.
+    for rows in prompt.chunks(session.max_step_rows()?) {
+        session.step(rows, false)?;
+    }
+    Ok(session)
+}
+
 /// Decode steps of `lanes` lanes at `options.context` positions of history. The lanes are
 /// guidance pairs as a served request runs them: an odd lane holds the null prefix and its
 /// pair's text, and every pair has a text of its own (so eight lanes are four requests,
@@ -710,29 +785,8 @@ pub fn decode_step(
     let c = &engine.checkpoint.config;
     let capacity = options.decode_capacity(c.max_position_embeddings)?;
     let steps = options.repeats + 3;
-    let mut session = Session::new(engine, lanes, capacity)?;
-    let null = engine.checkpoint.float_tensor(drama_checkpoint::names::NULL_PREFIX);
-    for lane in (1..lanes).step_by(2) {
-        session.set_prefix(lane, &null)?;
-    }
     let codes = c.speech.audio_codes as u32;
-    let prompt: Vec<Row> = (0..lanes)
-        .flat_map(|lane| {
-            (0..options.context).map(move |pos| Row {
-                source: if pos < c.speech.voice_prefix_len {
-                    RowSource::Prefix(pos)
-                } else {
-                    RowSource::Audio(pair_token((pos as u32 * 7919) % codes, lane / 2, codes))
-                },
-                lane,
-                pos,
-            })
-        })
-        .collect();
-    // In forwards the device's binding limit allows, as the batcher runs a long prompt.
-    for rows in prompt.chunks(session.max_step_rows()?) {
-        session.step(rows, false)?;
-    }
+    let mut session = prefilled_session(engine, lanes, options.context, capacity)?;
     let compile_start = std::time::Instant::now();
     let (dispatches, waiting_dispatches) = session.dispatch_count(lanes)?;
     let compile_ms = ms(compile_start.elapsed());
@@ -961,6 +1015,100 @@ pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisRes
     })
 }
 
+/// Steps a token-loop run needs: the two it does not time and three timed.
+const TOKEN_LOOP_STEPS: usize = 5;
+
+/// The token loop with `lanes` lanes busy: `lanes / 2` guided jobs (and an unguided one for
+/// an odd lane), each with its own text and seed, run through the batcher as a server runs
+/// them until the first ends; then what the GPU does per step, timed alone.
+pub fn token_loop(engine: &Engine, lanes: usize, options: &BenchOptions) -> Result<TokenLoopResult, EngineError> {
+    let c = &engine.checkpoint.config;
+    let pairs = lanes / 2;
+    let jobs = pairs + lanes % 2;
+    let prompt = Batcher::positions_needed(c.speech.voice_prefix_len, SYNTHESIS_TEXT_TOKENS, 0);
+    let capacity = prompt + options.synthesis_tokens;
+    let mut batcher = Batcher::new(engine, lanes, capacity)?;
+    for job in 0..jobs {
+        let text = (0..SYNTHESIS_TEXT_TOKENS as u32)
+            .map(|i| (i * 37 + 11 + job as u32 * 101) % 256)
+            .collect();
+        let guided = job < pairs;
+        batcher.admit(
+            SynthesisRequest {
+                segments: vec![text],
+                prefix: None,
+                gamma: if guided { 1.5 } else { 1.0 },
+                guidance: GuidanceMode::Paired,
+                sampling: SamplingParams::unfiltered(job as u64 + 1),
+                max_audio_tokens: options.synthesis_tokens,
+            },
+            Box::new(|_| true),
+        )?;
+    }
+    let mut ends = vec![std::time::Instant::now()];
+    while batcher.active() == jobs {
+        batcher.step()?;
+        ends.push(std::time::Instant::now());
+    }
+    // ends[i] is when step i - 1 returned; the last step ended a job.
+    let last = ends.len() - 2;
+    if last + 1 < TOKEN_LOOP_STEPS {
+        return Err(EngineError::Input(format!(
+            "a job ended after {} steps; the token loop times at least {TOKEN_LOOP_STEPS}",
+            last + 1
+        )));
+    }
+    let token_times: Vec<f64> = (3..=last).map(|i| ms(ends[i] - ends[i - 1])).collect();
+    let steps = token_times.len();
+    let token_ms = median(token_times);
+    drop(batcher);
+
+    let codes = c.speech.audio_codes as u32;
+    let middle = prompt + last / 2;
+    let mut session = prefilled_session(engine, lanes, middle, middle + options.repeats + 1)?;
+    warm_up(&engine.gpu, WARM_UP)?;
+    let mut step = 0;
+    let step_gpu_ms = median_ms(options.repeats, || {
+        let rows = decode_rows(lanes, middle + step, (step as u32 * 104_729) % codes, codes);
+        step += 1;
+        Ok(session.timed_step(&rows)?.1)
+    })?;
+    let draws: Vec<Draw> = (0..jobs)
+        .map(|job| {
+            let guided = job < pairs;
+            Draw {
+                settings: SamplingParams::unfiltered(job as u64).exact(0),
+                forbidden: c.speech.audio_bos(),
+                cond: if guided { 2 * job } else { lanes - 1 },
+                uncond: guided.then(|| (2 * job + 1, gamma_fixed(1.5))),
+            }
+        })
+        .collect();
+    let draw_gpu_ms = median_ms(options.repeats, || session.timed_draw(&draws))?;
+    let mut decoder = CodecDecoder::new(CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?);
+    let mut round = 0u32;
+    let chunk_ms = median_ms(options.repeats, || {
+        round += 1;
+        let chunk: Vec<u32> = (0..CODEC_CHUNK as u32)
+            .map(|j| (round * 131 + j * 29) % codes)
+            .collect();
+        Ok(decoder.timed_chunk(&chunk)?.0)
+    })?;
+    let codec_gpu_ms = chunk_ms * jobs as f64 / CODEC_CHUNK as f64;
+    let busy_ms = step_gpu_ms + draw_gpu_ms + codec_gpu_ms;
+    Ok(TokenLoopResult {
+        lanes,
+        jobs,
+        steps,
+        token_ms,
+        step_gpu_ms,
+        draw_gpu_ms,
+        codec_gpu_ms,
+        busy_ms,
+        token_over_busy: token_ms / busy_ms,
+    })
+}
+
 /// The linear kernels and sizes measured: the model's own (per format), each NVFP4 size
 /// also in the routed-expert kernel, and one large NVFP4 matrix in both.
 pub fn kernel_shapes(engine: &Engine) -> Vec<KernelCase> {
@@ -1070,6 +1218,16 @@ pub fn run(
     } else {
         None
     };
+    let token_loop = if wanted(BenchPart::TokenLoop) {
+        let mut results = Vec::new();
+        for &lanes in &options.lanes {
+            progress(&format!("token loop, {lanes} lanes"));
+            results.push(token_loop(engine, lanes, options)?);
+        }
+        Some(results)
+    } else {
+        None
+    };
     let codec = if wanted(BenchPart::Codec) {
         progress("codec");
         Some(codec(engine, options)?)
@@ -1090,6 +1248,7 @@ pub fn run(
         decode,
         prefill,
         synthesis,
+        token_loop,
         codec,
     })
 }

@@ -55,6 +55,7 @@ enum Part {
     Decode,
     Prefill,
     Synthesis,
+    TokenLoop,
     Codec,
 }
 
@@ -65,6 +66,7 @@ impl From<Part> for BenchPart {
             Part::Decode => BenchPart::Decode,
             Part::Prefill => BenchPart::Prefill,
             Part::Synthesis => BenchPart::Synthesis,
+            Part::TokenLoop => BenchPart::TokenLoop,
             Part::Codec => BenchPart::Codec,
         }
     }

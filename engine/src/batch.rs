@@ -3,16 +3,22 @@
 //! the rows of every job (a new job's whole prompt, a running job's one token per lane);
 //! rows never influence each other, so each job gets exactly the bits it would get alone.
 //! With separate guidance, cond rows and uncond rows run as two forwards per step.
+//!
+//! The GPU mixes and samples each job's token behind the forward, and the next step's rows
+//! read it there, so the host submits a step before it knows the tokens of the one before:
+//! it reads them one step late, while the GPU runs the next. A job's row in a step after
+//! the one that drew its audio_eos (or its last segment's end) is wasted work whose token
+//! is dropped, never seen by the job.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rayon::prelude::*;
-
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
-use crate::guidance::{check_gamma, mix};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::guidance::check_gamma;
+use crate::sampling::gpu::{Draw, DrawnTokens};
+use crate::sampling::{SamplingParams, gamma_fixed};
 use crate::session::{Engine, Row, RowSource, Session, StepCacheUsage};
 use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats, TimeSplit};
 use drama_checkpoint::names;
@@ -33,11 +39,19 @@ struct Job {
     cond_lane: usize,
     uncond_lane: Option<usize>,
     segment: usize,
-    /// Position of the next row; 0 means the segment's prompt is still to run.
+    /// Position of the job's next row; 0 means the segment's prompt is next.
     position: usize,
+    /// Codes read in this segment.
     generated: usize,
-    last_token: Option<u32>,
-    sampler: Sampler,
+    /// Tokens read in the request (audio_eos included): the draw index of the first token
+    /// not read yet (contract §6.3).
+    draws: u64,
+    /// The last step that drew a token for this job, and the draw's index in it.
+    drawn_in: Option<(u64, usize)>,
+    /// Tokens drawn in steps before this one are dropped (the rows of a step submitted
+    /// before the job's segment was known to end).
+    valid_from: u64,
+    gamma_fixed: u32,
     codec: CodecDecoder,
     /// Generated codes not yet given to the codec.
     pending: Vec<u32>,
@@ -67,6 +81,14 @@ impl Job {
         let handed_out = Duration::from_secs_f64(self.stats.audio_seconds());
         handed_out.saturating_sub(now.saturating_duration_since(self.started + first))
     }
+}
+
+/// A submitted step whose tokens are not read yet.
+struct InFlight {
+    serial: u64,
+    drawn: DrawnTokens,
+    /// The job of each draw, in draw order.
+    jobs: Vec<JobId>,
 }
 
 enum Next {
@@ -116,8 +138,10 @@ pub struct Batcher<'e> {
     default_prefix: Vec<f32>,
     /// Decoders of finished jobs, kept with their compiled chunk programs for the next.
     idle_decoders: Vec<CodecDecoder>,
-    /// Steps run so far.
+    /// Steps run so far (the next step's serial).
     steps: u64,
+    /// The last step submitted, its tokens not read yet.
+    in_flight: Option<InFlight>,
     /// When the last step began.
     last_step_start: Option<Instant>,
     /// The time between the two last steps' beginnings: the pace [`parts_for`] assumes.
@@ -151,6 +175,7 @@ impl<'e> Batcher<'e> {
             default_prefix: engine.checkpoint.float_tensor(names::DEFAULT_PREFIX),
             idle_decoders: vec![warm],
             steps: 0,
+            in_flight: None,
             last_step_start: None,
             step_time: Duration::ZERO,
             max_forward_rows: device_max_rows,
@@ -267,7 +292,6 @@ impl<'e> Batcher<'e> {
             )));
         }
         // Everything that can fail comes before the lanes and the decoder are taken.
-        let sampler = Sampler::new(request.sampling)?;
         let cond_lane = self.free[self.free.len() - 1];
         let uncond_lane = (needed == 2).then(|| self.free[self.free.len() - 2]);
         let prefix = request.prefix.clone().unwrap_or_else(|| self.default_prefix.clone());
@@ -287,7 +311,10 @@ impl<'e> Batcher<'e> {
         self.next_id += 1;
         self.jobs.push(Job {
             id,
-            sampler,
+            draws: 0,
+            drawn_in: None,
+            valid_from: 0,
+            gamma_fixed: gamma_fixed(request.gamma),
             stats: SynthesisStats {
                 tokens: 0,
                 samples: 0,
@@ -305,7 +332,6 @@ impl<'e> Batcher<'e> {
             segment: 0,
             position: 0,
             generated: 0,
-            last_token: None,
             codec,
             pending: Vec::new(),
             chunk: Vec::new(),
@@ -319,7 +345,23 @@ impl<'e> Batcher<'e> {
         Ok(id)
     }
 
-    /// The rows a job feeds this step for one of its lanes.
+    /// Whether a job has rows in step `serial`: its segment's prompt is next, or the token
+    /// it drew in the step before is still to be fed back (and, were it a code, would not
+    /// be the segment's last). A job whose in-flight token may end its segment by the cap
+    /// waits a step for it; one that failed or was cancelled ends when the step is read.
+    fn feeds(job: &Job, serial: u64) -> bool {
+        if job.failed.is_some() || job.cancelled {
+            return false;
+        }
+        job.position == 0
+            || (job
+                .drawn_in
+                .is_some_and(|(step, _)| step + 1 == serial && step >= job.valid_from)
+                && job.generated + 1 < job.request.max_audio_tokens)
+    }
+
+    /// The rows a job feeds this step for one of its lanes: its segment's prompt, or the
+    /// token it drew in the step before, read on the GPU.
     fn rows(&self, job: &Job, lane: usize) -> Vec<Row> {
         let c = &self.engine.checkpoint.config;
         if job.position == 0 {
@@ -332,70 +374,45 @@ impl<'e> Batcher<'e> {
                 .map(|(pos, source)| Row { source, lane, pos })
                 .collect()
         } else {
-            let token = job.last_token.expect("a running job has a token");
+            let (_, draw) = job.drawn_in.expect("a job feeding a token drew it");
             vec![Row {
-                source: RowSource::Audio(token),
+                source: RowSource::Drawn(draw),
                 lane,
                 pos: job.position,
             }]
         }
     }
 
-    /// Runs one batched step for every job; returns the jobs that ended, with their stats or
-    /// the error that ended one alone (its sampler or codec failed: the other jobs go on,
+    /// Runs one batched step: submits every feeding job's rows and their draws, the codec
+    /// work, then reads the tokens of the step before (the GPU runs this one meanwhile) and
+    /// moves their jobs on. Returns the jobs that ended, with their stats or the error that
+    /// ended one alone (its codec failed, or its logits held a NaN: the other jobs go on,
     /// with the bits they would have alone). An error of the step itself (the GPU) is the
-    /// `Err`, and the jobs are then as before the step.
+    /// `Err`; the running jobs should then be cancelled.
     pub fn step(&mut self) -> Result<Vec<Ended>, EngineError> {
-        if self.jobs.is_empty() {
+        if self.jobs.is_empty() && self.in_flight.is_none() {
             return Ok(Vec::new());
         }
-        let vocab = self.engine.checkpoint.config.speech.audio_vocab_size;
-        let separate = self.jobs.iter().any(|j| j.request.guidance == GuidanceMode::Separate);
-        // (job index, cond row, uncond row) positions of each job's last row in the logits.
-        let mut cond_rows = Vec::new();
-        let mut uncond_rows = Vec::new();
-        let mut last = Vec::new();
-        for job in &self.jobs {
-            cond_rows.extend(self.rows(job, job.cond_lane));
-            let c = cond_rows.len() - 1;
-            let u = job.uncond_lane.map(|lane| {
-                uncond_rows.extend(self.rows(job, lane));
-                uncond_rows.len() - 1
-            });
-            last.push((c, u));
-        }
-        // Paired: one step, its logits split in place; separate: a step per kind of lane.
-        // The codec work is submitted behind the (first) forward: the GPU decodes while the
-        // host samples, and the step after a chunk's last part reads its samples, once its
-        // own forward is submitted. (With separate guidance the uncond forward queues behind
-        // it instead.)
-        let n = cond_rows.len();
-        let step = self.steps;
+        let serial = self.steps;
         self.steps += 1;
         let began = Instant::now();
         if let Some(last) = self.last_step_start.replace(began) {
             self.step_time = began - last;
         }
-        let (first_rows, second_rows) = if separate {
-            (cond_rows, uncond_rows)
-        } else {
-            let mut all = cond_rows;
-            all.extend(uncond_rows);
-            (all, Vec::new())
-        };
-        // Rows past the forward limit run as further forwards behind the first.
-        let (head, rest) = first_rows.split_at(first_rows.len().min(self.max_forward_rows));
-        let submitted = self.session.submit(head)?;
-        // Nothing between the submission and the read of its logits fails (each job's codec
-        // errors are its own), so the submitted step never stays pinned unread.
-        let codec_time = self.submit_chunks(step) + self.deliver_finished_chunks(step);
-        let mut first = self.session.logits(submitted)?;
-        for part in rest.chunks(self.max_forward_rows) {
-            first.extend(self.session.step(part, false)?.logits);
-        }
-        let mut second = Vec::new();
-        for part in second_rows.chunks(self.max_forward_rows) {
-            second.extend(self.session.step(part, false)?.logits);
+        let submitted = self.submit_step(serial).inspect_err(|_| self.in_flight = None)?;
+        // The codec work queues behind the step: the GPU decodes after it while the host
+        // reads the tokens before and moves on. The step after a chunk's last part reads
+        // its samples, once its own forward is submitted.
+        let codec_time = self.submit_chunks(serial) + self.deliver_finished_chunks(serial);
+        let mut tokens = HashMap::new();
+        if let Some(read) = std::mem::replace(&mut self.in_flight, submitted) {
+            let drawn = self.session.drawn(read.drawn)?;
+            tokens.extend(
+                read.jobs
+                    .into_iter()
+                    .zip(drawn)
+                    .map(|(id, token)| (id, (read.serial, token))),
+            );
         }
         // The codec submissions inside the window are counted as codec time.
         let forward = began.elapsed().saturating_sub(codec_time);
@@ -404,39 +421,36 @@ impl<'e> Batcher<'e> {
             job.stats.time_split.forward += forward;
             job.stats.time_split.forward_split += split;
         }
-        let (cond_logits, uncond_logits) = if separate {
-            (&first[..], &second[..])
-        } else {
-            first.split_at(n * vocab)
-        };
-        let lane_logits: Vec<(&[f32], Option<&[f32]>)> = last
-            .iter()
-            .map(|&(c, u)| {
-                let uncond = u.map(|u| &uncond_logits[u * vocab..(u + 1) * vocab]);
-                (&cond_logits[c * vocab..(c + 1) * vocab], uncond)
-            })
-            .collect();
-        let tokens = Self::sample_tokens(self.engine, &mut self.jobs, &lane_logits);
-        let mut finished = Vec::new();
-        let mut index = 0;
         let mut outcomes = Vec::new();
-        for (job, token) in self.jobs.iter_mut().zip(tokens) {
+        for job in &mut self.jobs {
             if std::mem::take(&mut job.fail_next_step) {
                 job.failed
                     .get_or_insert(EngineError::Input("a failure injected by a test".into()));
             }
+            let token = tokens
+                .get(&job.id)
+                .filter(|(drawn_in, _)| *drawn_in >= job.valid_from)
+                .map(|&(_, token)| token);
             let outcome = if job.failed.is_some() {
                 Ok(Next::Failed)
             } else if job.cancelled {
                 Ok(Next::Finished(Stop::Cancelled))
             } else {
-                token.and_then(|token| Self::advance(self.engine, job, token))
+                match token {
+                    None => Ok(Next::Continue),
+                    Some(None) => Err(EngineError::Unsupported(
+                        "a logit the job's token is drawn from is NaN".into(),
+                    )),
+                    Some(Some(token)) => Self::advance(self.engine, job, token),
+                }
             };
             outcomes.push(outcome.unwrap_or_else(|error| {
                 job.failed = Some(error);
                 Next::Failed
             }));
         }
+        let mut finished = Vec::new();
+        let mut index = 0;
         for outcome in outcomes {
             let job = &mut self.jobs[index];
             match outcome {
@@ -445,7 +459,8 @@ impl<'e> Batcher<'e> {
                     job.segment += 1;
                     job.position = 0;
                     job.generated = 0;
-                    job.last_token = None;
+                    // The row this step fed the job is the old segment's: its token goes.
+                    job.valid_from = self.steps;
                     index += 1;
                 }
                 Next::Finished(stop) => {
@@ -460,6 +475,80 @@ impl<'e> Batcher<'e> {
             }
         }
         Ok(finished)
+    }
+
+    /// Submits step `serial`: the rows of every job that feeds ([`Batcher::feeds`]) as one
+    /// forward (two with separate guidance; more past the forward limit), each job's last
+    /// cond and uncond logit rows kept, and one draw per job behind them. The jobs move on
+    /// only once all of it is submitted. `None` when no job feeds.
+    fn submit_step(&mut self, serial: u64) -> Result<Option<InFlight>, EngineError> {
+        let forbidden = self.engine.checkpoint.config.speech.audio_bos();
+        let separate = self.jobs.iter().any(|j| j.request.guidance == GuidanceMode::Separate);
+        let mut cond_rows = Vec::new();
+        let mut uncond_rows = Vec::new();
+        let mut keep_cond = Vec::new();
+        let mut keep_uncond = Vec::new();
+        let mut draws = Vec::new();
+        let mut feeding = Vec::new();
+        for (i, job) in self.jobs.iter().enumerate() {
+            if !Self::feeds(job, serial) {
+                continue;
+            }
+            let rows = self.rows(job, job.cond_lane);
+            let fed = rows.len();
+            cond_rows.extend(rows);
+            keep_cond.push((cond_rows.len() - 1, keep_cond.len() + keep_uncond.len()));
+            let cond = keep_cond.len() + keep_uncond.len() - 1;
+            let uncond = job.uncond_lane.map(|lane| {
+                uncond_rows.extend(self.rows(job, lane));
+                keep_uncond.push((uncond_rows.len() - 1, keep_cond.len() + keep_uncond.len()));
+                (keep_cond.len() + keep_uncond.len() - 1, job.gamma_fixed)
+            });
+            // A decode row feeds a token not read yet, whose draw comes before this one.
+            let index = job.draws + u64::from(job.position != 0);
+            draws.push(Draw {
+                settings: job.request.sampling.exact(index),
+                forbidden,
+                cond,
+                uncond,
+            });
+            feeding.push((i, fed));
+        }
+        if feeding.is_empty() {
+            return Ok(None);
+        }
+        let forwards = if separate {
+            vec![(cond_rows, keep_cond), (uncond_rows, keep_uncond)]
+        } else {
+            let n = cond_rows.len();
+            cond_rows.extend(uncond_rows);
+            keep_cond.extend(keep_uncond.into_iter().map(|(row, kept)| (row + n, kept)));
+            vec![(cond_rows, keep_cond)]
+        };
+        // Rows past the forward limit run as further forwards behind the first.
+        for (rows, keep) in &forwards {
+            for (part, chunk) in rows.chunks(self.max_forward_rows).enumerate() {
+                let first = part * self.max_forward_rows;
+                let kept: Vec<(usize, usize)> = keep
+                    .iter()
+                    .filter(|&&(row, _)| (first..first + chunk.len()).contains(&row))
+                    .map(|&(row, kept)| (row - first, kept))
+                    .collect();
+                self.session.submit_for_draws(chunk, &kept)?;
+            }
+        }
+        let start = Instant::now();
+        let drawn = self.session.draw(&draws)?;
+        let sampling = start.elapsed();
+        let mut jobs = Vec::with_capacity(feeding.len());
+        for (draw, &(i, fed)) in feeding.iter().enumerate() {
+            let job = &mut self.jobs[i];
+            job.position = if job.position == 0 { fed } else { job.position + 1 };
+            job.drawn_in = Some((serial, draw));
+            job.stats.time_split.sampling += sampling;
+            jobs.push(job.id);
+        }
+        Ok(Some(InFlight { serial, drawn, jobs }))
     }
 
     /// Test hook: job `id` fails in its next step, as if its sampler or codec had, so tests
@@ -515,46 +604,16 @@ impl<'e> Batcher<'e> {
         all.elapsed()
     }
 
-    /// Every job's next token from its lanes' logits (cond, and uncond with guidance): the
-    /// guidance mix, then the job's sampler. The GPU has nothing to run meanwhile but the
-    /// codec chunks queued behind the forward, and each job's sampler and logits are its
-    /// own, so the jobs sample in parallel (the experiment log at the `lab-notebook` tag
-    /// measured it).
-    fn sample_tokens(
-        engine: &Engine,
-        jobs: &mut [Job],
-        lane_logits: &[(&[f32], Option<&[f32]>)],
-    ) -> Vec<Result<u32, EngineError>> {
-        let forbidden = engine.checkpoint.config.speech.audio_bos();
-        let sample = |(job, &(cond, uncond)): (&mut Job, &(&[f32], Option<&[f32]>))| {
-            let start = Instant::now();
-            let mixed = uncond.map(|uncond| mix(cond, uncond, job.request.gamma));
-            let token = job.sampler.sample(mixed.as_deref().unwrap_or(cond), forbidden);
-            job.stats.time_split.sampling += start.elapsed();
-            token
-        };
-        // One job samples on this thread: handing it to the pool would only add latency.
-        if jobs.len() == 1 {
-            return jobs.iter_mut().zip(lane_logits).map(sample).collect();
-        }
-        jobs.par_iter_mut().zip(lane_logits).map(sample).collect()
-    }
-
-    /// Moves a job on with its sampled `token`: records it and fills the next chunk (at the
-    /// request's end, decodes and hands out everything left).
+    /// Moves a job on with its drawn `token`, read from the GPU: records it and fills the
+    /// next chunk (at the request's end, decodes and hands out everything left).
     fn advance(engine: &Engine, job: &mut Job, token: u32) -> Result<Next, EngineError> {
         let c = &engine.checkpoint.config;
-        if job.position == 0 {
-            job.position = c.speech.voice_prefix_len + job.request.segments[job.segment].len() + 1;
-        } else {
-            job.position += 1;
-        }
+        job.draws += 1;
         let ended = token as usize == c.speech.audio_eos();
         if !ended {
             job.stats.tokens += 1;
             job.generated += 1;
             job.pending.push(token);
-            job.last_token = Some(token);
         }
         let segment_done = ended || job.generated == job.request.max_audio_tokens;
         if segment_done && !ended {

@@ -1271,6 +1271,19 @@ impl Executable {
         Ok(())
     }
 
+    /// The buffer a run leaves its logits in, [rows, C + 2] f32 (work queued behind the
+    /// run reads them there).
+    pub fn logits_buffer(&self) -> &wgpu::Buffer {
+        self.value_buffer(self.logits)
+    }
+
+    /// The buffer of the step input `name` (one of [`STEP_INPUTS`]), one u32 per row: work
+    /// queued after [`Executable::write_inputs`] and before the run may overwrite words of it.
+    pub fn input_buffer(&self, name: &str) -> Option<&wgpu::Buffer> {
+        let index = STEP_INPUTS.iter().position(|&n| n == name)?;
+        Some(self.value_buffer(self.inputs[index]))
+    }
+
     /// Reads the audio logits of the last run.
     pub fn read_logits(&self, gpu: &Gpu) -> Result<Vec<f32>, EngineError> {
         self.read_f32(gpu, self.logits)

@@ -18,6 +18,7 @@ use crate::error::EngineError;
 use crate::exec::{Bindings, Executable, largest_step_buffer};
 use crate::gpu::{Gpu, GpuError};
 use crate::rope::rope_table;
+use crate::sampling::gpu::{Draw, DrawnTokens, GpuSampler};
 use crate::spec::{CheckpointNames, model_spec};
 use crate::step_cache::StepCache;
 use crate::weights::GpuWeights;
@@ -92,6 +93,9 @@ pub enum RowSource {
     Text(u32),
     /// An audio token id (a code, audio_bos or audio_eos).
     Audio(u32),
+    /// The audio token of draw `d` of the session's last draws ([`Session::draw`]), read
+    /// on the GPU when the step runs: a step can be submitted before the host has it.
+    Drawn(usize),
 }
 
 /// One token row of a step.
@@ -192,6 +196,8 @@ pub struct Session<'e> {
     unread: HashSet<StepKey>,
     /// Host time of the forwards since [`Session::take_forward_split`] last ran.
     forward_split: Cell<ForwardSplit>,
+    /// Sampling on the GPU: the rows kept from steps, the draws, the tokens drawn.
+    sampler: GpuSampler,
 }
 
 /// Where the host's time went in forwards ([`Session::submit`] then [`Session::logits`]),
@@ -205,7 +211,7 @@ pub struct ForwardSplit {
     pub submit: Duration,
     /// Recording the next step's commands (while the GPU runs this one).
     pub record: Duration,
-    /// Waiting for the logits and reading them back.
+    /// Waiting for the logits or the drawn tokens and reading them back.
     pub wait: Duration,
 }
 
@@ -216,6 +222,39 @@ impl std::ops::AddAssign for ForwardSplit {
         self.record += other.record;
         self.wait += other.wait;
     }
+}
+
+/// The row index written for a [`RowSource::Drawn`] row, which the drawn token's copy
+/// replaces: never an id the host writes.
+const DRAWN_PLACEHOLDER: u32 = u32::MAX;
+
+/// Records copies of `unit`-byte items from `source` to `target`, item `from` to item `to`
+/// for each pair, consecutive pairs in one copy.
+fn copy_runs(
+    gpu: &Gpu,
+    pairs: &[(usize, usize)],
+    source: &wgpu::Buffer,
+    target: &wgpu::Buffer,
+    unit: u64,
+) -> wgpu::CommandBuffer {
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    let mut i = 0;
+    while i < pairs.len() {
+        let (from, to) = pairs[i];
+        let mut length = 1;
+        while pairs.get(i + length) == Some(&(from + length, to + length)) {
+            length += 1;
+        }
+        encoder.copy_buffer_to_buffer(
+            source,
+            from as u64 * unit,
+            target,
+            to as u64 * unit,
+            length as u64 * unit,
+        );
+        i += length;
+    }
+    encoder.finish()
 }
 
 /// The most lanes a session takes: far past what a real model's KV caches leave room for,
@@ -296,6 +335,7 @@ impl<'e> Session<'e> {
             last_of_shape: HashMap::new(),
             unread: HashSet::new(),
             forward_split: Cell::default(),
+            sampler: GpuSampler::new(gpu, c.speech.audio_vocab_size, lanes)?,
         })
     }
 
@@ -468,6 +508,9 @@ impl<'e> Session<'e> {
                         c.speech.audio_vocab_size
                     ));
                 }
+                RowSource::Drawn(d) if d >= self.sampler.capacity() => {
+                    return bad(format!("draw {d} of at most {}", self.sampler.capacity()));
+                }
                 _ => {}
             }
         }
@@ -506,6 +549,64 @@ impl<'e> Session<'e> {
     /// on (the next step's commands are recorded meanwhile); [`Session::logits`] reads its
     /// result. Work submitted after it runs after it.
     pub fn submit(&mut self, rows: &[Row]) -> Result<SubmittedStep, EngineError> {
+        let (key, submission) = self.submit_keeping(rows, &[])?;
+        self.unread.insert(key);
+        Ok(SubmittedStep {
+            key,
+            submission,
+            serial: self.submitted,
+        })
+    }
+
+    /// Submits a step of `rows` for the GPU's sampling ([`Session::draw`]): behind it, the
+    /// logits of each `(row, kept)` pair are copied to kept row `kept` of the sampler, so a
+    /// later step of the same shape may overwrite them. Its logits are not read.
+    pub fn submit_for_draws(&mut self, rows: &[Row], keep: &[(usize, usize)]) -> Result<(), EngineError> {
+        if let Some(&(row, kept)) = keep
+            .iter()
+            .find(|&&(row, kept)| row >= rows.len() || kept >= self.sampler.capacity())
+        {
+            return Err(EngineError::Input(format!(
+                "row {row} of {} kept as row {kept} of {}",
+                rows.len(),
+                self.sampler.capacity()
+            )));
+        }
+        self.submit_keeping(rows, keep).map(|_| ())
+    }
+
+    /// Submits the draws of `draws`, which read the rows kept by the steps submitted before
+    /// ([`Session::submit_for_draws`]); the steps submitted after read the tokens through
+    /// [`RowSource::Drawn`], and [`Session::drawn`] reads them on the host.
+    pub fn draw(&mut self, draws: &[Draw]) -> Result<DrawnTokens, EngineError> {
+        self.sampler.submit(&self.engine.gpu, draws)
+    }
+
+    /// Runs `draws` alone (as [`Session::draw`] would) and returns their GPU time.
+    pub fn timed_draw(&mut self, draws: &[Draw]) -> Result<Duration, EngineError> {
+        self.sampler.timed(&self.engine.gpu, draws)
+    }
+
+    /// The tokens of submitted draws, in draw order (`None` for a draw with a NaN logit),
+    /// once drawn (work submitted after them may still run). Read each before the draws
+    /// after the next are submitted.
+    pub fn drawn(&mut self, drawn: DrawnTokens) -> Result<Vec<Option<u32>>, EngineError> {
+        let start = Instant::now();
+        let tokens = self.sampler.read(&self.engine.gpu, drawn);
+        self.add_forward_time(ForwardSplit {
+            wait: start.elapsed(),
+            ..ForwardSplit::default()
+        });
+        tokens
+    }
+
+    /// Submits a step of `rows` with the copies of `keep`'s logit rows behind it; returns
+    /// its key and submission.
+    fn submit_keeping(
+        &mut self,
+        rows: &[Row],
+        keep: &[(usize, usize)],
+    ) -> Result<(StepKey, wgpu::SubmissionIndex), EngineError> {
         let start = Instant::now();
         let key = self.write_step_inputs(rows, false)?;
         let written = Instant::now();
@@ -515,7 +616,10 @@ impl<'e> Session<'e> {
             Some((prepared, commands)) if prepared == key => commands,
             _ => exe.encode(&gpu),
         };
-        let submission = gpu.submit_commands([commands]);
+        let row_bytes = (self.engine.checkpoint.config.speech.audio_vocab_size * 4) as u64;
+        let kept =
+            (!keep.is_empty()).then(|| copy_runs(&gpu, keep, exe.logits_buffer(), self.sampler.kept(), row_bytes));
+        let submission = gpu.submit_commands(std::iter::once(commands).chain(kept));
         let submitted = Instant::now();
         // Record the next step of this shape while the GPU runs this one.
         self.prepared = Some((key, exe.encode(&gpu)));
@@ -527,12 +631,7 @@ impl<'e> Session<'e> {
         });
         self.submitted += 1;
         self.last_of_shape.insert(key, self.submitted);
-        self.unread.insert(key);
-        Ok(SubmittedStep {
-            key,
-            submission,
-            serial: self.submitted,
-        })
+        Ok((key, submission))
     }
 
     /// The logits of every row of a submitted step, [rows, C + 2], once it has finished
@@ -573,11 +672,19 @@ impl<'e> Session<'e> {
         let p = self.engine.checkpoint.config.speech.voice_prefix_len;
         let mut table = Vec::with_capacity(rows.len());
         let mut index = Vec::with_capacity(rows.len());
-        for row in rows {
+        // (draw, row): the rows whose token the GPU copies in from the last draws.
+        let mut drawn = Vec::new();
+        for (r, row) in rows.iter().enumerate() {
             let (source, i) = match row.source {
-                RowSource::Prefix(r) => (row_source::PREFIX, (row.lane * p + r) as u32),
+                RowSource::Prefix(p_row) => (row_source::PREFIX, (row.lane * p + p_row) as u32),
                 RowSource::Text(t) => (row_source::TEXT, t),
                 RowSource::Audio(a) => (row_source::AUDIO, a),
+                RowSource::Drawn(d) => {
+                    drawn.push((d, r));
+                    // No id: the host writing the same words next time must not skip a
+                    // row the copy below overwrote.
+                    (row_source::AUDIO, DRAWN_PLACEHOLDER)
+                }
             };
             table.push(source);
             index.push(i);
@@ -586,8 +693,16 @@ impl<'e> Session<'e> {
         let positions: Vec<u32> = rows.iter().map(|r| r.pos as u32).collect();
         let key = (rows.len(), trace);
         let engine = self.engine;
-        self.executable(rows.len(), trace)?
-            .write_inputs(&engine.gpu, [&table, &index, &lanes, &positions])?;
+        self.executable(rows.len(), trace)?;
+        let exe = compiled(&self.steps, key);
+        exe.write_inputs(&engine.gpu, [&table, &index, &lanes, &positions])?;
+        if !drawn.is_empty() {
+            // The copies run after the written inputs land (queued writes precede a submit)
+            // and before the step, which is submitted after them.
+            let ids = exe.input_buffer("row_index").expect("a step input");
+            let copies = copy_runs(&engine.gpu, &drawn, self.sampler.tokens(), ids, 4);
+            engine.gpu.submit_commands([copies]);
+        }
         Ok(key)
     }
 

@@ -129,12 +129,13 @@ pub struct SynthesisStats {
 /// other jobs' work and the sink).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TimeSplit {
-    /// The batched forwards the job took part in: submit until the logits are on the host.
+    /// The batched steps the job took part in: from submitting one until the tokens of the
+    /// step before are on the host.
     pub forward: Duration,
     /// How the forwards' time divides (its parts add up to `forward`, to within the
     /// bookkeeping between them).
     pub forward_split: ForwardSplit,
-    /// Its guidance mixes and sampling.
+    /// Submitting its draws (the GPU mixes the guidance pair's logits and samples).
     pub sampling: Duration,
     /// Its codec chunks: submit until the PCM is on the host.
     pub codec: Duration,

@@ -7,7 +7,8 @@ use safetensors::Dtype;
 
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
-use crate::guidance::{check_gamma, mix};
+use crate::guidance::check_gamma;
+use crate::sampling::{exact, gamma_fixed};
 use crate::session::{Engine, Row, RowSource, Session};
 use drama_checkpoint::names;
 
@@ -139,9 +140,21 @@ pub fn trace(engine: &Engine, request: &TraceRequest<'_>) -> Result<Trace, Engin
     let mut tensors = vec![f32_tensor("logits.cond".into(), vec![t, v], &cond_logits)];
     if let Some(uncond) = &uncond {
         let uncond_logits = last_t(&uncond.logits);
-        let mixed = mix(&cond_logits, &uncond_logits, request.gamma);
+        let gamma = gamma_fixed(request.gamma);
+        let mut mixed = Vec::with_capacity(t * v);
+        for (row, (cond, uncond)) in cond_logits.chunks(v).zip(uncond_logits.chunks(v)).enumerate() {
+            mixed.extend(
+                exact::guided_levels(cond, uncond, gamma)
+                    .ok_or_else(|| EngineError::Unsupported(format!("row {row} of the logits has a NaN")))?,
+            );
+        }
         tensors.push(f32_tensor("logits.uncond".into(), vec![t, v], &uncond_logits));
-        tensors.push(f32_tensor("logits.mixed".into(), vec![t, v], &mixed));
+        tensors.push((
+            "levels.mixed".into(),
+            Dtype::I32,
+            vec![t, v],
+            bytemuck::cast_slice(&mixed).to_vec(),
+        ));
     }
     let k = c.num_experts_per_tok;
     for (i, hidden) in cond.hidden.iter().enumerate() {
@@ -185,9 +198,18 @@ impl Trace {
 
     /// A tensor's F32 values by name.
     pub fn f32s(&self, name: &str) -> Option<Vec<f32>> {
+        self.values(name, Dtype::F32)
+    }
+
+    /// A tensor's I32 values by name.
+    pub fn i32s(&self, name: &str) -> Option<Vec<i32>> {
+        self.values(name, Dtype::I32)
+    }
+
+    fn values<T: bytemuck::Pod>(&self, name: &str, dtype: Dtype) -> Option<Vec<T>> {
         self.tensors
             .iter()
-            .find(|t| t.0 == name && t.1 == Dtype::F32)
-            .map(|t| bytemuck::cast_slice(&t.3).to_vec())
+            .find(|t| t.0 == name && t.1 == dtype)
+            .map(|t| bytemuck::pod_collect_to_vec(&t.3))
     }
 }

@@ -11,7 +11,7 @@ use drama_engine::batch::synthesize;
 use drama_engine::batch::{Batcher, CODEC_CHUNK_PARTS, parts_for};
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::gpu::{Gpu, GpuOptions};
-use drama_engine::sampling::{Sampler, SamplingParams};
+use drama_engine::sampling::{Logits, Sampler, SamplingParams};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest};
 use rand_core::Rng;
@@ -240,7 +240,6 @@ fn a_cancelled_job_frees_its_lanes_and_the_next_matches_a_fresh_run() {
         .unwrap();
 }
 
-/// Runs `request` as the batcher's only job until it ends; returns its PCM.
 /// A sink that appends every chunk to `out`.
 fn collecting_sink(out: &Arc<Mutex<Vec<f32>>>) -> drama_engine::batch::Sink {
     let out = out.clone();
@@ -250,6 +249,7 @@ fn collecting_sink(out: &Arc<Mutex<Vec<f32>>>) -> drama_engine::batch::Sink {
     })
 }
 
+/// Runs `request` as the batcher's only job until it ends; returns its PCM.
 fn run_alone(batcher: &mut Batcher<'_>, request: SynthesisRequest) -> Vec<f32> {
     let out = Arc::new(Mutex::new(Vec::new()));
     batcher.admit(request, collecting_sink(&out)).unwrap();
@@ -304,13 +304,26 @@ fn a_warmed_up_batcher_gives_a_fresh_runs_bits() {
     assert!(err.contains("without jobs"), "{err}");
 }
 
+/// What a plain loop generates for a request: its codes, and how many of its segments
+/// before the last ended at audio_eos.
+struct PlainRun {
+    tokens: Vec<u32>,
+    eos_ends_before_last: usize,
+}
+
 /// The tokens a request generates, by a plain loop over a session (no batcher): each
-/// segment's prompt as one step, then one token per step with guidance mixed and sampled
-/// as the contract says, until audio_eos or the segment's cap.
+/// segment's prompt as one step, then one token per step, sampled on the host as the
+/// contract says (guidance mixed when the request is guided), until audio_eos or the
+/// segment's cap.
 fn tokens_by_plain_loop(engine: &Engine, request: &SynthesisRequest) -> Vec<u32> {
+    plain_loop(engine, request).tokens
+}
+
+fn plain_loop(engine: &Engine, request: &SynthesisRequest) -> PlainRun {
     let c = &engine.checkpoint.config;
     let p = c.speech.voice_prefix_len;
     let vocab = c.speech.audio_vocab_size;
+    let lanes: &[usize] = if request.gamma == 1.0 { &[0] } else { &[0, 1] };
     let mut session = Session::new(engine, 2, 64).unwrap();
     session
         .set_prefix(0, &engine.checkpoint.float_tensor(names::DEFAULT_PREFIX))
@@ -319,14 +332,17 @@ fn tokens_by_plain_loop(engine: &Engine, request: &SynthesisRequest) -> Vec<u32>
         .set_prefix(1, &engine.checkpoint.float_tensor(names::NULL_PREFIX))
         .unwrap();
     let mut sampler = Sampler::new(request.sampling).unwrap();
-    let mut tokens = Vec::new();
-    for segment in &request.segments {
+    let mut run = PlainRun {
+        tokens: Vec::new(),
+        eos_ends_before_last: 0,
+    };
+    for (s, segment) in request.segments.iter().enumerate() {
         let prompt: Vec<RowSource> = (0..p)
             .map(RowSource::Prefix)
             .chain(segment.iter().map(|&t| RowSource::Text(t)))
             .chain(std::iter::once(RowSource::Audio(c.speech.audio_bos() as u32)))
             .collect();
-        let mut rows: Vec<Row> = [0, 1]
+        let mut rows: Vec<Row> = lanes
             .iter()
             .flat_map(|&lane| {
                 prompt
@@ -337,16 +353,23 @@ fn tokens_by_plain_loop(engine: &Engine, request: &SynthesisRequest) -> Vec<u32>
             .collect();
         for position in prompt.len()..prompt.len() + request.max_audio_tokens {
             let logits = session.step(&rows, false).unwrap().logits;
-            let half = rows.len() / 2;
-            let cond = &logits[(half - 1) * vocab..half * vocab];
-            let uncond = &logits[(rows.len() - 1) * vocab..rows.len() * vocab];
-            let mixed = drama_engine::guidance::mix(cond, uncond, request.gamma);
-            let token = sampler.sample(&mixed, c.speech.audio_bos()).unwrap();
+            let per_lane = rows.len() / lanes.len();
+            let last = |lane: usize| &logits[((lane + 1) * per_lane - 1) * vocab..(lane + 1) * per_lane * vocab];
+            let logits = match lanes.len() {
+                1 => Logits::Plain(last(0)),
+                _ => Logits::Guided {
+                    cond: last(0),
+                    uncond: last(1),
+                    gamma: request.gamma,
+                },
+            };
+            let token = sampler.sample(logits, c.speech.audio_bos()).unwrap();
             if token as usize == c.speech.audio_eos() {
+                run.eos_ends_before_last += usize::from(s + 1 < request.segments.len());
                 break;
             }
-            tokens.push(token);
-            rows = [0, 1]
+            run.tokens.push(token);
+            rows = lanes
                 .iter()
                 .map(|&lane| Row {
                     source: RowSource::Audio(token),
@@ -356,7 +379,59 @@ fn tokens_by_plain_loop(engine: &Engine, request: &SynthesisRequest) -> Vec<u32>
                 .collect();
         }
     }
-    tokens
+    run
+}
+
+/// Jobs whose segments end at audio_eos, read a step after the batcher fed them the next
+/// row: the token of that row is dropped, and the next segment starts from its prompt with
+/// the draw after the EOS. Three jobs (guided and not) in one batcher, each with a segment
+/// before its last that ends at audio_eos, give the codec's decode of a plain loop's
+/// tokens, bit for bit.
+#[test]
+fn segments_ending_at_audio_eos_drop_the_row_fed_after() {
+    let mut rng = rng("batch eos");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let mut jobs = Vec::new();
+    for attempt in 0..400 {
+        let gamma = [1.5, 1.0][jobs.len() % 2];
+        let mut r = request(vec![5, 17, 42], gamma, GuidanceMode::Paired, rng.next_u64());
+        r.segments.extend([vec![99, 3, 250, 7], vec![8, 8]]);
+        r.max_audio_tokens = 13;
+        let run = plain_loop(&engine, &r);
+        if run.eos_ends_before_last > 0 {
+            jobs.push((r, run.tokens));
+            if jobs.len() == 3 {
+                break;
+            }
+        }
+        assert!(attempt < 399, "no seed ended a segment at audio_eos");
+    }
+    let mut batcher = Batcher::new(&engine, 5, 64).unwrap();
+    let outputs: Vec<_> = jobs
+        .iter()
+        .map(|(r, _)| {
+            let out = Arc::new(Mutex::new(Vec::new()));
+            let id = batcher.admit(r.clone(), collecting_sink(&out)).unwrap();
+            (id, out)
+        })
+        .collect();
+    let mut ended = Vec::new();
+    while batcher.active() > 0 {
+        ended.extend(batcher.step().unwrap());
+    }
+    for ((id, out), (_, tokens)) in outputs.iter().zip(&jobs) {
+        let stats = ended.iter().find(|(e, _)| e == id).unwrap().1.as_ref().unwrap();
+        assert_eq!(stats.tokens, tokens.len(), "job {id}: tokens");
+        let mut decoder = CodecDecoder::new(CodecWeights::upload(shared_gpu(), &engine.checkpoint).unwrap());
+        let want = decoder.decode(tokens).unwrap();
+        let got = out.lock().unwrap();
+        assert_eq!(got.len(), want.len(), "job {id}: samples");
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "job {id}: the batcher's audio differs from the plain loop's"
+        );
+    }
 }
 
 /// A guided request of two segments, each capped at a token count that is not a multiple

@@ -1181,24 +1181,25 @@ fn sampling_logits(rng: &mut impl Rng, kind: usize, vocab: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The GPU's sampling kernel picks the host's token (`sampling::exact::choose`) for every
-/// row: thousands of logit vectors of every kind, with random temperatures, top-k and top-p
-/// (including none, and cuts inside a run of ties), random draws and forbidden ids; a row
-/// with a NaN gives no token on both. Runs in the fast-math emulation too.
+/// The GPU's sampling kernel picks the host's token (`sampling::gpu::Draw::on_host`) for
+/// every draw: thousands of logit vectors of every kind, half of them mixed with another
+/// row at a random guidance scale, with random temperatures, top-k and top-p (including
+/// none, and cuts inside a run of ties), random draws and forbidden ids; a draw reading a
+/// NaN gives no token on both. Runs in the fast-math emulation too.
 #[test]
 fn sampling_on_the_gpu_picks_the_hosts_tokens() {
-    use drama_engine::sampling::exact::{self, ExactSettings, ExpTables};
-    use drama_engine::sampling::gpu::GpuSampler;
+    use drama_engine::sampling::exact::ExactSettings;
+    use drama_engine::sampling::gpu::{Draw, GpuSampler};
     let mut rng = rng("gpu sampling");
     let gpu = gpu();
-    let sampler = GpuSampler::new(gpu);
-    let tables = ExpTables::new();
     let mut compared = 0;
+    let mut guided = 0;
     let mut distinct = std::collections::HashSet::new();
     for (vocab, rows) in [(4098usize, 96usize), (300, 512), (7, 1024), (1000, 256), (2, 256)] {
+        let mut sampler = GpuSampler::new(gpu, vocab, rows / 4).unwrap();
         for batch in 0..8 {
             let mut logits = Vec::new();
-            let mut settings = Vec::new();
+            let mut draws = Vec::new();
             for row in 0..rows / 4 {
                 let mut values = sampling_logits(&mut rng, (row + batch) % 5, vocab);
                 if row % 97 == 5 {
@@ -1216,34 +1217,39 @@ fn sampling_on_the_gpu_picks_the_hosts_tokens() {
                     1 => 1 + rng.next_u32() % (1 << 24),
                     _ => 1 + rng.next_u32() % 4096,
                 };
-                let forbidden = rng.next_u32() as usize % (vocab + 1);
-                let random = rng.next_u32();
-                settings.push((
-                    ExactSettings {
+                let uncond = rng.next_u32().is_multiple_of(2).then(|| {
+                    let gamma = [3 << 15, 10 << 16, 0, 1 + rng.next_u32() % (10 << 16)][rng.next_u32() as usize % 4];
+                    (rng.next_u32() as usize % (rows / 4), gamma)
+                });
+                draws.push(Draw {
+                    settings: ExactSettings {
                         tau,
                         top_k,
                         top_p,
-                        random,
+                        random: rng.next_u32(),
                     },
-                    forbidden,
-                ));
+                    forbidden: rng.next_u32() as usize % (vocab + 1),
+                    cond: row,
+                    uncond,
+                });
             }
-            let got = sampler.sample(gpu, &logits, vocab, &settings).unwrap();
-            for (row, ((s, forbidden), token)) in settings.iter().zip(&got).enumerate() {
-                let want = exact::choose(&tables, &logits[row * vocab..(row + 1) * vocab], *forbidden, s);
+            let got = sampler.sample(gpu, &logits, &draws).unwrap();
+            for (row, (draw, token)) in draws.iter().zip(&got).enumerate() {
                 assert_eq!(
                     *token,
-                    want.map(|t| t as u32),
-                    "vocab {vocab}, batch {batch}, row {row}: {s:?}, forbidden {forbidden}"
+                    draw.on_host(&logits, vocab),
+                    "vocab {vocab}, batch {batch}, draw {row}: {draw:?}"
                 );
                 distinct.insert((vocab, *token));
                 compared += 1;
+                guided += usize::from(draw.uncond.is_some());
             }
         }
     }
     eprintln!(
-        "{compared} rows sampled alike on the GPU and the host ({} distinct tokens)",
+        "{compared} draws ({guided} guided) sampled alike on the GPU and the host ({} distinct tokens)",
         distinct.len()
     );
     assert_eq!(compared, (96 + 512 + 1024 + 256 + 256) / 4 * 8);
+    assert!(guided > compared / 3, "{guided} guided draws of {compared}");
 }

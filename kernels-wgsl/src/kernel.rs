@@ -441,11 +441,11 @@ impl Kernel {
             K::Snake => entry(Module::Codec, "snake", &[0, 1, 3, 5], CODEC, None, 64),
             // params, x, hist, y
             K::ShiftHistory => entry(Module::Codec, "shift_history", &[0, 1, 2, 5], CODEC, None, 64),
-            // params, logits, row settings, exp tables, tokens
+            // params, logits, draws, coarse and fine tables of e^-x, tokens
             K::Sample => entry(
                 Module::Sample,
                 "sample",
-                &[0, 1, 2, 3, 4],
+                &[0, 1, 2, 3, 4, 5],
                 &[(0, ParamBlock::Sample)],
                 None,
                 256,

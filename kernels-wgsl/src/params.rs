@@ -222,7 +222,7 @@ pub struct BandwidthParams {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
 pub struct SampleParams {
-    /// Rows of logits.
+    /// Draws (one token each).
     pub rows: u32,
     /// Logits per row.
     pub vocab: u32,
@@ -230,7 +230,7 @@ pub struct SampleParams {
     pub pad: [u32; 2],
 }
 
-/// One row's settings for `sample.wgsl` (its `Row`), in a storage buffer of one per row.
+/// One draw's settings for `sample.wgsl` (its `Row`), in a storage buffer of one per draw.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
 pub struct SampleRow {
@@ -244,6 +244,15 @@ pub struct SampleRow {
     pub random: u32,
     /// The id never sampled.
     pub forbidden: u32,
-    /// Padding.
-    pub pad: [u32; 3],
+    /// The row of logits drawn from (the cond lane's).
+    pub cond: u32,
+    /// The uncond lane's row mixed in, or [`SampleRow::UNGUIDED`].
+    pub uncond: u32,
+    /// The guidance scale, floor(gamma * 2^16).
+    pub gamma: u32,
+}
+
+impl SampleRow {
+    /// The `uncond` of an unguided draw.
+    pub const UNGUIDED: u32 = u32::MAX;
 }

@@ -132,7 +132,8 @@ fn trace_paired_equals_separate_and_refuses_bad_codes() {
         assert_eq!(tensor, &b[name], "{name} differs between paired and separate");
     }
     // T = 1 + codes rows of C + 2 logits; hidden states for all S = P + text + T positions.
-    assert_eq!(a["logits.mixed"].1, vec![4, 66]);
+    assert_eq!(a["levels.mixed"].1, vec![4, 66]);
+    assert_eq!(a["levels.mixed"].0, "I32");
     assert_eq!(a["layers.2.hidden"].1, vec![4 + 3 + 4, 64]);
     assert_eq!(a["layers.1.router.ids"].0, "I32");
     assert!(!a.contains_key("layers.0.router.ids"), "layer 0 is dense");

@@ -101,23 +101,23 @@ pub fn checks(engine: &Engine, seed: u64, plant: &Plant) -> Vec<Check> {
     ]
 }
 
-/// The GPU's sampling kernel against the host's integer sampling (`docs/contract.md` §6.2)
-/// on rows of the checkpoint's audio vocabulary and of the pinned model's (4098): spread
-/// logits, runs of ties and near-ties a few 2^-16 apart, under random temperatures, top-k,
-/// top-p and draws.
+/// The GPU's sampling kernel against the host's integer sampling (`docs/contract.md`
+/// §6.1-6.2) on rows of the checkpoint's audio vocabulary and of the pinned model's (4098):
+/// spread logits, runs of ties and near-ties a few 2^-16 apart, under random temperatures,
+/// top-k, top-p and draws, every other draw guided (mixed with the next row).
 fn gpu_sampler(engine: &Engine, seed: u64, plant: &Plant) -> Result<Measured> {
-    use drama_engine::sampling::exact::{self, ExactSettings, ExpTables};
-    use drama_engine::sampling::gpu::GpuSampler;
+    use drama_engine::sampling::exact::ExactSettings;
+    use drama_engine::sampling::gamma_fixed;
+    use drama_engine::sampling::gpu::{Draw, GpuSampler};
     const ROWS: usize = 128;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5A3F1E);
-    let sampler = GpuSampler::new(&engine.gpu);
-    let tables = ExpTables::new();
     let speech = &engine.checkpoint.config.speech;
     let vocabs = [(speech.audio_vocab_size, speech.audio_bos()), (4098, 4096)];
     let mut differing = 0;
     for (vocab, forbidden) in vocabs {
+        let mut sampler = GpuSampler::new(&engine.gpu, vocab, ROWS)?;
         let mut logits = Vec::with_capacity(ROWS * vocab);
-        let mut settings = Vec::with_capacity(ROWS);
+        let mut draws = Vec::with_capacity(ROWS);
         for row in 0..ROWS {
             logits.extend((0..vocab).map(|_| {
                 let unit = rng.next_u32() as f32 / u32::MAX as f32;
@@ -127,30 +127,31 @@ fn gpu_sampler(engine: &Engine, seed: u64, plant: &Plant) -> Result<Measured> {
                     _ => -3.0 + (rng.next_u32() % 64) as f32 * 2f32.powi(-18),
                 }
             }));
-            let row_settings = ExactSettings {
-                tau: [0, 1 << 10, 1 + rng.next_u32() % 10240][row % 3],
-                top_k: [0, 1, 5, 50][row % 4],
-                top_p: [1 << 24, 1 + rng.next_u32() % (1 << 24)][row % 2],
-                random: rng.next_u32(),
-            };
-            settings.push((row_settings, forbidden));
+            draws.push(Draw {
+                settings: ExactSettings {
+                    tau: [0, 1 << 10, 1 + rng.next_u32() % 10240][row % 3],
+                    top_k: [0, 1, 5, 50][row % 4],
+                    top_p: [1 << 24, 1 + rng.next_u32() % (1 << 24)][row % 2],
+                    random: rng.next_u32(),
+                },
+                forbidden,
+                cond: row,
+                uncond: (row % 2 == 1).then(|| ((row + 1) % ROWS, gamma_fixed(GAMMA))),
+            });
         }
-        let got = sampler.sample(&engine.gpu, &logits, vocab, &settings)?;
+        let got = sampler.sample(&engine.gpu, &logits, &draws)?;
         let mut tokens: Vec<f32> = got.iter().map(|t| t.map_or(-1.0, |t| t as f32)).collect();
         plant.corrupt("exact.sampler", &mut tokens);
-        differing += settings
+        differing += draws
             .iter()
-            .enumerate()
-            .filter(|&(row, (s, forbidden))| {
-                let want = exact::choose(&tables, &logits[row * vocab..(row + 1) * vocab], *forbidden, s);
-                tokens[row] != want.map_or(-1.0, |t| t as f32)
-            })
+            .zip(&tokens)
+            .filter(|&(draw, &token)| token != draw.on_host(&logits, vocab).map_or(-1.0, |t| t as f32))
             .count();
     }
     Ok(Measured::exact(
         differing,
         format!(
-            "{} rows each of {} and {} logits sampled on the GPU and on the host",
+            "{} draws (half guided) each of {} and {} logits sampled on the GPU and on the host",
             ROWS, vocabs[0].0, vocabs[1].0
         ),
     ))
@@ -168,14 +169,17 @@ fn paired_separate(engine: &Engine, text: &[u32], codes: &[u32], plant: &Plant) 
                 lanes,
             },
         )?;
-        traced.f32s("logits.mixed").context("the trace has no mixed logits")
+        let lane = |name| traced.f32s(name).with_context(|| format!("the trace has no {name}"));
+        let mut logits = lane("logits.cond")?;
+        logits.extend(lane("logits.uncond")?);
+        Ok(logits)
     };
     let paired = run(LaneMode::Paired)?;
     let mut separate = run(LaneMode::Separate)?;
     plant.corrupt("exact.paired-separate", &mut separate);
     Ok(Measured::exact(
         differing_bits(&paired, &separate),
-        format!("{} guided logits, lanes in one forward vs two", paired.len()),
+        format!("{} cond and uncond logits, lanes in one forward vs two", paired.len()),
     ))
 }
 

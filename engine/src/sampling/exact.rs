@@ -10,6 +10,8 @@ pub const LOGIT_SHIFT: u32 = 16;
 pub const TEMPERATURE_SHIFT: u32 = 10;
 /// top_p is an integer in units of 2^-24 (1 is `1 << 24`).
 pub const TOP_P_SHIFT: u32 = 24;
+/// The guidance scale is an integer in units of 2^-16.
+pub const GAMMA_SHIFT: u32 = 16;
 /// Fixed-point values saturate at plus or minus this.
 pub const FIXED_LIMIT: i32 = 1 << 30;
 /// A weight's exponent x (e^-x in units of 2^-16) at or past this gives weight 0.
@@ -80,11 +82,6 @@ impl ExpTables {
             coarse: table(COARSE_ENTRIES, 1.0 / 16.0),
             fine: table(FINE_ENTRIES, 1.0 / 65536.0),
         }
-    }
-
-    /// Both tables, coarse first, as the GPU reads them.
-    pub fn words(&self) -> Vec<u32> {
-        self.coarse.iter().chain(&self.fine).copied().collect()
     }
 }
 
@@ -157,13 +154,37 @@ pub struct ExactSettings {
     pub random: u32,
 }
 
-/// The token picked among `logits` (never `forbidden`): the contract's §6.2 in integers.
-/// `None` when a logit is NaN.
-pub fn choose(tables: &ExpTables, logits: &[f32], forbidden: usize, settings: &ExactSettings) -> Option<usize> {
-    if logits.iter().any(|l| l.is_nan()) {
-        return None;
-    }
-    let levels: Vec<i32> = logits.iter().map(|l| fixed(l.to_bits(), LOGIT_SHIFT)).collect();
+/// The levels of a row of logits, `fix(z, 16)` each; `None` when a logit is NaN.
+pub fn levels(logits: &[f32]) -> Option<Vec<i32>> {
+    logits
+        .iter()
+        .map(|l| (!l.is_nan()).then(|| fixed(l.to_bits(), LOGIT_SHIFT)))
+        .collect()
+}
+
+/// The guidance mix of one candidate's levels (§6.1): `uncond + floor((cond - uncond) *
+/// gamma / 2^16)` with `gamma` in units of 2^-16, saturated at plus or minus 2^30.
+pub fn mixed_level(cond: i32, uncond: i32, gamma: u32) -> i32 {
+    let difference = i64::from(cond) - i64::from(uncond);
+    let mixed = i64::from(uncond) + ((difference * i64::from(gamma)) >> GAMMA_SHIFT);
+    mixed.clamp(-i64::from(FIXED_LIMIT), i64::from(FIXED_LIMIT)) as i32
+}
+
+/// The levels a guided draw samples from: the cond and uncond rows' levels mixed at
+/// `gamma` (units of 2^-16); `None` when a logit of either row is NaN.
+pub fn guided_levels(cond: &[f32], uncond: &[f32], gamma: u32) -> Option<Vec<i32>> {
+    let (cond, uncond) = (levels(cond)?, levels(uncond)?);
+    Some(
+        cond.iter()
+            .zip(&uncond)
+            .map(|(&c, &u)| mixed_level(c, u, gamma))
+            .collect(),
+    )
+}
+
+/// The token picked among the candidates' `levels` (never `forbidden`): the contract's
+/// §6.2 in integers. `None` when every id is forbidden.
+pub fn choose(tables: &ExpTables, levels: &[i32], forbidden: usize, settings: &ExactSettings) -> Option<usize> {
     let candidates = || (0..levels.len()).filter(move |&id| id != forbidden);
     let best = candidates().map(|id| levels[id]).max()?;
     if settings.tau == 0 {
@@ -296,6 +317,41 @@ mod tests {
         assert_eq!(weight(&tables, 0, 1), 1 << 24);
     }
 
+    /// The token of a row of logits, as the engine samples an unguided row.
+    fn pick(tables: &ExpTables, logits: &[f32], forbidden: usize, settings: &ExactSettings) -> Option<usize> {
+        choose(tables, &levels(logits)?, forbidden, settings)
+    }
+
+    /// The mix is the exact floor of u + (c - u) G / 2^16, saturated, for levels of every
+    /// size (checked in i128), and at gamma 1.5 it is the float mix to a level.
+    #[test]
+    fn guidance_mixes_levels_exactly() {
+        let mut rng = crate::test_support::rng("guidance mix");
+        let limit = i128::from(FIXED_LIMIT);
+        let mut level = || match rng.next_u32() % 3 {
+            0 => (rng.next_u32() % (2 * FIXED_LIMIT as u32 + 1)) as i32 - FIXED_LIMIT,
+            1 => (rng.next_u32() % 2_000_001) as i32 - 1_000_000,
+            _ => [FIXED_LIMIT, -FIXED_LIMIT, 0, 1, -1][rng.next_u32() as usize % 5],
+        };
+        for _ in 0..100_000 {
+            let (c, u) = (level(), level());
+            for gamma in [0, 1, 65536, 98304, 655360, 12345] {
+                let product = (i128::from(c) - i128::from(u)) * i128::from(gamma);
+                let want = (i128::from(u) + product.div_euclid(65536)).clamp(-limit, limit);
+                assert_eq!(i128::from(mixed_level(c, u, gamma)), want, "c {c} u {u} gamma {gamma}");
+            }
+        }
+        let (cond, uncond) = ([2.5f32, -1.25, 0.0], [0.5f32, 1.0, -3.0]);
+        let mixed = guided_levels(&cond, &uncond, 3 << 15).unwrap();
+        let float: Vec<i32> = cond
+            .iter()
+            .zip(&uncond)
+            .map(|(&c, &u)| fixed((u + 1.5 * (c - u)).to_bits(), LOGIT_SHIFT))
+            .collect();
+        assert_eq!(mixed, float);
+        assert_eq!(guided_levels(&cond, &[0.0, f32::NAN, 1.0], 3 << 15), None);
+    }
+
     fn settings(tau: u32, top_k: u32, top_p: u32, random: u32) -> ExactSettings {
         ExactSettings {
             tau,
@@ -310,10 +366,10 @@ mod tests {
     fn greedy_picks_the_first_best_and_nan_refuses() {
         let tables = ExpTables::new();
         let greedy = settings(0, 0, 1 << 24, 7);
-        assert_eq!(choose(&tables, &[1.0, 5.0, 5.0, 9.0], 3, &greedy), Some(1));
+        assert_eq!(pick(&tables, &[1.0, 5.0, 5.0, 9.0], 3, &greedy), Some(1));
         // Within 2^-16 of each other, two logits are one level: the lower id wins.
-        assert_eq!(choose(&tables, &[0.0, 2.000_001, 2.0], 9, &greedy), Some(1));
-        assert_eq!(choose(&tables, &[2.0, f32::NAN], 9, &greedy), None);
+        assert_eq!(pick(&tables, &[0.0, 2.000_001, 2.0], 9, &greedy), Some(1));
+        assert_eq!(pick(&tables, &[2.0, f32::NAN], 9, &greedy), None);
     }
 
     /// Frequencies follow the softmax; top-k keeps the k best levels (ties at the edge
@@ -326,7 +382,7 @@ mod tests {
         let mut seen = [0usize; 4];
         for index in 0..draws {
             let s = settings(1 << 10, 0, 1 << 24, draw(11, index));
-            seen[choose(&tables, &logits, 99, &s).unwrap()] += 1;
+            seen[pick(&tables, &logits, 99, &s).unwrap()] += 1;
         }
         let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
         for (id, &l) in logits.iter().enumerate() {
@@ -340,13 +396,13 @@ mod tests {
         let tied = [3.0f32, 2.9, 2.9, -5.0];
         for index in 0..500 {
             let random = draw(3, index);
-            assert!(choose(&tables, &tied, 99, &settings(1 << 10, 2, 1 << 24, random)).unwrap() < 3);
+            assert!(pick(&tables, &tied, 99, &settings(1 << 10, 2, 1 << 24, random)).unwrap() < 3);
             assert_eq!(
-                choose(&tables, &tied, 99, &settings(1 << 10, 1, 1 << 24, random)),
+                pick(&tables, &tied, 99, &settings(1 << 10, 1, 1 << 24, random)),
                 Some(0)
             );
             assert_eq!(
-                choose(&tables, &tied, 99, &settings(1 << 10, 0, 1 << 22, random)),
+                pick(&tables, &tied, 99, &settings(1 << 10, 0, 1 << 22, random)),
                 Some(0)
             );
         }

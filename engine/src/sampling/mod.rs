@@ -66,8 +66,50 @@ impl SamplingParams {
     }
 }
 
-/// A request's sampler: its settings and how many tokens it has drawn (one draw per
-/// token, whatever the settings).
+/// The logits a token is drawn from: one lane's, or a guidance pair's with its scale.
+#[derive(Debug, Clone, Copy)]
+pub enum Logits<'a> {
+    /// Unguided: the cond lane's logits as they are.
+    Plain(&'a [f32]),
+    /// Guided: the cond and uncond lanes' logits, mixed at `gamma` (§6.1).
+    Guided {
+        /// The cond lane's logits.
+        cond: &'a [f32],
+        /// The uncond lane's logits.
+        uncond: &'a [f32],
+        /// The guidance scale.
+        gamma: f32,
+    },
+}
+
+impl Logits<'_> {
+    /// The levels the draw samples from; `None` when a logit is NaN.
+    fn levels(&self) -> Option<Vec<i32>> {
+        match *self {
+            Logits::Plain(logits) => exact::levels(logits),
+            Logits::Guided { cond, uncond, gamma } => exact::guided_levels(cond, uncond, gamma_fixed(gamma)),
+        }
+    }
+
+    /// The first NaN logit's place, to name it: (lane, index).
+    fn first_nan(&self) -> Option<(&'static str, usize)> {
+        let nan = |logits: &[f32]| logits.iter().position(|v| v.is_nan());
+        match *self {
+            Logits::Plain(logits) => nan(logits).map(|i| ("cond", i)),
+            Logits::Guided { cond, uncond, .. } => {
+                nan(cond).map(|i| ("cond", i)).or(nan(uncond).map(|i| ("uncond", i)))
+            }
+        }
+    }
+}
+
+/// A guidance scale in the units the mix takes: `fix(gamma, 16)`.
+pub fn gamma_fixed(gamma: f32) -> u32 {
+    exact::fixed(gamma.to_bits(), exact::GAMMA_SHIFT).max(0) as u32
+}
+
+/// A request's sampler on the host, the contract's reference for the GPU's: its settings
+/// and how many tokens it has drawn (one draw per token, whatever the settings).
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
@@ -82,19 +124,25 @@ impl Sampler {
     }
 
     /// Picks a token id from `logits`, never `forbidden` (audio_bos).
-    pub fn sample(&mut self, logits: &[f32], forbidden: usize) -> Result<u32, EngineError> {
+    pub fn sample(&mut self, logits: Logits<'_>, forbidden: usize) -> Result<u32, EngineError> {
         let settings = self.params.exact(self.draws);
         self.draws += 1;
-        match exact::choose(ExpTables::get(), logits, forbidden, &settings) {
+        let Some(levels) = logits.levels() else {
+            let (lane, i) = logits.first_nan().expect("a row without levels has a NaN");
+            return Err(nan_logit(lane, i as u32));
+        };
+        match exact::choose(ExpTables::get(), &levels, forbidden, &settings) {
             Some(token) => Ok(token as u32),
-            None => match logits.iter().position(|v| v.is_nan()) {
-                Some(i) => Err(EngineError::Unsupported(format!("logit {i} is NaN"))),
-                None => Err(EngineError::Input(
-                    "no token to sample: every logit is forbidden".into(),
-                )),
-            },
+            None => Err(EngineError::Input(
+                "no token to sample: every logit is forbidden".into(),
+            )),
         }
     }
+}
+
+/// The error of a draw from logits with a NaN (`lane`'s logit `index`, where known).
+pub fn nan_logit(lane: &str, index: u32) -> EngineError {
+    EngineError::Unsupported(format!("the {lane} lane's logit {index} is NaN"))
 }
 
 #[cfg(test)]
@@ -117,13 +165,15 @@ mod tests {
         let logits = [0.0f32, 1.0, 2.0, -1.0, 0.5];
         let run = |seed| {
             let mut s = Sampler::new(params(1.0, 0, 1.0, seed)).unwrap();
-            (0..400).map(|_| s.sample(&logits, 99).unwrap()).collect::<Vec<_>>()
+            (0..400)
+                .map(|_| s.sample(Logits::Plain(&logits), 99).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
         let mut sampler = Sampler::new(params(1.0, 0, 1.0, 7)).unwrap();
-        let first = sampler.sample(&logits, 99).unwrap();
-        let second = sampler.sample(&logits, 99).unwrap();
+        let first = sampler.sample(Logits::Plain(&logits), 99).unwrap();
+        let second = sampler.sample(Logits::Plain(&logits), 99).unwrap();
         assert_eq!([first, second], run(7)[..2]);
         assert_eq!(sampler.params.exact(2).random, exact::draw(7, 2));
     }
@@ -136,10 +186,21 @@ mod tests {
         assert!(words(params(1.0, 0, 0.0, 0)).contains("top_p"));
         let mut s = Sampler::new(params(1.0, 0, 1.0, 0)).unwrap();
         assert!(
-            s.sample(&[0.0, f32::NAN], 9)
+            s.sample(Logits::Plain(&[0.0, f32::NAN]), 9)
                 .unwrap_err()
                 .to_string()
-                .contains("logit 1 is NaN")
+                .contains("cond lane's logit 1 is NaN")
+        );
+        let guided = Logits::Guided {
+            cond: &[0.0, 1.0],
+            uncond: &[f32::NAN, 0.0],
+            gamma: 1.5,
+        };
+        assert!(
+            s.sample(guided, 9)
+                .unwrap_err()
+                .to_string()
+                .contains("uncond lane's logit 0")
         );
     }
 
