@@ -128,6 +128,31 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
     Some(segments)
 }
 
+/// With merges only after a space (" the" one token, "the" three), sentences measured
+/// alone add up to more tokens than a run of them: the packing still takes the longest run
+/// that fits, as plain greedy packing does.
+#[test]
+fn a_run_can_take_fewer_tokens_than_its_sentences_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("space-merges");
+    let preset = drama_fixtures::Preset::by_name("tiny").unwrap();
+    let mut draft = drama_fixtures::generate(&preset, 1).unwrap();
+    let mut tokenizer: serde_json::Value = serde_json::from_str(&draft.tokenizer).unwrap();
+    let merges = tokenizer["model"]["merges"].as_array_mut().unwrap();
+    merges.retain(|merge| !merge[0].as_str().unwrap().starts_with('t'));
+    draft.tokenizer = tokenizer.to_string();
+    draft.write(&path).unwrap();
+    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
+    let front = TextFrontEnd::new(&checkpoint);
+    assert_eq!(front.encode("the.").unwrap().len(), 4);
+    assert_eq!(front.encode("the. the. the.").unwrap().len(), 8);
+    let text = "the. ".repeat(12);
+    for budget in [6, 8, 10, 13, 20] {
+        let got = front.segments(&text, budget).unwrap();
+        assert_eq!(Some(got), greedy_segments(&front, &text, budget), "budget {budget}");
+    }
+}
+
 #[test]
 fn segments_match_plain_greedy_packing_on_random_text() {
     let (_dir, front) = front();
