@@ -55,8 +55,8 @@ impl Engine {
 }
 
 /// Builds every pipeline a step of any size uses (those of steps of
-/// [`drama_graph::select::PIPELINE_ROWS`] rows), on the host's threads side by side; a
-/// failure reported is the first in the steps' launch order.
+/// [`drama_graph::select::PIPELINE_ROWS`] rows), then the sampler's, on the host's threads
+/// side by side; a failure reported is the first in that order.
 fn build_step_pipelines(gpu: &Gpu, spec: &ModelSpec) -> Result<(), EngineError> {
     let mut kernels = Vec::new();
     for rows in drama_graph::select::PIPELINE_ROWS {
@@ -77,6 +77,7 @@ fn build_step_pipelines(gpu: &Gpu, spec: &ModelSpec) -> Result<(), EngineError> 
             }
         }
     }
+    kernels.push(drama_kernels::Kernel::Sample);
     let built: Vec<_> = kernels.par_iter().map(|&kernel| gpu.pipeline(kernel)).collect();
     for pipeline in built {
         pipeline?;
@@ -198,6 +199,10 @@ pub struct Session<'e> {
     forward_split: Cell<ForwardSplit>,
     /// Sampling on the GPU: the rows kept from steps, the draws, the tokens drawn.
     sampler: GpuSampler,
+    /// A step's commands staged to go with its draws in one submission
+    /// ([`Session::submit_for_draws`], [`Session::draw`]), and the shape whose next step
+    /// is recorded once they are submitted.
+    staged: Option<(StepKey, Vec<wgpu::CommandBuffer>)>,
 }
 
 /// Where the host's time went in forwards ([`Session::submit`] then [`Session::logits`]),
@@ -336,6 +341,7 @@ impl<'e> Session<'e> {
             unread: HashSet::new(),
             forward_split: Cell::default(),
             sampler: GpuSampler::new(gpu, c.speech.audio_vocab_size, lanes)?,
+            staged: None,
         })
     }
 
@@ -549,7 +555,8 @@ impl<'e> Session<'e> {
     /// on (the next step's commands are recorded meanwhile); [`Session::logits`] reads its
     /// result. Work submitted after it runs after it.
     pub fn submit(&mut self, rows: &[Row]) -> Result<SubmittedStep, EngineError> {
-        let (key, submission) = self.submit_keeping(rows, &[])?;
+        let key = self.prepare_step(rows, &[])?;
+        let submission = self.submit_staged(None).expect("a step was staged");
         self.unread.insert(key);
         Ok(SubmittedStep {
             key,
@@ -560,7 +567,8 @@ impl<'e> Session<'e> {
 
     /// Submits a step of `rows` for the GPU's sampling ([`Session::draw`]): behind it, the
     /// logits of each `(row, kept)` pair are copied to kept row `kept` of the sampler, so a
-    /// later step of the same shape may overwrite them. Its logits are not read.
+    /// later step of the same shape may overwrite them. Its logits are not read. The step
+    /// goes to the GPU with the draws, in one submission, or before the next step.
     pub fn submit_for_draws(&mut self, rows: &[Row], keep: &[(usize, usize)]) -> Result<(), EngineError> {
         if let Some(&(row, kept)) = keep
             .iter()
@@ -572,14 +580,18 @@ impl<'e> Session<'e> {
                 self.sampler.capacity()
             )));
         }
-        self.submit_keeping(rows, keep).map(|_| ())
+        self.prepare_step(rows, keep).map(|_| ())
     }
 
     /// Submits the draws of `draws`, which read the rows kept by the steps submitted before
     /// ([`Session::submit_for_draws`]); the steps submitted after read the tokens through
     /// [`RowSource::Drawn`], and [`Session::drawn`] reads them on the host.
     pub fn draw(&mut self, draws: &[Draw]) -> Result<DrawnTokens, EngineError> {
-        self.sampler.submit(&self.engine.gpu, draws)
+        let commands = self.sampler.encode(&self.engine.gpu, draws)?;
+        let drawn = self
+            .submit_staged(Some(commands))
+            .map(|submission| self.sampler.submitted(submission, draws.len()));
+        drawn.ok_or_else(|| EngineError::Input("draws need a step submitted for them first".into()))
     }
 
     /// Runs `draws` alone (as [`Session::draw`] would) and returns their GPU time.
@@ -600,16 +612,11 @@ impl<'e> Session<'e> {
         tokens
     }
 
-    /// Submits a step of `rows` with the copies of `keep`'s logit rows behind it; returns
-    /// its key and submission.
-    fn submit_keeping(
-        &mut self,
-        rows: &[Row],
-        keep: &[(usize, usize)],
-    ) -> Result<(StepKey, wgpu::SubmissionIndex), EngineError> {
+    /// Stages a step of `rows` with the copies of `keep`'s logit rows behind it (a step
+    /// staged before goes to the GPU first); returns its key.
+    fn prepare_step(&mut self, rows: &[Row], keep: &[(usize, usize)]) -> Result<StepKey, EngineError> {
         let start = Instant::now();
-        let key = self.write_step_inputs(rows, false)?;
-        let written = Instant::now();
+        let (key, drawn_tokens) = self.write_step_inputs(rows, false)?;
         let gpu = self.engine.gpu.clone();
         let exe = compiled(&self.steps, key);
         let commands = match self.prepared.take() {
@@ -619,19 +626,32 @@ impl<'e> Session<'e> {
         let row_bytes = (self.engine.checkpoint.config.speech.audio_vocab_size * 4) as u64;
         let kept =
             (!keep.is_empty()).then(|| copy_runs(&gpu, keep, exe.logits_buffer(), self.sampler.kept(), row_bytes));
-        let submission = gpu.submit_commands(std::iter::once(commands).chain(kept));
-        let submitted = Instant::now();
-        // Record the next step of this shape while the GPU runs this one.
-        self.prepared = Some((key, exe.encode(&gpu)));
+        let staged = drawn_tokens.into_iter().chain([commands]).chain(kept).collect();
+        self.staged = Some((key, staged));
         self.add_forward_time(ForwardSplit {
-            inputs: written - start,
-            submit: submitted - written,
-            record: submitted.elapsed(),
-            wait: Duration::ZERO,
+            inputs: start.elapsed(),
+            ..ForwardSplit::default()
         });
         self.submitted += 1;
         self.last_of_shape.insert(key, self.submitted);
-        Ok((key, submission))
+        Ok(key)
+    }
+
+    /// Submits the staged step with `after` behind it in one submission, then records the
+    /// next step of its shape while the GPU runs it; `None` when nothing was staged.
+    fn submit_staged(&mut self, after: Option<wgpu::CommandBuffer>) -> Option<wgpu::SubmissionIndex> {
+        let (key, staged) = self.staged.take()?;
+        let gpu = self.engine.gpu.clone();
+        let start = Instant::now();
+        let submission = gpu.submit_commands(staged.into_iter().chain(after));
+        let submitted = Instant::now();
+        self.prepared = Some((key, compiled(&self.steps, key).encode(&gpu)));
+        self.add_forward_time(ForwardSplit {
+            submit: submitted - start,
+            record: submitted.elapsed(),
+            ..ForwardSplit::default()
+        });
+        Some(submission)
     }
 
     /// The logits of every row of a submitted step, [rows, C + 2], once it has finished
@@ -665,10 +685,17 @@ impl<'e> Session<'e> {
         self.forward_split.set(total);
     }
 
-    /// Checks `rows`, compiles their step shape if needed and writes the step's inputs;
-    /// returns the shape's key.
-    fn write_step_inputs(&mut self, rows: &[Row], trace: bool) -> Result<StepKey, EngineError> {
+    /// Checks `rows`, compiles their step shape if needed and writes the step's inputs (a
+    /// staged step goes to the GPU first, so its inputs are not overwritten); returns the
+    /// shape's key and, for [`RowSource::Drawn`] rows, the commands that copy their tokens
+    /// in, to submit before the step.
+    fn write_step_inputs(
+        &mut self,
+        rows: &[Row],
+        trace: bool,
+    ) -> Result<(StepKey, Option<wgpu::CommandBuffer>), EngineError> {
         self.validate(rows)?;
+        self.submit_staged(None);
         let p = self.engine.checkpoint.config.speech.voice_prefix_len;
         let mut table = Vec::with_capacity(rows.len());
         let mut index = Vec::with_capacity(rows.len());
@@ -696,14 +723,13 @@ impl<'e> Session<'e> {
         self.executable(rows.len(), trace)?;
         let exe = compiled(&self.steps, key);
         exe.write_inputs(&engine.gpu, [&table, &index, &lanes, &positions])?;
-        if !drawn.is_empty() {
-            // The copies run after the written inputs land (queued writes precede a submit)
-            // and before the step, which is submitted after them.
+        // The copies run after the written inputs land (queued writes precede a submission)
+        // and before the step.
+        let copies = (!drawn.is_empty()).then(|| {
             let ids = exe.input_buffer("row_index").expect("a step input");
-            let copies = copy_runs(&engine.gpu, &drawn, self.sampler.tokens(), ids, 4);
-            engine.gpu.submit_commands([copies]);
-        }
-        Ok(key)
+            copy_runs(&engine.gpu, &drawn, self.sampler.tokens(), ids, 4)
+        });
+        Ok((key, copies))
     }
 
     fn run_step(&mut self, rows: &[Row], trace: bool, timing: Timing) -> Result<(StepOutput, StepTiming), EngineError> {
@@ -718,7 +744,13 @@ impl<'e> Session<'e> {
                 };
                 return Ok((output, StepTiming::None));
             }
-            _ => self.write_step_inputs(rows, trace)?,
+            _ => {
+                let (key, drawn_tokens) = self.write_step_inputs(rows, trace)?;
+                if let Some(copies) = drawn_tokens {
+                    self.engine.gpu.submit_commands([copies]);
+                }
+                key
+            }
         };
         let gpu = self.engine.gpu.clone();
         let exe = compiled(&self.steps, key);

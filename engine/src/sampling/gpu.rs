@@ -138,19 +138,32 @@ impl GpuSampler {
     /// leaves them); their tokens land in [`GpuSampler::tokens`] and, for the host, in a
     /// readback that [`GpuSampler::read`] reads.
     pub fn submit(&mut self, gpu: &Gpu, draws: &[Draw]) -> Result<DrawnTokens, EngineError> {
+        let commands = self.encode(gpu, draws)?;
+        Ok(self.submitted(gpu.submit_commands([commands]), draws.len()))
+    }
+
+    /// Records `draws` and the copy of their tokens to the next readback, to submit behind
+    /// the work they read; [`GpuSampler::submitted`] then names the submission.
+    pub fn encode(&mut self, gpu: &Gpu, draws: &[Draw]) -> Result<wgpu::CommandBuffer, EngineError> {
         let count = self.prepare(gpu, draws)?;
+        let slot = ((self.submitted + 1) % READBACKS as u64) as usize;
+        Ok(gpu.encode_then_copy(
+            std::slice::from_ref(&self.launches[&count]),
+            Some((&self.tokens, &self.readbacks[slot])),
+        ))
+    }
+
+    /// The draws of `count` tokens last recorded ([`GpuSampler::encode`]), submitted in
+    /// `submission`.
+    pub fn submitted(&mut self, submission: wgpu::SubmissionIndex, count: usize) -> DrawnTokens {
         self.submitted += 1;
         let slot = (self.submitted % READBACKS as u64) as usize;
         self.held[slot] = self.submitted;
-        let commands = gpu.encode_then_copy(
-            std::slice::from_ref(&self.launches[&count]),
-            Some((&self.tokens, &self.readbacks[slot])),
-        );
-        Ok(DrawnTokens {
+        DrawnTokens {
             serial: self.submitted,
             count,
-            submission: gpu.submit_commands([commands]),
-        })
+            submission,
+        }
     }
 
     /// Runs `draws` alone and returns their GPU time (timestamps at the pass boundaries);

@@ -239,7 +239,10 @@ fn sample(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     // top-k: the largest level with at least k candidates at or above it.
     var lowest = 0u;
-    let candidates = reduce_sum(t, block_sum(first, end, 0u, top, s.tau, s.forbidden, true)).x;
+    var candidates = 0u;
+    if (s.top_k > 0u) {
+        candidates = reduce_sum(t, block_sum(first, end, 0u, top, s.tau, s.forbidden, true)).x;
+    }
     if (s.top_k > 0u && s.top_k < candidates) {
         var low = 0u;
         var high = TOP_LEVEL;
