@@ -91,14 +91,18 @@ impl Logits<'_> {
         }
     }
 
-    /// The first NaN logit's place, to name it: (lane, index).
-    fn first_nan(&self) -> Option<(&'static str, usize)> {
+    /// The error of logits without levels, naming the first NaN's lane and index.
+    fn nan_error(&self) -> EngineError {
         let nan = |logits: &[f32]| logits.iter().position(|v| v.is_nan());
-        match *self {
+        let place = match *self {
             Logits::Plain(logits) => nan(logits).map(|i| ("cond", i)),
             Logits::Guided { cond, uncond, .. } => {
                 nan(cond).map(|i| ("cond", i)).or(nan(uncond).map(|i| ("uncond", i)))
             }
+        };
+        match place {
+            Some((lane, i)) => EngineError::Unsupported(format!("the {lane} lane's logit {i} is NaN")),
+            None => EngineError::Unsupported("a logit is NaN".into()),
         }
     }
 }
@@ -128,8 +132,7 @@ impl Sampler {
         let settings = self.params.exact(self.draws);
         self.draws += 1;
         let Some(levels) = logits.levels() else {
-            let (lane, i) = logits.first_nan().expect("a row without levels has a NaN");
-            return Err(nan_logit(lane, i as u32));
+            return Err(logits.nan_error());
         };
         match exact::choose(ExpTables::get(), &levels, forbidden, &settings) {
             Some(token) => Ok(token as u32),
@@ -138,11 +141,6 @@ impl Sampler {
             )),
         }
     }
-}
-
-/// The error of a draw from logits with a NaN (`lane`'s logit `index`, where known).
-pub fn nan_logit(lane: &str, index: u32) -> EngineError {
-    EngineError::Unsupported(format!("the {lane} lane's logit {index} is NaN"))
 }
 
 #[cfg(test)]
