@@ -337,8 +337,6 @@ pub struct SynthesisResult {
     pub record_s: f64,
     /// Of them: waiting for the drawn tokens and reading them back.
     pub wait_s: f64,
-    /// Seconds submitting the draws (the GPU mixes and samples).
-    pub sampling_s: f64,
     /// Seconds in codec chunks (submit until the PCM is on the host).
     pub codec_s: f64,
     /// Codec chunks submitted in parts behind the steps (the others ran whole).
@@ -1009,7 +1007,6 @@ pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisRes
         submit_s: stats.time_split.forward_split.submit.as_secs_f64(),
         record_s: stats.time_split.forward_split.record.as_secs_f64(),
         wait_s: stats.time_split.forward_split.wait.as_secs_f64(),
-        sampling_s: stats.time_split.sampling.as_secs_f64(),
         codec_s: stats.time_split.codec.as_secs_f64(),
         codec_chunks_in_parts: stats.chunks_in_parts,
     })

@@ -163,6 +163,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(y) = &report.synthesis {
         print_synthesis(y);
     }
+    for t in report.token_loop.iter().flatten() {
+        eprintln!(
+            "token loop, {} lanes ({} jobs): {:.3} ms per token, the GPU busy {:.3} ms (step {:.3}, draws {:.3}, codec {:.3}): {:.3}x",
+            t.lanes, t.jobs, t.token_ms, t.busy_ms, t.step_gpu_ms, t.draw_gpu_ms, t.codec_gpu_ms, t.token_over_busy
+        );
+    }
     if let Some(c) = &report.codec {
         eprintln!(
             "codec chunk of {} codes ({} samples): {:.3} ms GPU, {} launches",
@@ -177,12 +183,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
 /// The synthesis measurement and its per-token host costs.
 fn print_synthesis(y: &SynthesisResult) {
     eprintln!(
-        "synthesis: {} tokens, {:.2} s audio, {:.2} s wall (forwards {:.2} s, sampling {:.3} s, codec {:.2} s, {} chunks in parts), RTF {:.3}, first audio {:.3} s, {:.1} tokens/s",
+        "synthesis: {} tokens, {:.2} s audio, {:.2} s wall (steps {:.2} s, codec {:.2} s, {} chunks in parts), RTF {:.3}, first audio {:.3} s, {:.1} tokens/s",
         y.tokens,
         y.audio_s,
         y.wall_s,
         y.forward_s,
-        y.sampling_s,
         y.codec_s,
         y.codec_chunks_in_parts,
         y.real_time_factor,
@@ -191,12 +196,11 @@ fn print_synthesis(y: &SynthesisResult) {
     );
     let per_token = |seconds: f64| seconds / y.tokens.max(1) as f64 * 1e6;
     eprintln!(
-        "  forwards per token: inputs {:.0} us and submit {:.0} us (the GPU idle), record the next step {:.0} us (the GPU busy), wait for the logits {:.0} us; sampling {:.0} us",
+        "  steps per token: inputs {:.0} us, submit {:.0} us, record the next step {:.0} us, wait for the tokens of the step before {:.0} us",
         per_token(y.inputs_s),
         per_token(y.submit_s),
         per_token(y.record_s),
-        per_token(y.wait_s),
-        per_token(y.sampling_s)
+        per_token(y.wait_s)
     );
 }
 

@@ -537,15 +537,12 @@ impl<'e> Batcher<'e> {
                 self.session.submit_for_draws(chunk, &kept)?;
             }
         }
-        let start = Instant::now();
         let drawn = self.session.draw(&draws)?;
-        let sampling = start.elapsed();
         let mut jobs = Vec::with_capacity(feeding.len());
         for (draw, &(i, fed)) in feeding.iter().enumerate() {
             let job = &mut self.jobs[i];
             job.position = if job.position == 0 { fed } else { job.position + 1 };
             job.drawn_in = Some((serial, draw));
-            job.stats.time_split.sampling += sampling;
             jobs.push(job.id);
         }
         Ok(Some(InFlight { serial, drawn, jobs }))

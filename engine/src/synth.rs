@@ -135,8 +135,6 @@ pub struct TimeSplit {
     /// How the forwards' time divides (its parts add up to `forward`, to within the
     /// bookkeeping between them).
     pub forward_split: ForwardSplit,
-    /// Submitting its draws (the GPU mixes the guidance pair's logits and samples).
-    pub sampling: Duration,
     /// Its codec chunks: submit until the PCM is on the host.
     pub codec: Duration,
 }
