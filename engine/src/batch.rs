@@ -62,8 +62,8 @@ struct Job {
     sink: Sink,
     /// The sink refused samples: the job ends with this step.
     cancelled: bool,
-    /// What ended this job alone (its sampler or its codec failed): it ends with this step,
-    /// with this error, and the other jobs go on.
+    /// What ended this job alone (its logits held a NaN or its codec failed): it ends with
+    /// this step, with this error, and the other jobs go on.
     failed: Option<EngineError>,
     /// Test hook ([`Batcher::fail_at_next_step`]): the job fails in its next step.
     fail_next_step: bool,
@@ -99,12 +99,12 @@ enum Next {
     Failed,
 }
 
-/// Parts a job's codec chunk is submitted in, one behind each forward, when the job's audio
+/// Parts a job's codec chunk is submitted in, one behind each step, when the job's audio
 /// is far enough ahead of playback (see [`parts_for`]). A chunk fills every CODEC_CHUNK
 /// steps; its last part goes out CODEC_CHUNK - 1 steps after its first, so the step after
-/// that reads its samples before the next chunk starts. Queued whole behind one forward, a
-/// chunk delays the next forward by its GPU time less the host's sampling; in parts, each
-/// runs while the host samples (the experiment log at the `lab-notebook` tag measured it).
+/// that reads its samples before the next chunk starts. Queued whole behind one step, a
+/// chunk delays the next step by all of its GPU time; in parts, by a part's each time, so
+/// the steps keep an even pace (the experiment log at the `lab-notebook` tag measured it).
 pub const CODEC_CHUNK_PARTS: usize = CODEC_CHUNK - 1;
 
 /// How many parts a job's next codec chunk is submitted in, given how much longer the audio
@@ -548,7 +548,7 @@ impl<'e> Batcher<'e> {
         Ok(Some(InFlight { serial, drawn, jobs }))
     }
 
-    /// Test hook: job `id` fails in its next step, as if its sampler or codec had, so tests
+    /// Test hook: job `id` fails in its next step, as if its logits or codec had, so tests
     /// can show that the other jobs go on untouched. False when no such job runs.
     pub fn fail_at_next_step(&mut self, id: JobId) -> bool {
         let job = self.jobs.iter_mut().find(|j| j.id == id);
@@ -620,7 +620,7 @@ impl<'e> Batcher<'e> {
         if segment_done && last_segment {
             // The request's last samples: the chunk in flight and the codes not yet decoded,
             // read at once. (No full chunk waits here: each is submitted in the step after
-            // it fills, before that step's tokens are sampled.)
+            // it fills, before the tokens that step reads.)
             debug_assert!(job.chunk.is_empty(), "a chunk waits at the end of a request");
             job.chunk_submitted = None;
             let pending = std::mem::take(&mut job.pending);

@@ -95,7 +95,8 @@ pub enum Stop {
     Finished,
     /// The sink asked to stop.
     Cancelled,
-    /// The job failed alone (its sampler or codec): the batcher returns the error.
+    /// The job failed alone (a NaN in its logits, or its codec): the batcher returns the
+    /// error.
     Failed,
 }
 
