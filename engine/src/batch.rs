@@ -404,15 +404,12 @@ impl<'e> Batcher<'e> {
         // reads the tokens before and moves on. The step after a chunk's last part reads
         // its samples, once its own forward is submitted.
         let codec_time = self.submit_chunks(serial) + self.deliver_finished_chunks(serial);
+        // The tokens of the step before, by job, and that step's serial.
         let mut tokens = HashMap::new();
+        let mut read_serial = 0;
         if let Some(read) = std::mem::replace(&mut self.in_flight, submitted) {
-            let drawn = self.session.drawn(read.drawn)?;
-            tokens.extend(
-                read.jobs
-                    .into_iter()
-                    .zip(drawn)
-                    .map(|(id, token)| (id, (read.serial, token))),
-            );
+            tokens.extend(read.jobs.into_iter().zip(self.session.drawn(read.drawn)?));
+            read_serial = read.serial;
         }
         // The codec submissions inside the window are counted as codec time.
         let forward = began.elapsed().saturating_sub(codec_time);
@@ -427,10 +424,7 @@ impl<'e> Batcher<'e> {
                 job.failed
                     .get_or_insert(EngineError::Input("a failure injected by a test".into()));
             }
-            let token = tokens
-                .get(&job.id)
-                .filter(|(drawn_in, _)| *drawn_in >= job.valid_from)
-                .map(|&(_, token)| token);
+            let token = tokens.get(&job.id).copied().filter(|_| read_serial >= job.valid_from);
             let outcome = if job.failed.is_some() {
                 Ok(Next::Failed)
             } else if job.cancelled {
@@ -486,8 +480,10 @@ impl<'e> Batcher<'e> {
         let separate = self.jobs.iter().any(|j| j.request.guidance == GuidanceMode::Separate);
         let mut cond_rows = Vec::new();
         let mut uncond_rows = Vec::new();
+        // (row, kept row): each job's last row in each kind of lane, kept for its draw.
         let mut keep_cond = Vec::new();
         let mut keep_uncond = Vec::new();
+        let mut kept = 0;
         let mut draws = Vec::new();
         let mut feeding = Vec::new();
         for (i, job) in self.jobs.iter().enumerate() {
@@ -497,13 +493,16 @@ impl<'e> Batcher<'e> {
             let rows = self.rows(job, job.cond_lane);
             let fed = rows.len();
             cond_rows.extend(rows);
-            keep_cond.push((cond_rows.len() - 1, keep_cond.len() + keep_uncond.len()));
-            let cond = keep_cond.len() + keep_uncond.len() - 1;
-            let uncond = job.uncond_lane.map(|lane| {
+            let cond = kept;
+            keep_cond.push((cond_rows.len() - 1, cond));
+            kept += 1;
+            let mut uncond = None;
+            if let Some(lane) = job.uncond_lane {
                 uncond_rows.extend(self.rows(job, lane));
-                keep_uncond.push((uncond_rows.len() - 1, keep_cond.len() + keep_uncond.len()));
-                (keep_cond.len() + keep_uncond.len() - 1, job.gamma_fixed)
-            });
+                keep_uncond.push((uncond_rows.len() - 1, kept));
+                uncond = Some((kept, job.gamma_fixed));
+                kept += 1;
+            }
             // A decode row feeds a token not read yet, whose draw comes before this one.
             let index = job.draws + u64::from(job.position != 0);
             draws.push(Draw {

@@ -1277,11 +1277,11 @@ impl Executable {
         self.value_buffer(self.logits)
     }
 
-    /// The buffer of the step input `name` (one of [`STEP_INPUTS`]), one u32 per row: work
-    /// queued after [`Executable::write_inputs`] and before the run may overwrite words of it.
-    pub fn input_buffer(&self, name: &str) -> Option<&wgpu::Buffer> {
-        let index = STEP_INPUTS.iter().position(|&n| n == name)?;
-        Some(self.value_buffer(self.inputs[index]))
+    /// The buffer of the `row_index` input (one u32 per row, the second of [`STEP_INPUTS`]):
+    /// work queued after [`Executable::write_inputs`] and before the run may overwrite
+    /// words of it.
+    pub fn row_index_buffer(&self) -> &wgpu::Buffer {
+        self.value_buffer(self.inputs[1])
     }
 
     /// Reads the audio logits of the last run.

@@ -725,10 +725,8 @@ impl<'e> Session<'e> {
         exe.write_inputs(&engine.gpu, [&table, &index, &lanes, &positions])?;
         // The copies run after the written inputs land (queued writes precede a submission)
         // and before the step.
-        let copies = (!drawn.is_empty()).then(|| {
-            let ids = exe.input_buffer("row_index").expect("a step input");
-            copy_runs(&engine.gpu, &drawn, self.sampler.tokens(), ids, 4)
-        });
+        let copies = (!drawn.is_empty())
+            .then(|| copy_runs(&engine.gpu, &drawn, self.sampler.tokens(), exe.row_index_buffer(), 4));
         Ok((key, copies))
     }
 

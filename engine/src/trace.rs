@@ -198,18 +198,9 @@ impl Trace {
 
     /// A tensor's F32 values by name.
     pub fn f32s(&self, name: &str) -> Option<Vec<f32>> {
-        self.values(name, Dtype::F32)
-    }
-
-    /// A tensor's I32 values by name.
-    pub fn i32s(&self, name: &str) -> Option<Vec<i32>> {
-        self.values(name, Dtype::I32)
-    }
-
-    fn values<T: bytemuck::Pod>(&self, name: &str, dtype: Dtype) -> Option<Vec<T>> {
         self.tensors
             .iter()
-            .find(|t| t.0 == name && t.1 == dtype)
-            .map(|t| bytemuck::pod_collect_to_vec(&t.3))
+            .find(|t| t.0 == name && t.1 == Dtype::F32)
+            .map(|t| bytemuck::cast_slice(&t.3).to_vec())
     }
 }
