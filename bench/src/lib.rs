@@ -984,15 +984,7 @@ const SYNTHESIS_TEXT_TOKENS: usize = 24;
 
 /// End-to-end synthesis with guidance (paired), a fixed seed and a token cap.
 pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisResult, EngineError> {
-    let text: Vec<u32> = (0..SYNTHESIS_TEXT_TOKENS as u32).map(|i| (i * 37 + 11) % 256).collect();
-    let request = SynthesisRequest {
-        segments: vec![text],
-        prefix: None,
-        gamma: 1.5,
-        guidance: GuidanceMode::Paired,
-        sampling: SamplingParams::unfiltered(1),
-        max_audio_tokens: options.synthesis_tokens,
-    };
+    let request = synthesis_request(0, true, options.synthesis_tokens);
     let stats = synthesize(engine, &request, &mut |_| true)?;
     let wall_s = stats.wall.as_secs_f64();
     Ok(SynthesisResult {
@@ -1012,6 +1004,22 @@ pub fn synthesis(engine: &Engine, options: &BenchOptions) -> Result<SynthesisRes
     })
 }
 
+/// The measured synthesis `job` (the measurement's first is 0): a text and a seed of its
+/// own, guided (paired, gamma 1.5) or not, up to `tokens` audio tokens.
+fn synthesis_request(job: usize, guided: bool, tokens: usize) -> SynthesisRequest {
+    let text = (0..SYNTHESIS_TEXT_TOKENS as u32)
+        .map(|i| (i * 37 + 11 + job as u32 * 101) % 256)
+        .collect();
+    SynthesisRequest {
+        segments: vec![text],
+        prefix: None,
+        gamma: if guided { 1.5 } else { 1.0 },
+        guidance: GuidanceMode::Paired,
+        sampling: SamplingParams::unfiltered(job as u64 + 1),
+        max_audio_tokens: tokens,
+    }
+}
+
 /// Steps a token-loop run needs: the two it does not time and three timed.
 const TOKEN_LOOP_STEPS: usize = 5;
 
@@ -1026,21 +1034,8 @@ pub fn token_loop(engine: &Engine, lanes: usize, options: &BenchOptions) -> Resu
     let capacity = prompt + options.synthesis_tokens;
     let mut batcher = Batcher::new(engine, lanes, capacity)?;
     for job in 0..jobs {
-        let text = (0..SYNTHESIS_TEXT_TOKENS as u32)
-            .map(|i| (i * 37 + 11 + job as u32 * 101) % 256)
-            .collect();
-        let guided = job < pairs;
-        batcher.admit(
-            SynthesisRequest {
-                segments: vec![text],
-                prefix: None,
-                gamma: if guided { 1.5 } else { 1.0 },
-                guidance: GuidanceMode::Paired,
-                sampling: SamplingParams::unfiltered(job as u64 + 1),
-                max_audio_tokens: options.synthesis_tokens,
-            },
-            Box::new(|_| true),
-        )?;
+        let request = synthesis_request(job, job < pairs, options.synthesis_tokens);
+        batcher.admit(request, Box::new(|_| true))?;
     }
     let mut ends = vec![std::time::Instant::now()];
     while batcher.active() == jobs {
@@ -1082,16 +1077,7 @@ pub fn token_loop(engine: &Engine, lanes: usize, options: &BenchOptions) -> Resu
         })
         .collect();
     let draw_gpu_ms = median_ms(options.repeats, || session.timed_draw(&draws))?;
-    let mut decoder = CodecDecoder::new(CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?);
-    let mut round = 0u32;
-    let chunk_ms = median_ms(options.repeats, || {
-        round += 1;
-        let chunk: Vec<u32> = (0..CODEC_CHUNK as u32)
-            .map(|j| (round * 131 + j * 29) % codes)
-            .collect();
-        Ok(decoder.timed_chunk(&chunk)?.0)
-    })?;
-    let codec_gpu_ms = chunk_ms * jobs as f64 / CODEC_CHUNK as f64;
+    let codec_gpu_ms = codec(engine, options)?.gpu_ms * jobs as f64 / CODEC_CHUNK as f64;
     let busy_ms = step_gpu_ms + draw_gpu_ms + codec_gpu_ms;
     Ok(TokenLoopResult {
         lanes,
