@@ -37,7 +37,7 @@ pub struct Executable {
     logits: ValueId,
     /// Where [`Executable::encode`]'d steps copy their logits for the host.
     logits_readback: Readback,
-    /// The attention launches' workgroup counts and the (rows, heads) they start with: the
+    /// The attention launches' workgroup counts and the (rows, blocks of heads) they start with: the
     /// chunks are those the step's furthest row reaches, not all of the capacity's, so a
     /// step's attention costs what its context needs however long the session's lanes are.
     attention_grid: (wgpu::Buffer, [u32; 2]),
@@ -176,7 +176,7 @@ impl<'a> Lowering<'a> {
             } => {
                 let params =
                     self.attention_params(self.rows(node.inputs[0]), *heads, *kv_heads, *head_dim, *round_output);
-                self.attention(node, &params, *heads, *last_chunk_combines)
+                self.attention(node, &params, *last_chunk_combines)
             }
             Op::Router { route, linear } => self.router(node, route, linear.as_ref()),
             Op::Experts {
@@ -332,7 +332,6 @@ impl<'a> Lowering<'a> {
         &mut self,
         node: &drama_graph::Node,
         params: &AttentionParams,
-        heads: usize,
         last_chunk_combines: bool,
     ) -> Result<(), EngineError> {
         let [qkv, row_lane, row_pos, k_cache, v_cache] = self.buffers(&node.inputs)?;
@@ -359,14 +358,13 @@ impl<'a> Lowering<'a> {
         // Launched over the chunks the step's rows reach (see `attention_grid`), at most the
         // capacity's.
         let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
-        let mut attend = self
-            .gpu
-            .dispatch(kernel, params, &resources, [rows, heads as u32, chunks])?;
+        let blocks = params.heads / params.block_heads;
+        let mut attend = self.gpu.dispatch(kernel, params, &resources, [rows, blocks, chunks])?;
         attend.indirect = Some(self.attention_grid.clone());
         self.dispatches.push(attend);
         if !last_chunk_combines {
             let combine = [row_pos, out, &scratch, &scratch];
-            self.launch(Kernel::AttendCombine, params, &combine, [rows, heads as u32, 1])?;
+            self.launch(Kernel::AttendCombine, params, &combine, [rows, blocks, 1])?;
         }
         Ok(())
     }
@@ -733,7 +731,7 @@ impl<'a> Lowering<'a> {
             capacity: self.capacity as u32,
             flags: bit(round, flags::attention::ROUND),
             scale: 1.0 / (head_dim as f32).sqrt(),
-            pad: 0,
+            block_heads: drama_kernels::attention_block_heads(heads, kv_heads, head_dim) as u32,
         }
     }
 }
@@ -1096,23 +1094,32 @@ struct StepBuffers {
     plan: MemoryPlan,
     /// Attention's query heads (1 where the graph has no attention).
     heads: usize,
+    /// Attention's workgroups per row and chunk: its blocks of heads (see
+    /// [`drama_kernels::attention_block_heads`]; 1 where the graph has no attention).
+    head_blocks: usize,
     scratch_bytes: u64,
 }
 
 impl StepBuffers {
     fn of(graph: &Graph, shape: StepShape) -> StepBuffers {
-        let (heads, head_dim) = graph
+        let (heads, kv_heads, head_dim) = graph
             .nodes
             .iter()
             .find_map(|n| match n.op {
-                Op::Attention { heads, head_dim, .. } => Some((heads, head_dim)),
+                Op::Attention {
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    ..
+                } => Some((heads, kv_heads, head_dim)),
                 _ => None,
             })
-            .unwrap_or((1, 1));
+            .unwrap_or((1, 1, 1));
         let scratch_floats = drama_kernels::attention_scratch_floats(shape.rows, heads, head_dim, shape.capacity);
         StepBuffers {
             plan: plan(graph),
             heads,
+            head_blocks: heads / drama_kernels::attention_block_heads(heads, kv_heads, head_dim),
             scratch_bytes: (scratch_floats * 4) as u64,
         }
     }
@@ -1151,6 +1158,7 @@ impl Executable {
         let StepBuffers {
             plan,
             heads,
+            head_blocks,
             scratch_bytes,
         } = buffers;
         let buffers: Vec<wgpu::Buffer> = plan
@@ -1212,7 +1220,7 @@ impl Executable {
             inputs,
             logits,
             logits_readback,
-            attention_grid: (attention_grid, [shape.rows as u32, heads as u32]),
+            attention_grid: (attention_grid, [shape.rows as u32, head_blocks as u32]),
             written: std::sync::Mutex::new(vec![Vec::new(); STEP_INPUTS.len() + 1]),
             device_bytes,
         })
@@ -1266,8 +1274,8 @@ impl Executable {
         let chunks = (furthest + 1)
             .div_ceil(drama_kernels::ATTENTION_CHUNK)
             .min(drama_kernels::attention_chunks(self.shape.capacity)) as u32;
-        let (grid, [rows, heads]) = &self.attention_grid;
-        write_if_changed(gpu, grid, &[*rows, *heads, chunks], &mut written[STEP_INPUTS.len()]);
+        let (grid, [rows, blocks]) = &self.attention_grid;
+        write_if_changed(gpu, grid, &[*rows, *blocks, chunks], &mut written[STEP_INPUTS.len()]);
         Ok(())
     }
 

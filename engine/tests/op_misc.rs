@@ -114,8 +114,9 @@ fn attention_across_chunks_matches_reference() {
     );
 }
 
-/// Rows over more chunks than the combine reads at a time (four): exactly one batch, one
-/// chunk into a second batch, and a second batch one chunk short of full.
+/// Rows over more chunks than the combine's invocations read in one batch (with two heads
+/// of 32 in a workgroup, 16 invocations per column, four chunks each): exactly one batch,
+/// one chunk into a second batch, and a second batch one chunk short of full.
 #[test]
 fn attention_over_several_combine_batches_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
@@ -124,9 +125,26 @@ fn attention_over_several_combine_batches_matches_reference() {
         2,
         1,
         32,
-        7 * chunk + 3,
-        [4 * chunk, 4 * chunk + 1, 7 * chunk + 3],
+        127 * chunk + 3,
+        [64 * chunk, 64 * chunk + 1, 127 * chunk],
     );
+}
+
+/// The bench checkpoint's heads (four query heads per key/value head, 128 wide: one
+/// workgroup for the four, two invocations per column in the combine, eight chunks a batch)
+/// and a group of eight (two workgroups of four per key/value head), over many chunks.
+#[test]
+fn attention_with_blocks_of_four_heads_matches_reference() {
+    let chunk = drama_kernels::ATTENTION_CHUNK;
+    attention_case(
+        "attention-group4",
+        8,
+        2,
+        128,
+        20 * chunk + 3,
+        [8 * chunk, 8 * chunk + 1, 20 * chunk + 3],
+    );
+    attention_case("attention-group8", 8, 1, 64, 3 * chunk, [2 * chunk + 7, 1, 3 * chunk]);
 }
 
 fn attention_case(
@@ -197,8 +215,9 @@ fn attention_case(
         capacity: capacity as u32,
         flags: flags::attention::ROUND,
         scale: 1.0 / (head_dim as f32).sqrt(),
-        pad: 0,
+        block_heads: drama_kernels::attention_block_heads(heads, kv_heads, head_dim) as u32,
     };
+    let blocks = params.heads / params.block_heads;
     let p = gpu.uniform("p", &params);
     let lane_b = gpu.buffer_with("lane", &u32_bytes(&row_lane));
     let pos_b = gpu.buffer_with("pos", &u32_bytes(&row_pos));
@@ -231,11 +250,7 @@ fn attention_case(
                 &chunks_done,
                 &scratch,
             ],
-            [
-                rows as u32,
-                heads as u32,
-                drama_kernels::attention_chunks(capacity) as u32,
-            ],
+            [rows as u32, blocks, drama_kernels::attention_chunks(capacity) as u32],
         )
     };
     let dispatches = [
@@ -244,7 +259,7 @@ fn attention_case(
             gpu,
             Kernel::AttendCombine,
             &[&p, &pos_b, &out, &scratch, &scratch],
-            [rows as u32, heads as u32, 1],
+            [rows as u32, blocks, 1],
         ),
     ];
     run(gpu, &dispatches);
