@@ -75,13 +75,15 @@ impl TextFrontEnd {
     /// Splits `text` into segments of at most `budget` tokens each (see the module rule);
     /// returns the token ids of every segment. Empty text is refused.
     ///
-    /// The packing is greedy. Each segment's run of pieces is found by a search that starts
-    /// where the pieces' own token counts say the budget ends and gallops from there, so a
-    /// segment of sentences is usually tokenized twice (the run, and the run with one more
-    /// piece), and a segment of `n` words about `2 log n` times rather than `n` (a
+    /// The packing is greedy. The sentences are measured side by side on the host's
+    /// threads, and their counts predict every segment's run; the predicted runs are checked
+    /// side by side too (the run fits and the run with one more piece does not: two
+    /// tokenizations each), so text whose counts add up takes about the time of its longest
+    /// segment, not of all of them in turn. Where a prediction fails, and for words, a run
+    /// is searched for from where the counts say the budget ends, galloping from there: a
+    /// segment of `n` words takes about `2 log n` tokenizations rather than `n` (a
     /// 20 000-character sentence cut between words would otherwise tokenize its growing
-    /// segment once per word). The sentences are measured side by side on the host's
-    /// threads.
+    /// segment once per word).
     pub fn segments(&self, text: &str, budget: usize) -> Result<Vec<Vec<u32>>, EngineError> {
         if text.trim().is_empty() {
             return Err(EngineError::Input("the text is empty".into()));
@@ -102,15 +104,54 @@ impl TextFrontEnd {
         for group in groups {
             let mut start = 0;
             while start < group.len() {
-                let (taken, ids) = self.longest_run(text, &group[start..], budget)?;
-                let run = &text[group[start].range.start..group[start + taken - 1].range.end];
-                if !run.trim().is_empty() {
-                    segments.push(ids);
+                // The runs the counts predict from here, checked side by side; where the
+                // first that is not the longest run that fits (or a word) starts, one run is
+                // searched for, and the prediction starts again after it.
+                let predicted = predicted_runs(&group[start..], budget, rayon::current_num_threads());
+                let checked = predicted
+                    .par_iter()
+                    .map(|&(first, count)| self.checked_run(text, &group[start + first..], count, budget))
+                    .collect::<Result<Vec<Option<Vec<u32>>>, EngineError>>()?;
+                let mut runs = Vec::new();
+                for (&(first, count), ids) in predicted.iter().zip(checked) {
+                    let Some(ids) = ids else { break };
+                    runs.push((start + first..start + first + count, ids));
                 }
-                start += taken;
+                let searched_from = runs.last().map_or(start, |(run, _)| run.end);
+                if searched_from < group.len() {
+                    let (taken, ids) = self.longest_run(text, &group[searched_from..], budget)?;
+                    runs.push((searched_from..searched_from + taken, ids));
+                }
+                for (run, ids) in runs {
+                    start = run.end;
+                    if !text[group[run.start].range.start..group[run.end - 1].range.end]
+                        .trim()
+                        .is_empty()
+                    {
+                        segments.push(ids);
+                    }
+                }
             }
         }
         Ok(segments)
+    }
+
+    /// The tokens of the run of `pieces`' first `count` when it is the longest run from the
+    /// first piece that fits the budget (it fits, and one piece more does not or there is
+    /// none); `None` when it is not.
+    fn checked_run(
+        &self,
+        text: &str,
+        pieces: &[Piece],
+        count: usize,
+        budget: usize,
+    ) -> Result<Option<Vec<u32>>, EngineError> {
+        let encode_run = |count: usize| self.encode(text[pieces[0].range.start..pieces[count - 1].range.end].trim());
+        let ids = encode_run(count)?;
+        if ids.len() > budget || (count < pieces.len() && encode_run(count + 1)?.len() <= budget) {
+            return Ok(None);
+        }
+        Ok(Some(ids))
     }
 
     /// The pieces of `text` to pack, in order, in groups no segment spans: sentences,
@@ -118,13 +159,27 @@ impl TextFrontEnd {
     /// (the sentences after it may join its last segment).
     fn groups(&self, text: &str, budget: usize) -> Result<Vec<Vec<Piece>>, EngineError> {
         let sentences = sentences(text);
-        let counts = sentences
-            .par_iter()
-            .map(|sentence| self.encode(text[sentence.clone()].trim()).map(|ids| ids.len()))
-            .collect::<Result<Vec<usize>, EngineError>>()?;
+        // Each sentence alone, and as it follows the one before in a run: after that one's
+        // trailing white space.
+        let counts = (0..sentences.len())
+            .into_par_iter()
+            .map(|i| {
+                let sentence = &sentences[i];
+                let end = sentence.start + text[sentence.clone()].trim_end().len();
+                let alone = self.encode(text[sentence.clone()].trim())?.len();
+                let joined = match i.checked_sub(1).map(|before| &sentences[before]) {
+                    Some(before) => {
+                        let space = before.start + text[before.clone()].trim_end().len();
+                        self.encode(&text[space..end])?.len()
+                    }
+                    None => alone,
+                };
+                Ok(Counts { alone, joined })
+            })
+            .collect::<Result<Vec<Counts>, EngineError>>()?;
         let mut groups = vec![Vec::new()];
         for (sentence, tokens) in sentences.into_iter().zip(counts) {
-            if tokens <= budget {
+            if tokens.alone <= budget {
                 let piece = Piece {
                     range: sentence,
                     tokens: Some(tokens),
@@ -163,15 +218,7 @@ impl TextFrontEnd {
         }
         // Where the pieces' own counts put the end (a run of words, whose counts are not
         // known, starts from one piece).
-        let mut summed = 0;
-        let estimate = pieces
-            .iter()
-            .take_while(|piece| {
-                summed += piece.tokens.unwrap_or(budget + 1);
-                summed <= budget
-            })
-            .count()
-            .max(1);
+        let estimate = estimated_run(pieces, budget);
         let (mut fits, mut fitting_ids) = (1, first);
         let mut too_long = None;
         if estimate > 1 {
@@ -215,11 +262,53 @@ impl TextFrontEnd {
     }
 }
 
-/// A piece of text to pack: its byte range and, for a sentence, the token count of its
-/// trimmed text (which estimates where a run of them reaches the budget).
+/// How many of `pieces`, from the first, fit the budget by their counts (the first alone,
+/// each after it joined; a word, whose count is not known, ends the run); at least one.
+fn estimated_run(pieces: &[Piece], budget: usize) -> usize {
+    let mut summed = 0;
+    pieces
+        .iter()
+        .enumerate()
+        .take_while(|(i, piece)| {
+            summed += piece
+                .tokens
+                .map_or(budget + 1, |c| if *i == 0 { c.alone } else { c.joined });
+            summed <= budget
+        })
+        .count()
+        .max(1)
+}
+
+/// The runs `pieces` pack into when a run's tokens are its pieces' counts added up
+/// ([`estimated_run`]): (first piece, pieces) of each, in order, up to the first word or
+/// the end, at most `limit` of them.
+fn predicted_runs(pieces: &[Piece], budget: usize, limit: usize) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut first = 0;
+    while first < pieces.len() && pieces[first].tokens.is_some() && runs.len() < limit {
+        let count = estimated_run(&pieces[first..], budget);
+        runs.push((first, count));
+        first += count;
+    }
+    runs
+}
+
+/// A piece of text to pack: its byte range and, for a sentence, its token counts.
 struct Piece {
     range: Range<usize>,
-    tokens: Option<usize>,
+    tokens: Option<Counts>,
+}
+
+/// A sentence's token counts, which predict where a run of sentences reaches the budget:
+/// with a tokenizer that splits text at white space before merging, a run's tokens are its
+/// first sentence's `alone` and the others' `joined` added up.
+#[derive(Clone, Copy)]
+struct Counts {
+    /// Its trimmed text's.
+    alone: usize,
+    /// Its text after the white space that ends the sentence before (in a run, it follows
+    /// that); the first sentence's alone.
+    joined: usize,
 }
 
 /// Sentences with their trailing white space, as byte ranges of `text` in order.
