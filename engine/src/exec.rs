@@ -37,10 +37,11 @@ pub struct Executable {
     logits: ValueId,
     /// Where [`Executable::encode`]'d steps copy their logits for the host.
     logits_readback: Readback,
-    /// The attention launches' workgroup counts and the (rows, blocks of heads) they start with: the
-    /// chunks are those the step's furthest row reaches, not all of the capacity's, so a
-    /// step's attention costs what its context needs however long the session's lanes are.
-    attention_grid: (wgpu::Buffer, [u32; 2]),
+    /// The attention launches' workgroup counts, written with each step's inputs, and its
+    /// heads: the chunks are those the step's furthest row reaches, not all of the
+    /// capacity's, so a step's attention costs what its context needs however long the
+    /// session's lanes are, and the blocks of heads suit them ([`AttentionHeads::blocks`]).
+    attention_grid: (wgpu::Buffer, AttentionHeads),
     /// What the last [`Executable::write_inputs`] wrote into each input buffer (in
     /// [`STEP_INPUTS`] order) and into the attention grid: writing the same words again is
     /// skipped, so a decode step writes only what moved (its tokens and positions). Each
@@ -357,14 +358,26 @@ impl<'a> Lowering<'a> {
         ];
         // Launched over the chunks the step's rows reach (see `attention_grid`), at most the
         // capacity's.
-        let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
-        let blocks = params.heads / params.block_heads;
-        let mut attend = self.gpu.dispatch(kernel, params, &resources, [rows, blocks, chunks])?;
+        let chunks = drama_kernels::attention_chunks(self.capacity);
+        let heads = AttentionHeads {
+            heads: params.heads as usize,
+            kv_heads: params.kv_heads as usize,
+            head_dim: params.head_dim as usize,
+        };
+        // Each step's grid is written with its inputs; this one, blocks of one head over
+        // every chunk, is the most any step launches.
+        let mut attend = self
+            .gpu
+            .dispatch(kernel, params, &resources, [rows, params.heads, chunks as u32])?;
         attend.indirect = Some(self.attention_grid.clone());
         self.dispatches.push(attend);
         if !last_chunk_combines {
             let combine = [row_pos, out, &scratch, &scratch];
-            self.launch(Kernel::AttendCombine, params, &combine, [rows, blocks, 1])?;
+            // The fewest workgroups, each combining the most heads: its sums' order is the
+            // same for any block.
+            let fewest =
+                heads.heads / drama_kernels::attention_max_block_heads(heads.heads, heads.kv_heads, heads.head_dim);
+            self.launch(Kernel::AttendCombine, params, &combine, [rows, fewest as u32, 1])?;
         }
         Ok(())
     }
@@ -731,7 +744,7 @@ impl<'a> Lowering<'a> {
             capacity: self.capacity as u32,
             flags: bit(round, flags::attention::ROUND),
             scale: 1.0 / (head_dim as f32).sqrt(),
-            block_heads: drama_kernels::attention_block_heads(heads, kv_heads, head_dim) as u32,
+            pad: 0,
         }
     }
 }
@@ -1089,20 +1102,34 @@ fn segment_launch<'a>(
     })
 }
 
+/// The shape of a step's attention heads.
+#[derive(Debug, Clone, Copy)]
+struct AttentionHeads {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl AttentionHeads {
+    /// Attention's workgroups per row and chunk in a step of `rows` rows over `chunks`
+    /// chunks: its blocks of heads ([`drama_kernels::attention_block_heads`]).
+    fn blocks(&self, rows: usize, chunks: usize) -> usize {
+        self.heads / drama_kernels::attention_block_heads(self.heads, self.kv_heads, self.head_dim, rows, chunks)
+    }
+}
+
 /// The buffers a step allocates for itself: its memory plan and attention's scratch.
 struct StepBuffers {
     plan: MemoryPlan,
-    /// Attention's query heads (1 where the graph has no attention).
-    heads: usize,
-    /// Attention's workgroups per row and chunk: its blocks of heads (see
-    /// [`drama_kernels::attention_block_heads`]; 1 where the graph has no attention).
-    head_blocks: usize,
+    /// Attention's heads (one query head of one key/value head where the graph has no
+    /// attention).
+    heads: AttentionHeads,
     scratch_bytes: u64,
 }
 
 impl StepBuffers {
     fn of(graph: &Graph, shape: StepShape) -> StepBuffers {
-        let (heads, kv_heads, head_dim) = graph
+        let heads = graph
             .nodes
             .iter()
             .find_map(|n| match n.op {
@@ -1111,15 +1138,23 @@ impl StepBuffers {
                     kv_heads,
                     head_dim,
                     ..
-                } => Some((heads, kv_heads, head_dim)),
+                } => Some(AttentionHeads {
+                    heads,
+                    kv_heads,
+                    head_dim,
+                }),
                 _ => None,
             })
-            .unwrap_or((1, 1, 1));
-        let scratch_floats = drama_kernels::attention_scratch_floats(shape.rows, heads, head_dim, shape.capacity);
+            .unwrap_or(AttentionHeads {
+                heads: 1,
+                kv_heads: 1,
+                head_dim: 1,
+            });
+        let scratch_floats =
+            drama_kernels::attention_scratch_floats(shape.rows, heads.heads, heads.head_dim, shape.capacity);
         StepBuffers {
             plan: plan(graph),
             heads,
-            head_blocks: heads / drama_kernels::attention_block_heads(heads, kv_heads, head_dim),
             scratch_bytes: (scratch_floats * 4) as u64,
         }
     }
@@ -1157,10 +1192,10 @@ impl Executable {
         }
         let StepBuffers {
             plan,
-            heads,
-            head_blocks,
+            heads: attention_heads,
             scratch_bytes,
         } = buffers;
+        let heads = attention_heads.heads;
         let buffers: Vec<wgpu::Buffer> = plan
             .buffers
             .iter()
@@ -1220,7 +1255,7 @@ impl Executable {
             inputs,
             logits,
             logits_readback,
-            attention_grid: (attention_grid, [shape.rows as u32, head_blocks as u32]),
+            attention_grid: (attention_grid, attention_heads),
             written: std::sync::Mutex::new(vec![Vec::new(); STEP_INPUTS.len() + 1]),
             device_bytes,
         })
@@ -1273,9 +1308,11 @@ impl Executable {
         let furthest = positions.iter().copied().max().unwrap_or(0) as usize;
         let chunks = (furthest + 1)
             .div_ceil(drama_kernels::ATTENTION_CHUNK)
-            .min(drama_kernels::attention_chunks(self.shape.capacity)) as u32;
-        let (grid, [rows, blocks]) = &self.attention_grid;
-        write_if_changed(gpu, grid, &[*rows, *blocks, chunks], &mut written[STEP_INPUTS.len()]);
+            .min(drama_kernels::attention_chunks(self.shape.capacity));
+        let (grid, heads) = &self.attention_grid;
+        let blocks = heads.blocks(self.shape.rows, chunks);
+        let workgroups = [self.shape.rows as u32, blocks as u32, chunks as u32];
+        write_if_changed(gpu, grid, &workgroups, &mut written[STEP_INPUTS.len()]);
         Ok(())
     }
 

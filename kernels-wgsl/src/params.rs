@@ -83,8 +83,8 @@ pub struct AttentionParams {
     pub flags: u32,
     /// Score scale 1/sqrt(head_dim).
     pub scale: f32,
-    /// Query heads per workgroup ([`crate::attention_block_heads`]).
-    pub block_heads: u32,
+    /// Padding.
+    pub pad: u32,
 }
 
 /// `router.wgsl` parameters.

@@ -43,7 +43,7 @@ pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
 pub const FORCE_LOOP_BOUNDING: bool = false;
 /// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
 /// workgroup per (row, block of heads, chunk), `[rows, heads / attention_block_heads(..),
-/// attention_chunks(capacity)]`.
+/// chunks]`.
 pub const ATTENTION_CHUNK: usize = 64;
 
 /// Chunks of a cache slot of `capacity` positions.
@@ -51,11 +51,12 @@ pub fn attention_chunks(capacity: usize) -> usize {
     capacity.div_ceil(ATTENTION_CHUNK)
 }
 
-/// Query heads one attention workgroup takes (`attention.wgsl`'s `block_heads`): consecutive
-/// heads of one key/value head's group, so that a chunk of the caches is read once for all
-/// of them. The most that divide the group, at most four (the workgroup's tree blocks) and at
-/// most what its 256 vec4s of staged queries hold; 1 where the shape is not a whole group.
-pub fn attention_block_heads(heads: usize, kv_heads: usize, head_dim: usize) -> usize {
+/// The most query heads one attention workgroup takes (`attention.wgsl`'s block of heads):
+/// consecutive heads of one key/value head's group, whose chunk of the caches the workgroup
+/// reads once for all of them. The most that divide the group, at most four (the
+/// workgroup's tree blocks) and at most what its 256 vec4s of staged queries hold; 1 where
+/// the shape is not a whole group.
+pub fn attention_max_block_heads(heads: usize, kv_heads: usize, head_dim: usize) -> usize {
     let group = if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         1
     } else {
@@ -65,6 +66,23 @@ pub fn attention_block_heads(heads: usize, kv_heads: usize, head_dim: usize) -> 
     (1..=4)
         .rev()
         .find(|&b| group.is_multiple_of(b) && b * columns <= 256)
+        .unwrap_or(1)
+}
+
+/// Workgroups an attention launch keeps at least, where blocks of one head give that many:
+/// larger blocks read the caches fewer times but make fewer, longer workgroups, which
+/// leave a GPU idle when there are few of them.
+pub const ATTENTION_MIN_WORKGROUPS: usize = 256;
+
+/// Query heads per attention workgroup in a step of `rows` rows whose furthest row reaches
+/// `chunks` chunks: the largest block (a divisor of [`attention_max_block_heads`]) that
+/// keeps [`ATTENTION_MIN_WORKGROUPS`], else one. Attention's result is the same bits for
+/// any block.
+pub fn attention_block_heads(heads: usize, kv_heads: usize, head_dim: usize, rows: usize, chunks: usize) -> usize {
+    let most = attention_max_block_heads(heads, kv_heads, head_dim);
+    (1..=most)
+        .rev()
+        .find(|&b| most.is_multiple_of(b) && rows * (heads / b) * chunks >= ATTENTION_MIN_WORKGROUPS)
         .unwrap_or(1)
 }
 

@@ -163,3 +163,21 @@ pub fn check(label: &str, got: &[f32], want: &[f64], scale: &[f64], tol: f64) ->
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+/// Asserts `got` is `want` bit for bit (NaN poison included), naming how many values differ
+/// and the first.
+pub fn assert_same_bits(got: &[f32], want: &[f32], label: &str) {
+    assert_eq!(got.len(), want.len(), "{label}: lengths");
+    let differing: Vec<usize> = (0..got.len())
+        .filter(|&i| got[i].to_bits() != want[i].to_bits())
+        .collect();
+    if let Some(&first) = differing.first() {
+        panic!(
+            "{label}: {} of {} values differ, the first at {first}: {:e} against {:e}",
+            differing.len(),
+            got.len(),
+            got[first],
+            want[first]
+        );
+    }
+}

@@ -20,7 +20,7 @@ struct Params {
     capacity: u32,    // positions per cache slot
     flags: u32,       // ATTENTION_* bits (flags.rs)
     scale: f32,       // 1 / sqrt(head_dim)
-    block_heads: u32, // query heads per workgroup, of one KV head's group (see `attend`)
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -84,13 +84,13 @@ const LOWEST: f32 = -3.0e38;
 @group(0) @binding(5) var<storage, read> k4: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> v4: array<vec4<f32>>;
 
-// Head b's quarter dot products: position s's four at 256 b + 4 s; in the combine, each
-// invocation's denominator at its index.
+// Head b's quarter dot products: position s's four at 256 b + 4 s.
 var<workgroup> partial: array<f32, 1024>;
 var<workgroup> query: array<vec4<f32>, 256>;       // the block's queries, head after head
 var<workgroup> value_parts: array<vec4<f32>, 256>;
 var<workgroup> weights: array<f32, 256>;           // exp(score - m): head b's at CHUNK b + s
 var<workgroup> head_max: array<f32, 4>;            // MAX_BLOCK_HEADS: the combine's maxima
+var<workgroup> head_total: array<f32, 4>;          // and denominators
 
 // Element i of row r's query of head h, rotated (zero past the head: the padding of its
 // last vec4). Element i of the first half pairs with element i + half of the second.
@@ -110,10 +110,10 @@ fn rotated_query(q_base: u32, i: u32, pos: u32) -> f32 {
 
 // Stages row r's queries of heads h0 .. h0 + block_heads in `query`, rotated, head b's
 // columns at b * columns.
-fn stage_queries(r: u32, h0: u32, t: u32) {
+fn stage_queries(r: u32, h0: u32, block_heads: u32, t: u32) {
     let columns = head_stride(p.head_dim) / 4u;
     let pos = row_pos[r];
-    for (var at = t; at < p.block_heads * columns; at += ATTEND_WG) {
+    for (var at = t; at < block_heads * columns; at += ATTEND_WG) {
         let b = at / columns;
         let i = 4u * (at % columns);
         let q_base = r * qkv_width() + (h0 + b) * p.head_dim;
@@ -151,7 +151,7 @@ fn eight_dots(b: u32, c: u32, last: u32, columns: u32, k: array<vec4<f32>, 8>) -
 // key loads in flight, each dotted with every query of the block (past the end: its last
 // column repeated, unused). `columns` need not be a multiple of 4: a quarter may own one
 // column fewer than another, or none.
-fn quarter_dots(k_base: u32, quarter: u32, columns: u32) -> vec4<f32> {
+fn quarter_dots(k_base: u32, quarter: u32, columns: u32, block_heads: u32) -> vec4<f32> {
     // Only read when the quarter owns a column (quarter < columns).
     let last = quarter + 4u * ((columns - 1u - quarter) / 4u);
     var sums = vec4<f32>(0.0);
@@ -167,13 +167,13 @@ fn quarter_dots(k_base: u32, quarter: u32, columns: u32) -> vec4<f32> {
             k4[k_base + min(c + 28u, last)],
         );
         sums.x += eight_dots(0u, c, last, columns, k);
-        if (p.block_heads > 1u) {
+        if (block_heads > 1u) {
             sums.y += eight_dots(1u, c, last, columns, k);
         }
-        if (p.block_heads > 2u) {
+        if (block_heads > 2u) {
             sums.z += eight_dots(2u, c, last, columns, k);
         }
-        if (p.block_heads > 3u) {
+        if (block_heads > 3u) {
             sums.w += eight_dots(3u, c, last, columns, k);
         }
     }
@@ -194,7 +194,7 @@ fn eight_weighted(b: u32, s: u32, parts: u32, v: array<vec4<f32>, 8>) -> vec4<f3
 // element b): sum over its positions s = part, part + parts, ... below `count` of head b's
 // weights[s] times the value at `v_base + s * kv_row`, eight positions in flight, each
 // value loaded once for the block.
-fn value_parts_of(v_base: u32, kv_row: u32, part: u32, parts: u32, count: u32) -> array<vec4<f32>, 4> {
+fn value_parts_of(v_base: u32, kv_row: u32, part: u32, parts: u32, count: u32, block_heads: u32) -> array<vec4<f32>, 4> {
     var acc = array<vec4<f32>, 4>();
     var s = part;
     for (; s + 7u * parts < count; s += 8u * parts) {
@@ -211,13 +211,13 @@ fn value_parts_of(v_base: u32, kv_row: u32, part: u32, parts: u32, count: u32) -
             v4[at + 7u * step],
         );
         acc[0] += eight_weighted(0u, s, parts, v);
-        if (p.block_heads > 1u) {
+        if (block_heads > 1u) {
             acc[1] += eight_weighted(1u, s, parts, v);
         }
-        if (p.block_heads > 2u) {
+        if (block_heads > 2u) {
             acc[2] += eight_weighted(2u, s, parts, v);
         }
-        if (p.block_heads > 3u) {
+        if (block_heads > 3u) {
             acc[3] += eight_weighted(3u, s, parts, v);
         }
     }
@@ -243,9 +243,14 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
 // block's chunks if this chunk finished last (see `combine_if_last`). (The body as a
 // function of (row, head, chunk) measured slower in the prefill's attention launches.)
 @compute @workgroup_size(256)
-fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+fn attend(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let block_heads = p.heads / groups.y;
     let r = wg.x;
-    let h0 = wg.y * p.block_heads;
+    let h0 = wg.y * block_heads;
     let chunk = wg.z;
     let length = row_pos[r] + 1u;
     let first = chunk * CHUNK;
@@ -256,13 +261,13 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let columns = head_stride(p.head_dim) / 4u;    // vec4s per head
     let kv_row = p.kv_heads * columns;             // vec4s per cache position
     let cache_base = cache_base_of(r, h0);
-    stage_queries(r, h0, t);
+    stage_queries(r, h0, block_heads, t);
     workgroupBarrier();
     // Scores: invocation t takes quarter t % 4 of position first + t / 4, for every head.
     let slot = t / 4u;
     var own_parts = vec4<f32>(0.0);
     if (slot < count) {
-        own_parts = quarter_dots(cache_base + (first + slot) * kv_row, t % 4u, columns);
+        own_parts = quarter_dots(cache_base + (first + slot) * kv_row, t % 4u, columns, block_heads);
     }
     partial[t] = own_parts.x;
     partial[ATTEND_WG + t] = own_parts.y;
@@ -272,7 +277,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     // Invocation t holds head b = t / CHUNK's score of position s = t % CHUNK.
     let b = t / CHUNK;
     let s = t % CHUNK;
-    let live = b < p.block_heads && s < count;
+    let live = b < block_heads && s < count;
     var score = LOWEST;
     if (live) {
         let at = ATTEND_WG * b + 4u * s;
@@ -286,7 +291,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     weights[t] = e;
     let l = tree_reduce_blocks(t, e, false, CHUNK);
     let stats = chunks_of(p.capacity) * columns + chunk;
-    if (s == 0u && b < p.block_heads) {
+    if (s == 0u && b < block_heads) {
         scratch[chunk_block(r * p.heads + h0 + b, columns, p.capacity) + stats] = vec4<f32>(m, l, 0.0, 0.0);
     }
     // Invocation t owns vec4 column t % columns over positions part, part + parts, ...
@@ -295,10 +300,10 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let part = t / columns;
     var acc = array<vec4<f32>, 4>();
     if (part < parts) {
-        acc = value_parts_of(cache_base + first * kv_row + c, kv_row, part, parts, count);
+        acc = value_parts_of(cache_base + first * kv_row + c, kv_row, part, parts, count, block_heads);
     }
     for (var hb = 0u; hb < MAX_BLOCK_HEADS; hb++) {
-        if (hb < p.block_heads) {
+        if (hb < block_heads) {
             value_parts[t] = acc[hb];
             workgroupBarrier();
             if (part == 0u) {
@@ -312,34 +317,34 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }
     }
     if (LAST_CHUNK_COMBINES) {
-        combine_if_last(r, wg.y, t);
+        combine_if_last(r, wg.y, block_heads, t);
     }
 }
 
-// The combine (`write_combined`) reads each head's chunk maxima, a block of 64 invocations
-// per head, and takes the largest by a fixed tree; then every (head, vec4 column) of the
-// block gets 256 / (block_heads columns) invocations, each summing the denominator and its
-// column over every such chunk, COMBINE_BATCH chunks at a time, every load of a batch issued
-// before its values are used; the invocations' sums are added in a fixed order. A row of
-// many chunks waits for a memory round trip for the maxima and a few for the sums. (One
-// invocation per (head, column) taking every chunk, four at a time, made the last chunk's
-// workgroup of a long row wait for a round trip per four chunks: at 4000 positions, 16
-// for the maxima and 16 for the sums, after every other workgroup of the launch had
-// finished.)
-const COMBINE_BATCH: u32 = 4u;
-// Chunk c's term of a sum in chunk order, `value exp(m_c - M)`; nothing past the row's last
-// chunk.
-fn chunk_term(sum: f32, c: u32, chunks: u32, value: f32, chunk_max: f32, m: f32) -> f32 {
-    if (c < chunks) {
-        return sum + value * exp(chunk_max - m);
-    }
-    return sum;
+// The combine (`write_combined`) reads each head's chunk statistics (m, l), a block of 64
+// invocations per head, and takes their largest m and the denominator by fixed trees; then
+// every (head, vec4 column) gets `combine_spread` invocations, each summing its column over
+// every such chunk, COMBINE_BATCH chunks at a time, every load of a batch issued before its
+// values are used; the invocations' sums are added in a fixed order. A row of up to 64
+// chunks waits for a memory round trip for the statistics and a few for the sums. The
+// order of every sum depends on the head width alone, never on the block of heads, so a
+// step may choose its blocks. (One invocation per (head, column) taking every chunk, four
+// at a time, made the last chunk's workgroup of a long row wait for a round trip per four
+// chunks: at 4000 positions, 16 for the maxima and 16 for the sums, after every other
+// workgroup of the launch had finished.)
+const COMBINE_BATCH: u32 = 8u;
+
+// Invocations per (head, vec4 column) in the combine: as many as a block of the most heads
+// leaves each, at least one.
+fn combine_spread(columns: u32) -> u32 {
+    return max(ATTEND_WG / (MAX_BLOCK_HEADS * columns), 1u);
 }
 
-// `chunk_term` for a vec4 of o (each component the same arithmetic).
-fn chunk_vec_term(sum: vec4<f32>, c: u32, chunks: u32, value: vec4<f32>, chunk_max: f32, m: f32) -> vec4<f32> {
-    if (c < chunks) {
-        return sum + value * exp(chunk_max - m);
+// A chunk's term of a column's sum, `o exp(chunk_max - m)`, where `live` (a chunk up to the
+// row's; past it a batch reads the last again, unused).
+fn chunk_term(sum: vec4<f32>, live: bool, o: vec4<f32>, chunk_max: f32, m: f32) -> vec4<f32> {
+    if (live) {
+        return sum + o * exp(chunk_max - m);
     }
     return sum;
 }
@@ -379,71 +384,101 @@ fn scratch_xy(i: u32, across: bool) -> vec2<f32> {
 // M), M the largest m_c, over the chunks up to the row's (see COMBINE_BATCH for the order);
 // the padding past the head is not written. `across`: see `scratch_vec`. Every invocation
 // must call it.
-fn write_combined(r: u32, h0: u32, t: u32, across: bool) {
+fn write_combined(r: u32, h0: u32, block_heads: u32, t: u32, across: bool) {
     let columns = head_stride(p.head_dim) / 4u;
     let chunks = row_pos[r] / CHUNK + 1u;
     let last = chunks - 1u;
     let stats_at = chunks_of(p.capacity) * columns;
-    // The maxima: head b = t / CHUNK's chunks t % CHUNK, t % CHUNK + CHUNK, ...
+    // The statistics: head b = t / CHUNK's chunks t % CHUNK, t % CHUNK + CHUNK, ... (the
+    // first kept, read again only past CHUNK chunks).
     let b = t / CHUNK;
+    let stats = chunk_block(r * p.heads + h0 + b, columns, p.capacity) + stats_at;
+    let first = t % CHUNK;
+    var first_stats = vec2<f32>(LOWEST, 0.0);
     var m = LOWEST;
-    if (b < p.block_heads) {
-        let stats = chunk_block(r * p.heads + h0 + b, columns, p.capacity) + stats_at;
-        for (var c = t % CHUNK; c < chunks; c += CHUNK) {
+    if (b < block_heads && first < chunks) {
+        first_stats = scratch_xy(stats + first, across);
+        m = first_stats.x;
+        for (var c = first + CHUNK; c < chunks; c += CHUNK) {
             m = max(m, scratch_x(stats + c, across));
         }
     }
     m = tree_reduce_blocks(t, m, true, CHUNK);
-    if (t % CHUNK == 0u) {
+    var l = 0.0;
+    if (b < block_heads && first < chunks) {
+        l = first_stats.y * exp(first_stats.x - m);
+        for (var c = first + CHUNK; c < chunks; c += CHUNK) {
+            let s = scratch_xy(stats + c, across);
+            l += s.y * exp(s.x - m);
+        }
+    }
+    l = tree_reduce_blocks(t, l, false, CHUNK);
+    if (first == 0u) {
         head_max[b] = m;
+        head_total[b] = l;
     }
     workgroupBarrier();
     // The sums: invocation t takes (head, column) pair t % pairs over the chunks
     // t / pairs, t / pairs + spread, ...
-    let pairs = p.block_heads * columns;
-    let spread = ATTEND_WG / pairs;
+    let pairs = block_heads * columns;
+    let spread = combine_spread(columns);
     let pair = t % pairs;
     let own = t / pairs;
     let hb = pair / columns;
     let j = pair % columns;
     let block = chunk_block(r * p.heads + h0 + hb, columns, p.capacity);
     let mh = head_max[hb];
-    var total = 0.0;
     var sum = vec4<f32>(0.0);
     if (own < spread) {
         for (var c = own; c < chunks; c += COMBINE_BATCH * spread) {
-            let c1 = min(c + spread, last);
-            let c2 = min(c + 2u * spread, last);
-            let c3 = min(c + 3u * spread, last);
-            let s0 = scratch_xy(block + stats_at + c, across);
-            let s1 = scratch_xy(block + stats_at + c1, across);
-            let s2 = scratch_xy(block + stats_at + c2, across);
-            let s3 = scratch_xy(block + stats_at + c3, across);
-            let o0 = scratch_vec(block + c * columns + j, across);
-            let o1 = scratch_vec(block + c1 * columns + j, across);
-            let o2 = scratch_vec(block + c2 * columns + j, across);
-            let o3 = scratch_vec(block + c3 * columns + j, across);
-            total = chunk_term(total, c, chunks, s0.y, s0.x, mh);
-            total = chunk_term(total, c + spread, chunks, s1.y, s1.x, mh);
-            total = chunk_term(total, c + 2u * spread, chunks, s2.y, s2.x, mh);
-            total = chunk_term(total, c + 3u * spread, chunks, s3.y, s3.x, mh);
-            sum = chunk_vec_term(sum, c, chunks, o0, s0.x, mh);
-            sum = chunk_vec_term(sum, c + spread, chunks, o1, s1.x, mh);
-            sum = chunk_vec_term(sum, c + 2u * spread, chunks, o2, s2.x, mh);
-            sum = chunk_vec_term(sum, c + 3u * spread, chunks, o3, s3.x, mh);
+            let at = array<u32, 8>(
+                c,
+                min(c + spread, last),
+                min(c + 2u * spread, last),
+                min(c + 3u * spread, last),
+                min(c + 4u * spread, last),
+                min(c + 5u * spread, last),
+                min(c + 6u * spread, last),
+                min(c + 7u * spread, last),
+            );
+            let o = array<vec4<f32>, 8>(
+                scratch_vec(block + at[0] * columns + j, across),
+                scratch_vec(block + at[1] * columns + j, across),
+                scratch_vec(block + at[2] * columns + j, across),
+                scratch_vec(block + at[3] * columns + j, across),
+                scratch_vec(block + at[4] * columns + j, across),
+                scratch_vec(block + at[5] * columns + j, across),
+                scratch_vec(block + at[6] * columns + j, across),
+                scratch_vec(block + at[7] * columns + j, across),
+            );
+            let cm = array<f32, 8>(
+                scratch_x(block + stats_at + at[0], across),
+                scratch_x(block + stats_at + at[1], across),
+                scratch_x(block + stats_at + at[2], across),
+                scratch_x(block + stats_at + at[3], across),
+                scratch_x(block + stats_at + at[4], across),
+                scratch_x(block + stats_at + at[5], across),
+                scratch_x(block + stats_at + at[6], across),
+                scratch_x(block + stats_at + at[7], across),
+            );
+            sum = chunk_term(sum, c < chunks, o[0], cm[0], mh);
+            sum = chunk_term(sum, c + spread < chunks, o[1], cm[1], mh);
+            sum = chunk_term(sum, c + 2u * spread < chunks, o[2], cm[2], mh);
+            sum = chunk_term(sum, c + 3u * spread < chunks, o[3], cm[3], mh);
+            sum = chunk_term(sum, c + 4u * spread < chunks, o[4], cm[4], mh);
+            sum = chunk_term(sum, c + 5u * spread < chunks, o[5], cm[5], mh);
+            sum = chunk_term(sum, c + 6u * spread < chunks, o[6], cm[6], mh);
+            sum = chunk_term(sum, c + 7u * spread < chunks, o[7], cm[7], mh);
         }
     }
     value_parts[t] = sum;
-    partial[t] = total;
     workgroupBarrier();
-    if (t < pairs) {
+    if (own == 0u) {
         var all_sum = vec4<f32>(0.0);
-        var all_total = 0.0;
         for (var k = 0u; k < spread; k++) {
             all_sum += value_parts[k * pairs + t];
-            all_total += partial[k * pairs + t];
         }
-        var out = all_sum / all_total;
+        var out = all_sum / head_total[hb];
         if ((p.flags & ATTENTION_ROUND) != 0u) {
             out = round_bf16_4(out);
         }
@@ -457,10 +492,15 @@ fn write_combined(r: u32, h0: u32, t: u32, across: bool) {
 }
 
 // out: dst [rows, heads * head_dim], each (row, block of heads) combined from its chunks, a
-// workgroup each.
+// workgroup each (the blocks: heads / the launch's workgroups across).
 @compute @workgroup_size(256)
-fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    write_combined(wg.x, wg.y * p.block_heads, t, false);
+fn attend_combine(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let block_heads = p.heads / groups.y;
+    write_combined(wg.x, wg.y * block_heads, block_heads, t, false);
 }
 
 // With LAST_CHUNK_COMBINES (a constant each pipeline sets: the engine's `Kernel::Attend` and
@@ -489,9 +529,9 @@ override LAST_CHUNK_COMBINES: bool = false;
 
 // The end of a chunk's workgroup with LAST_CHUNK_COMBINES (every invocation must call it):
 // the combine, if its chunk finished last.
-fn combine_if_last(r: u32, block: u32, t: u32) {
+fn combine_if_last(r: u32, block: u32, block_heads: u32, t: u32) {
     storageBarrier();
-    let counter = r * (p.heads / p.block_heads) + block;
+    let counter = r * (p.heads / block_heads) + block;
     if (t == 0u) {
         finished_chunks = atomicAdd(&chunks_done[counter], 1u) + 1u;
     }
@@ -502,5 +542,5 @@ fn combine_if_last(r: u32, block: u32, t: u32) {
     if (t == 0u) {
         atomicStore(&chunks_done[counter], 0u);
     }
-    write_combined(r, block * p.block_heads, t, true);
+    write_combined(r, block * block_heads, block_heads, t, true);
 }
