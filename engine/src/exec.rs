@@ -37,11 +37,10 @@ pub struct Executable {
     logits: ValueId,
     /// Where [`Executable::encode`]'d steps copy their logits for the host.
     logits_readback: Readback,
-    /// The attention launches' workgroup counts, written with each step's inputs, and its
-    /// heads: the chunks are those the step's furthest row reaches, not all of the
-    /// capacity's, so a step's attention costs what its context needs however long the
-    /// session's lanes are, and the blocks of heads suit them ([`AttentionHeads::blocks`]).
-    attention_grid: (wgpu::Buffer, AttentionHeads),
+    /// The attention launches' workgroup counts and the (rows, heads) they start with: the
+    /// chunks are those the step's furthest row reaches, not all of the capacity's, so a
+    /// step's attention costs what its context needs however long the session's lanes are.
+    attention_grid: (wgpu::Buffer, [u32; 2]),
     /// What the last [`Executable::write_inputs`] wrote into each input buffer (in
     /// [`STEP_INPUTS`] order) and into the attention grid: writing the same words again is
     /// skipped, so a decode step writes only what moved (its tokens and positions). Each
@@ -177,7 +176,7 @@ impl<'a> Lowering<'a> {
             } => {
                 let params =
                     self.attention_params(self.rows(node.inputs[0]), *heads, *kv_heads, *head_dim, *round_output);
-                self.attention(node, &params, *last_chunk_combines)
+                self.attention(node, &params, *heads, *last_chunk_combines)
             }
             Op::Router { route, linear } => self.router(node, route, linear.as_ref()),
             Op::Experts {
@@ -333,6 +332,7 @@ impl<'a> Lowering<'a> {
         &mut self,
         node: &drama_graph::Node,
         params: &AttentionParams,
+        heads: usize,
         last_chunk_combines: bool,
     ) -> Result<(), EngineError> {
         let [qkv, row_lane, row_pos, k_cache, v_cache] = self.buffers(&node.inputs)?;
@@ -358,26 +358,15 @@ impl<'a> Lowering<'a> {
         ];
         // Launched over the chunks the step's rows reach (see `attention_grid`), at most the
         // capacity's.
-        let chunks = drama_kernels::attention_chunks(self.capacity);
-        let heads = AttentionHeads {
-            heads: params.heads as usize,
-            kv_heads: params.kv_heads as usize,
-            head_dim: params.head_dim as usize,
-        };
-        // Each step's grid is written with its inputs; this one, blocks of one head over
-        // every chunk, is the most any step launches.
+        let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
         let mut attend = self
             .gpu
-            .dispatch(kernel, params, &resources, [rows, params.heads, chunks as u32])?;
+            .dispatch(kernel, params, &resources, [rows, heads as u32, chunks])?;
         attend.indirect = Some(self.attention_grid.clone());
         self.dispatches.push(attend);
         if !last_chunk_combines {
             let combine = [row_pos, out, &scratch, &scratch];
-            // The fewest workgroups, each combining the most heads: its sums' order is the
-            // same for any block.
-            let fewest =
-                heads.heads / drama_kernels::attention_max_block_heads(heads.heads, heads.kv_heads, heads.head_dim);
-            self.launch(Kernel::AttendCombine, params, &combine, [rows, fewest as u32, 1])?;
+            self.launch(Kernel::AttendCombine, params, &combine, [rows, heads as u32, 1])?;
         }
         Ok(())
     }
@@ -744,7 +733,7 @@ impl<'a> Lowering<'a> {
             capacity: self.capacity as u32,
             flags: bit(round, flags::attention::ROUND),
             scale: 1.0 / (head_dim as f32).sqrt(),
-            pad: 0,
+            max_block: drama_kernels::attention_max_block_heads(heads, kv_heads, head_dim) as u32,
         }
     }
 }
@@ -1102,56 +1091,25 @@ fn segment_launch<'a>(
     })
 }
 
-/// The shape of a step's attention heads.
-#[derive(Debug, Clone, Copy)]
-struct AttentionHeads {
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-}
-
-impl AttentionHeads {
-    /// Attention's workgroups per row and chunk in a step of `rows` rows over `chunks`
-    /// chunks: its blocks of heads ([`drama_kernels::attention_block_heads`]).
-    fn blocks(&self, rows: usize, chunks: usize) -> usize {
-        self.heads / drama_kernels::attention_block_heads(self.heads, self.kv_heads, self.head_dim, rows, chunks)
-    }
-}
-
 /// The buffers a step allocates for itself: its memory plan and attention's scratch.
 struct StepBuffers {
     plan: MemoryPlan,
-    /// Attention's heads (one query head of one key/value head where the graph has no
-    /// attention).
-    heads: AttentionHeads,
+    /// Attention's query heads (1 where the graph has no attention).
+    heads: usize,
     scratch_bytes: u64,
 }
 
 impl StepBuffers {
     fn of(graph: &Graph, shape: StepShape) -> StepBuffers {
-        let heads = graph
+        let (heads, head_dim) = graph
             .nodes
             .iter()
             .find_map(|n| match n.op {
-                Op::Attention {
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    ..
-                } => Some(AttentionHeads {
-                    heads,
-                    kv_heads,
-                    head_dim,
-                }),
+                Op::Attention { heads, head_dim, .. } => Some((heads, head_dim)),
                 _ => None,
             })
-            .unwrap_or(AttentionHeads {
-                heads: 1,
-                kv_heads: 1,
-                head_dim: 1,
-            });
-        let scratch_floats =
-            drama_kernels::attention_scratch_floats(shape.rows, heads.heads, heads.head_dim, shape.capacity);
+            .unwrap_or((1, 1));
+        let scratch_floats = drama_kernels::attention_scratch_floats(shape.rows, heads, head_dim, shape.capacity);
         StepBuffers {
             plan: plan(graph),
             heads,
@@ -1192,10 +1150,9 @@ impl Executable {
         }
         let StepBuffers {
             plan,
-            heads: attention_heads,
+            heads,
             scratch_bytes,
         } = buffers;
-        let heads = attention_heads.heads;
         let buffers: Vec<wgpu::Buffer> = plan
             .buffers
             .iter()
@@ -1255,7 +1212,7 @@ impl Executable {
             inputs,
             logits,
             logits_readback,
-            attention_grid: (attention_grid, attention_heads),
+            attention_grid: (attention_grid, [shape.rows as u32, heads as u32]),
             written: std::sync::Mutex::new(vec![Vec::new(); STEP_INPUTS.len() + 1]),
             device_bytes,
         })
@@ -1308,11 +1265,9 @@ impl Executable {
         let furthest = positions.iter().copied().max().unwrap_or(0) as usize;
         let chunks = (furthest + 1)
             .div_ceil(drama_kernels::ATTENTION_CHUNK)
-            .min(drama_kernels::attention_chunks(self.shape.capacity));
-        let (grid, heads) = &self.attention_grid;
-        let blocks = heads.blocks(self.shape.rows, chunks);
-        let workgroups = [self.shape.rows as u32, blocks as u32, chunks as u32];
-        write_if_changed(gpu, grid, &workgroups, &mut written[STEP_INPUTS.len()]);
+            .min(drama_kernels::attention_chunks(self.shape.capacity)) as u32;
+        let (grid, [rows, heads]) = &self.attention_grid;
+        write_if_changed(gpu, grid, &[*rows, *heads, chunks], &mut written[STEP_INPUTS.len()]);
         Ok(())
     }
 

@@ -114,9 +114,8 @@ fn attention_across_chunks_matches_reference() {
     );
 }
 
-/// Rows over more chunks than the combine's invocations read in one batch (heads of 32:
-/// eight invocations per column, eight chunks each), and than its statistics pass reads at
-/// once (64 chunks): exactly one batch and one chunk past it, and 127 chunks.
+/// Rows over more chunks than the combine's statistics pass reads at once (64): exactly
+/// 64, one past and 127 (in blocks of two heads).
 #[test]
 fn attention_over_several_combine_batches_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
@@ -130,21 +129,29 @@ fn attention_over_several_combine_batches_matches_reference() {
     );
 }
 
-/// The bench checkpoint's heads (four query heads per key/value head, 128 wide: blocks of
-/// up to four, two invocations per column in the combine, eight chunks a batch) and a
-/// group of eight (blocks of four: two per key/value head), over many chunks.
+/// The bench checkpoint's heads (four query heads per key/value head, 128 wide) in rows
+/// long enough for blocks of one, two and four heads (15, 16 and 33 chunks; in a block of
+/// four, two invocations per column in the combine, eight chunks a batch: three batches),
+/// and a group of eight (blocks of four, two per key/value head).
 #[test]
-fn attention_with_blocks_of_four_heads_matches_reference() {
+fn attention_with_blocks_of_heads_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
     attention_case(
         "attention-group4",
         8,
         2,
         128,
-        20 * chunk + 3,
-        [8 * chunk, 8 * chunk + 1, 20 * chunk + 3],
+        33 * chunk,
+        [15 * chunk, 15 * chunk + 1, 32 * chunk + 3],
     );
-    attention_case("attention-group8", 8, 1, 64, 3 * chunk, [2 * chunk + 7, 1, 3 * chunk]);
+    attention_case(
+        "attention-group8",
+        8,
+        1,
+        64,
+        40 * chunk,
+        [32 * chunk + 7, 1, 40 * chunk],
+    );
 }
 
 fn attention_case(
@@ -215,9 +222,8 @@ fn attention_case(
         capacity: capacity as u32,
         flags: flags::attention::ROUND,
         scale: 1.0 / (head_dim as f32).sqrt(),
-        pad: 0,
+        max_block: drama_kernels::attention_max_block_heads(heads, kv_heads, head_dim) as u32,
     };
-    let most = drama_kernels::attention_max_block_heads(heads, kv_heads, head_dim);
     // Rounded to BF16 as the model's steps ask (against the reference), and unrounded (the
     // forms and blocks compared bit for bit, where rounding would hide a difference).
     let rounded = gpu.uniform("p", &params);
@@ -235,9 +241,9 @@ fn attention_case(
         drama_kernels::attention_scratch_floats(rows, heads, head_dim, capacity),
     );
     let chunks_done = gpu.buffer_with("chunks done", &u32_bytes(&vec![0; rows * heads]));
-    // `kernel` (`attend` alone, or combining too) with parameters `p`, in blocks of `block`
-    // heads, writing `out` when it combines.
-    let attend = |kernel: Kernel, p: &wgpu::Buffer, block: usize, out: &wgpu::Buffer| {
+    // `kernel` (`attend` alone, or combining too) with parameters `p`, writing `out` when it
+    // combines.
+    let attend = |kernel: Kernel, p: &wgpu::Buffer, out: &wgpu::Buffer| {
         dispatch(
             gpu,
             kernel,
@@ -256,48 +262,36 @@ fn attention_case(
             ],
             [
                 rows as u32,
-                (heads / block) as u32,
+                heads as u32,
                 drama_kernels::attention_chunks(capacity) as u32,
             ],
         )
     };
-    // Two launches with parameters `p`: blocks of one head, combined in blocks of `combined`.
-    let separate = |p: &wgpu::Buffer, combined: usize, out: &wgpu::Buffer| {
+    // The two-launch form with parameters `p`.
+    let separate = |p: &wgpu::Buffer, out: &wgpu::Buffer| {
         let combine = dispatch(
             gpu,
             Kernel::AttendCombine,
             &[p, &pos_b, out, &scratch, &scratch],
-            [rows as u32, (heads / combined) as u32, 1],
+            [rows as u32, heads as u32, 1],
         );
-        run(gpu, &[attend(Kernel::Attend, p, 1, out), combine]);
+        run(gpu, &[attend(Kernel::Attend, p, out), combine]);
         gpu.read_f32(out).unwrap()
     };
-    let got = separate(&rounded, most, &out);
-    let exact = separate(
-        &unrounded,
-        most,
-        &poisoned(gpu, "unrounded out", rows * heads * head_dim),
-    );
-    // Every block size a step may choose, in either form, the chunk counts back at zero
-    // after every launch of the one-launch form: the same bits, launch after launch on the
-    // same counts.
-    let blocks: Vec<usize> = (1..=most).filter(|b| most.is_multiple_of(*b)).collect();
-    for &block in &blocks {
-        let other = poisoned(gpu, "other out", rows * heads * head_dim);
-        let combined = separate(&unrounded, block, &other);
-        assert_same_bits(&combined, &exact, &format!("{label}: combined in blocks of {block}"));
-        for launch in 0..2 {
-            let fused_out = poisoned(gpu, "fused out", rows * heads * head_dim);
-            run(gpu, &[attend(Kernel::AttendAndCombine, &unrounded, block, &fused_out)]);
-            let fused_got = gpu.read_f32(&fused_out).unwrap();
-            let form = format!("{label}: one launch in blocks of {block}, launch {launch}");
-            assert_same_bits(&fused_got, &exact, &form);
-            let counts = gpu.read_u32(&chunks_done).unwrap();
-            assert!(
-                counts.iter().all(|&c| c == 0),
-                "{label}: chunk counts after launch {launch}: {counts:?}"
-            );
-        }
+    let got = separate(&rounded, &out);
+    let exact = separate(&unrounded, &poisoned(gpu, "unrounded out", rows * heads * head_dim));
+    // The one-launch form, each chunk count back at zero after every launch: the same bits,
+    // launch after launch on the same counts.
+    for launch in 0..3 {
+        let fused_out = poisoned(gpu, "fused out", rows * heads * head_dim);
+        run(gpu, &[attend(Kernel::AttendAndCombine, &unrounded, &fused_out)]);
+        let fused_got = gpu.read_f32(&fused_out).unwrap();
+        assert_same_bits(&fused_got, &exact, &format!("{label}: one launch, launch {launch}"));
+        let counts = gpu.read_u32(&chunks_done).unwrap();
+        assert!(
+            counts.iter().all(|&c| c == 0),
+            "{label}: chunk counts after launch {launch}: {counts:?}"
+        );
     }
     let mut want = Vec::new();
     let mut scale = Vec::new();

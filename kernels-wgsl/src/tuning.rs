@@ -42,8 +42,9 @@ pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
 /// chunks, the PCM identical.
 pub const FORCE_LOOP_BOUNDING: bool = false;
 /// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
-/// workgroup per (row, block of heads, chunk), `[rows, heads / attention_block_heads(..),
-/// chunks]`.
+/// workgroup per (row, block of heads, chunk), `[rows, heads, chunks]` (a row takes blocks
+/// as its length asks, `attention.wgsl`'s `row_block_heads`; the workgroups past its blocks
+/// return at once).
 pub const ATTENTION_CHUNK: usize = 64;
 
 /// Chunks of a cache slot of `capacity` positions.
@@ -51,7 +52,7 @@ pub fn attention_chunks(capacity: usize) -> usize {
     capacity.div_ceil(ATTENTION_CHUNK)
 }
 
-/// The most query heads one attention workgroup takes (`attention.wgsl`'s block of heads):
+/// The most query heads one attention workgroup takes (`attention.wgsl`'s blocks of heads):
 /// consecutive heads of one key/value head's group, whose chunk of the caches the workgroup
 /// reads once for all of them. The most that divide the group, at most four (the
 /// workgroup's tree blocks) and at most what its 256 vec4s of staged queries hold; 1 where
@@ -66,23 +67,6 @@ pub fn attention_max_block_heads(heads: usize, kv_heads: usize, head_dim: usize)
     (1..=4)
         .rev()
         .find(|&b| group.is_multiple_of(b) && b * columns <= 256)
-        .unwrap_or(1)
-}
-
-/// Workgroups an attention launch keeps at least, where blocks of one head give that many:
-/// larger blocks read the caches fewer times but make fewer, longer workgroups, which
-/// leave a GPU idle when there are few of them.
-pub const ATTENTION_MIN_WORKGROUPS: usize = 256;
-
-/// Query heads per attention workgroup in a step of `rows` rows whose furthest row reaches
-/// `chunks` chunks: the largest block (a divisor of [`attention_max_block_heads`]) that
-/// keeps [`ATTENTION_MIN_WORKGROUPS`], else one. Attention's result is the same bits for
-/// any block.
-pub fn attention_block_heads(heads: usize, kv_heads: usize, head_dim: usize, rows: usize, chunks: usize) -> usize {
-    let most = attention_max_block_heads(heads, kv_heads, head_dim);
-    (1..=most)
-        .rev()
-        .find(|&b| most.is_multiple_of(b) && rows * (heads / b) * chunks >= ATTENTION_MIN_WORKGROUPS)
         .unwrap_or(1)
 }
 

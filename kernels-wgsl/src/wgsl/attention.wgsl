@@ -20,7 +20,7 @@ struct Params {
     capacity: u32,    // positions per cache slot
     flags: u32,       // ATTENTION_* bits (flags.rs)
     scale: f32,       // 1 / sqrt(head_dim)
-    _pad: u32,
+    max_block: u32,   // the most query heads a workgroup takes (see `row_block_heads`)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -37,7 +37,7 @@ fn qkv_width() -> u32 {
 
 // Attention is split over chunks of CHUNK positions (flash decoding): `attend` gives each
 // (row, block of heads, chunk) a workgroup of 256 invocations. A block is `block_heads`
-// query heads of one KV head's group (the host's `attention_block_heads`), so the chunk's
+// query heads of one KV head's group (`row_block_heads`), so the chunk's
 // keys and values are read once for all of them. The workgroup scores the chunk's positions
 // (four invocations per position, each with its share of the key's vec4s in flight at once,
 // dotted with every staged query of the block; the queries rotated into workgroup memory),
@@ -238,23 +238,45 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
     return row_lane[r] * p.capacity * p.kv_heads * columns + g * columns;
 }
 
+// A row takes blocks of more heads as it grows: blocks of the most heads b (a divisor of
+// `max_block`) with b * CHUNKS_PER_BLOCK_HEAD <= the chunks it reaches. A row's blocks
+// follow from its own length, never from the step around it, so a head of a row is always
+// computed by the same code (its place in its block), alone or in any batch.
+const CHUNKS_PER_BLOCK_HEAD: u32 = 8u;
+
+fn row_block_heads(r: u32) -> u32 {
+    let chunks = row_pos[r] / CHUNK + 1u;
+    var b = p.max_block;
+    while (b > 1u && (p.max_block % b != 0u || b * CHUNKS_PER_BLOCK_HEAD > chunks)) {
+        b -= 1u;
+    }
+    return b;
+}
+
+var<workgroup> block_of_row: u32;
+
+// `row_block_heads(r)`, as a value the whole workgroup shares (every invocation must call
+// it).
+fn block_heads_of(r: u32, t: u32) -> u32 {
+    if (t == 0u) {
+        block_of_row = row_block_heads(r);
+    }
+    return workgroupUniformLoad(&block_of_row);
+}
+
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk of each head of the
 // block in `scratch`, and with LAST_CHUNK_COMBINES the combined output of the row's and
 // block's chunks if this chunk finished last (see `combine_if_last`). (The body as a
 // function of (row, head, chunk) measured slower in the prefill's attention launches.)
 @compute @workgroup_size(256)
-fn attend(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let block_heads = p.heads / groups.y;
+fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
+    let block_heads = block_heads_of(r, t);
     let h0 = wg.y * block_heads;
     let chunk = wg.z;
     let length = row_pos[r] + 1u;
     let first = chunk * CHUNK;
-    if (first >= length) {
+    if (first >= length || h0 >= p.heads) {
         return;
     }
     let count = min(CHUNK, length - first);
@@ -323,22 +345,15 @@ fn attend(
 
 // The combine (`write_combined`) reads each head's chunk statistics (m, l), a block of 64
 // invocations per head, and takes their largest m and the denominator by fixed trees; then
-// every (head, vec4 column) gets `combine_spread` invocations, each summing its column over
-// every such chunk, COMBINE_BATCH chunks at a time, every load of a batch issued before its
-// values are used; the invocations' sums are added in a fixed order. A row of up to 64
-// chunks waits for a memory round trip for the statistics and a few for the sums. The
-// order of every sum depends on the head width alone, never on the block of heads, so a
-// step may choose its blocks. (One invocation per (head, column) taking every chunk, four
+// every (head, vec4 column) gets 256 / (block_heads columns) invocations, each summing its
+// column over every such chunk, COMBINE_BATCH chunks at a time, every load of a batch
+// issued before its values are used; the invocations' sums are added in a fixed order. A
+// row of up to 64 chunks waits for a memory round trip for the statistics and a few for
+// the sums. (One invocation per (head, column) taking every chunk, four
 // at a time, made the last chunk's workgroup of a long row wait for a round trip per four
 // chunks: at 4000 positions, 16 for the maxima and 16 for the sums, after every other
 // workgroup of the launch had finished.)
 const COMBINE_BATCH: u32 = 8u;
-
-// Invocations per (head, vec4 column) in the combine: as many as a block of the most heads
-// leaves each, at least one.
-fn combine_spread(columns: u32) -> u32 {
-    return max(ATTEND_WG / (MAX_BLOCK_HEADS * columns), 1u);
-}
 
 // A chunk's term of a column's sum, `o exp(chunk_max - m)`, where `live` (a chunk up to the
 // row's; past it a batch reads the last again, unused).
@@ -421,7 +436,7 @@ fn write_combined(r: u32, h0: u32, block_heads: u32, t: u32, across: bool) {
     // The sums: invocation t takes (head, column) pair t % pairs over the chunks
     // t / pairs, t / pairs + spread, ...
     let pairs = block_heads * columns;
-    let spread = combine_spread(columns);
+    let spread = max(ATTEND_WG / pairs, 1u);
     let pair = t % pairs;
     let own = t / pairs;
     let hb = pair / columns;
@@ -492,14 +507,13 @@ fn write_combined(r: u32, h0: u32, block_heads: u32, t: u32, across: bool) {
 }
 
 // out: dst [rows, heads * head_dim], each (row, block of heads) combined from its chunks, a
-// workgroup each (the blocks: heads / the launch's workgroups across).
+// workgroup each (launched over [rows, heads]: the workgroups past a row's blocks return).
 @compute @workgroup_size(256)
-fn attend_combine(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let block_heads = p.heads / groups.y;
+fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let block_heads = block_heads_of(wg.x, t);
+    if (wg.y * block_heads >= p.heads) {
+        return;
+    }
     write_combined(wg.x, wg.y * block_heads, block_heads, t, false);
 }
 
@@ -531,7 +545,7 @@ override LAST_CHUNK_COMBINES: bool = false;
 // the combine, if its chunk finished last.
 fn combine_if_last(r: u32, block: u32, block_heads: u32, t: u32) {
     storageBarrier();
-    let counter = r * (p.heads / block_heads) + block;
+    let counter = r * p.heads + block;
     if (t == 0u) {
         finished_chunks = atomicAdd(&chunks_done[counter], 1u) + 1u;
     }
