@@ -733,7 +733,7 @@ impl<'a> Lowering<'a> {
             capacity: self.capacity as u32,
             flags: bit(round, flags::attention::ROUND),
             scale: 1.0 / (head_dim as f32).sqrt(),
-            max_block: drama_kernels::attention_max_block_heads(heads, kv_heads, head_dim) as u32,
+            pad: 0,
         }
     }
 }

@@ -34,6 +34,5 @@ pub use params::{
 };
 pub use tuning::{
     ATTENTION_CHUNK, DENSE_LINEAR_WIDTH, EXPERT_GROUP_SLOTS, FORCE_LOOP_BOUNDING, LINEAR_PASS_ROWS,
-    SHARED_LAUNCH_LINEAR_WIDTH, ZERO_FILL_WORKGROUP_MEMORY, attention_chunks, attention_max_block_heads,
-    attention_scratch_floats,
+    SHARED_LAUNCH_LINEAR_WIDTH, ZERO_FILL_WORKGROUP_MEMORY, attention_chunks, attention_scratch_floats,
 };

@@ -83,8 +83,8 @@ pub struct AttentionParams {
     pub flags: u32,
     /// Score scale 1/sqrt(head_dim).
     pub scale: f32,
-    /// The most query heads a workgroup takes ([`crate::attention_max_block_heads`]).
-    pub max_block: u32,
+    /// Padding.
+    pub pad: u32,
 }
 
 /// `router.wgsl` parameters.

@@ -42,32 +42,12 @@ pub const ZERO_FILL_WORKGROUP_MEMORY: bool = false;
 /// chunks, the PCM identical.
 pub const FORCE_LOOP_BOUNDING: bool = false;
 /// Positions per attention chunk (`attention.wgsl`'s CHUNK): `Kernel::Attend` runs one
-/// workgroup per (row, block of heads, chunk), `[rows, heads, chunks]` (a row takes blocks
-/// as its length asks, `attention.wgsl`'s `row_block_heads`; the workgroups past its blocks
-/// return at once).
+/// workgroup per (row, head, chunk), `[rows, heads, attention_chunks(capacity)]`.
 pub const ATTENTION_CHUNK: usize = 64;
 
 /// Chunks of a cache slot of `capacity` positions.
 pub fn attention_chunks(capacity: usize) -> usize {
     capacity.div_ceil(ATTENTION_CHUNK)
-}
-
-/// The most query heads one attention workgroup takes (`attention.wgsl`'s blocks of heads):
-/// consecutive heads of one key/value head's group, whose chunk of the caches the workgroup
-/// reads once for all of them. The most that divide the group, at most four (the
-/// workgroup's tree blocks) and at most what its 256 vec4s of staged queries hold; 1 where
-/// the shape is not a whole group.
-pub fn attention_max_block_heads(heads: usize, kv_heads: usize, head_dim: usize) -> usize {
-    let group = if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        1
-    } else {
-        heads / kv_heads
-    };
-    let columns = crate::head_stride(head_dim) / 4;
-    (1..=4)
-        .rev()
-        .find(|&b| group.is_multiple_of(b) && b * columns <= 256)
-        .unwrap_or(1)
 }
 
 /// Floats of the scratch buffer attention needs for `rows` rows (`attention.wgsl`): per
