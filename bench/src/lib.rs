@@ -7,7 +7,7 @@
 //! cache so no repeat is served from cache. The GPU streams for a moment before each timed
 //! part (`WARM_UP`), except end-to-end synthesis, which times what a request meets.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use drama_graph::select::expert_width;
 use drama_kernels::{BandwidthParams, Kernel, LinearParams, WeightFormat};
@@ -26,6 +26,7 @@ use drama_engine::sampling::gpu::Draw;
 use drama_engine::sampling::{SamplingParams, gamma_fixed};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest};
+use drama_engine::text::TextFrontEnd;
 use drama_engine::weights::GpuLinear;
 
 /// What to run.
@@ -124,17 +125,20 @@ pub enum BenchPart {
     TokenLoop,
     /// One codec chunk alone.
     Codec,
+    /// Cutting requests of 1, 10, 100 and 1000 sentences into segments (the host alone).
+    Text,
 }
 
 impl BenchPart {
     /// Every part, in the order a run measures them.
-    pub const ALL: [BenchPart; 6] = [
+    pub const ALL: [BenchPart; 7] = [
         BenchPart::Kernels,
         BenchPart::Decode,
         BenchPart::Prefill,
         BenchPart::Synthesis,
         BenchPart::TokenLoop,
         BenchPart::Codec,
+        BenchPart::Text,
     ];
 }
 
@@ -415,6 +419,52 @@ pub struct BenchReport {
     /// The codec alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub codec: Option<CodecResult>,
+    /// Segmenting requests' text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<Vec<TextResult>>,
+}
+
+/// Cutting one request's text into segments.
+#[derive(Debug, Clone, Serialize)]
+pub struct TextResult {
+    /// Sentences in the text.
+    pub sentences: usize,
+    /// Its characters.
+    pub characters: usize,
+    /// Segments it is cut into (beside the checkpoint's default cap on audio tokens).
+    pub segments: usize,
+    /// The fastest of the repeats, ms.
+    pub ms: f64,
+}
+
+/// Sentence `i` of the text requests are made of (`bench/ttfa.py`'s).
+fn bench_sentence(i: usize) -> String {
+    format!("Sentence number {i} of this request says a few plain words about the weather.")
+}
+
+/// Segments texts of 1, 10, 100 and 1000 sentences with the checkpoint's tokenizer, as a
+/// request's text is before its first step; the fastest of `options.repeats` each.
+pub fn text(engine: &Engine, options: &BenchOptions) -> Result<Vec<TextResult>, EngineError> {
+    let front = TextFrontEnd::new(&engine.checkpoint);
+    let max_audio_tokens = engine.checkpoint.config.speech.max_audio_tokens;
+    let mut results = Vec::new();
+    for sentences in [1, 10, 100, 1000] {
+        let text = (0..sentences).map(bench_sentence).collect::<Vec<_>>().join(" ");
+        let mut fastest = Duration::MAX;
+        let mut segments = 0;
+        for _ in 0..options.repeats {
+            let start = Instant::now();
+            segments = front.segments_for(&text, max_audio_tokens)?.len();
+            fastest = fastest.min(start.elapsed());
+        }
+        results.push(TextResult {
+            sentences,
+            characters: text.len(),
+            segments,
+            ms: ms(fastest),
+        });
+    }
+    Ok(results)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -1217,6 +1267,12 @@ pub fn run(
     } else {
         None
     };
+    let text = if wanted(BenchPart::Text) {
+        progress("text");
+        Some(text(engine, options)?)
+    } else {
+        None
+    };
     Ok(BenchReport {
         machine: Machine {
             adapter: gpu.caps.clone(),
@@ -1233,6 +1289,7 @@ pub fn run(
         synthesis,
         token_loop,
         codec,
+        text,
     })
 }
 

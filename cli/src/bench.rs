@@ -57,6 +57,7 @@ enum Part {
     Synthesis,
     TokenLoop,
     Codec,
+    Text,
 }
 
 impl From<Part> for BenchPart {
@@ -68,6 +69,7 @@ impl From<Part> for BenchPart {
             Part::Synthesis => BenchPart::Synthesis,
             Part::TokenLoop => BenchPart::TokenLoop,
             Part::Codec => BenchPart::Codec,
+            Part::Text => BenchPart::Text,
         }
     }
 }
@@ -175,6 +177,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             c.codes, c.samples, c.gpu_ms, c.dispatches
         );
         print_profile("codec", &c.profile);
+    }
+    for t in report.text.iter().flatten() {
+        eprintln!(
+            "text of {} sentences ({} characters): {} segments in {:.2} ms",
+            t.sentences, t.characters, t.segments, t.ms
+        );
     }
     outln!("wrote {}", args.out.display())?;
     Ok(())

@@ -76,14 +76,14 @@ impl TextFrontEnd {
     /// returns the token ids of every segment. Empty text is refused.
     ///
     /// The packing is greedy. The sentences are measured side by side on the host's
-    /// threads, and their counts predict every segment's run; the predicted runs are checked
-    /// side by side too (the run fits and the run with one more piece does not: two
-    /// tokenizations each), so text whose counts add up takes about the time of its longest
-    /// segment, not of all of them in turn. Where a prediction fails, and for words, a run
-    /// is searched for from where the counts say the budget ends, galloping from there: a
-    /// segment of `n` words takes about `2 log n` tokenizations rather than `n` (a
-    /// 20 000-character sentence cut between words would otherwise tokenize its growing
-    /// segment once per word).
+    /// threads, and their counts predict the segments' runs; as many predicted runs as the
+    /// host has threads are checked side by side (the run fits and the run with one more
+    /// piece does not: two tokenizations each), so text whose counts add up takes about one
+    /// segment's time per round, not every segment's in turn. Where a prediction fails, and
+    /// for words, a run is searched for from where the counts say the budget ends,
+    /// galloping from there: a segment of `n` words takes about `2 log n` tokenizations
+    /// rather than `n` (a 20 000-character sentence cut between words would otherwise
+    /// tokenize its growing segment once per word).
     pub fn segments(&self, text: &str, budget: usize) -> Result<Vec<Vec<u32>>, EngineError> {
         if text.trim().is_empty() {
             return Err(EngineError::Input("the text is empty".into()));
@@ -146,12 +146,16 @@ impl TextFrontEnd {
         count: usize,
         budget: usize,
     ) -> Result<Option<Vec<u32>>, EngineError> {
-        let encode_run = |count: usize| self.encode(text[pieces[0].range.start..pieces[count - 1].range.end].trim());
-        let ids = encode_run(count)?;
-        if ids.len() > budget || (count < pieces.len() && encode_run(count + 1)?.len() <= budget) {
+        let ids = self.encode_run(text, pieces, count)?;
+        if ids.len() > budget || (count < pieces.len() && self.encode_run(text, pieces, count + 1)?.len() <= budget) {
             return Ok(None);
         }
         Ok(Some(ids))
+    }
+
+    /// The tokens of the run of `pieces`' first `count` (its text trimmed).
+    fn encode_run(&self, text: &str, pieces: &[Piece], count: usize) -> Result<Vec<u32>, EngineError> {
+        self.encode(text[pieces[0].range.start..pieces[count - 1].range.end].trim())
     }
 
     /// The pieces of `text` to pack, in order, in groups no segment spans: sentences,
@@ -204,7 +208,7 @@ impl TextFrontEnd {
     /// How many of `pieces`, from the first, make the longest run that fits the budget, and
     /// that run's tokens; an error naming the first piece when it alone does not fit.
     fn longest_run(&self, text: &str, pieces: &[Piece], budget: usize) -> Result<(usize, Vec<u32>), EngineError> {
-        let encode_run = |count: usize| self.encode(text[pieces[0].range.start..pieces[count - 1].range.end].trim());
+        let encode_run = |count: usize| self.encode_run(text, pieces, count);
         // A sentence is known to fit; a word is encoded alone first.
         let first = match pieces[0].tokens {
             Some(_) => None,
