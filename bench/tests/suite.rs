@@ -1,14 +1,15 @@
-//! The benchmark suite's own measurements on the test device: what a launch costs alone, and
+//! The benchmark suite's own measurements on the test device: what a launch costs alone,
 //! decode steps whose eight lanes are four requests (guidance pairs with texts of their own)
-//! rather than one prompt eight times over.
+//! rather than one prompt eight times over, and the text part.
 
 use std::sync::Arc;
 
-use drama_bench::{BenchOptions, BenchPart, Roofline, decode_step, launch_cost};
+use drama_bench::{BenchOptions, BenchPart, Roofline, decode_step, launch_cost, text};
 use drama_checkpoint::{Checkpoint, LayerMlp, Provenance};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::session::Engine;
 use drama_engine::test_support::rng;
+use drama_engine::text::TextFrontEnd;
 use rand_core::Rng;
 
 /// The test device (lavapipe in CI).
@@ -86,4 +87,42 @@ fn eight_lanes_are_four_requests() {
         eight.launch_floor_ms
     );
     assert!(eight.ratio_to_floors.is_finite() && eight.ratio_to_floors > 0.0);
+}
+
+/// The text part times the segments the front end makes of each text: its counts are the
+/// front end's own, growing with the text, each time positive.
+#[test]
+fn text_part_segments_as_the_front_end_does() {
+    let mut rng = rng("bench text");
+    let dir = tempfile::tempdir().unwrap();
+    drama_fixtures::write_preset("tiny", rng.next_u64(), dir.path()).unwrap();
+    let checkpoint = Checkpoint::open(dir.path(), Provenance::Local(dir.path().to_path_buf())).unwrap();
+    let engine = Engine::load(device(), checkpoint).unwrap();
+    let options = BenchOptions {
+        repeats: 2,
+        context: 12,
+        lanes: Vec::new(),
+        more_contexts: Vec::new(),
+        prefill_rows: 0,
+        synthesis_tokens: 0,
+        rotation_bytes: 0,
+        parts: vec![BenchPart::Text],
+    };
+    let results = text(&engine, &options).unwrap();
+    let front = TextFrontEnd::new(&engine.checkpoint);
+    let cap = engine.checkpoint.config.speech.max_audio_tokens;
+    assert_eq!(
+        results.iter().map(|r| r.sentences).collect::<Vec<_>>(),
+        [1, 10, 100, 1000]
+    );
+    for r in &results {
+        let text = (0..r.sentences)
+            .map(|i| format!("Sentence number {i} of this request says a few plain words about the weather."))
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert_eq!(r.characters, text.len());
+        assert_eq!(r.segments, front.segments_for(&text, cap).unwrap().len(), "{r:?}");
+        assert!(r.ms.is_finite() && r.ms > 0.0, "{r:?}");
+    }
+    assert!(results[3].segments > results[0].segments, "{results:?}");
 }
