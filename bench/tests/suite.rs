@@ -17,6 +17,15 @@ fn device() -> Arc<Gpu> {
     Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU (install mesa-vulkan-drivers for lavapipe)"))
 }
 
+/// An engine on a tiny checkpoint of fresh random weights (seeded by `label`), and the
+/// directory that holds it.
+fn tiny_engine(label: &str) -> (tempfile::TempDir, Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    drama_fixtures::write_preset("tiny", rng(label).next_u64(), dir.path()).unwrap();
+    let checkpoint = Checkpoint::open(dir.path(), Provenance::Local(dir.path().to_path_buf())).unwrap();
+    (dir, Engine::load(device(), checkpoint).unwrap())
+}
+
 /// Both chains report a positive, finite time per launch over the chain's launches.
 #[test]
 fn launch_cost_times_both_chains() {
@@ -33,11 +42,7 @@ fn launch_cost_times_both_chains() {
 /// projections, which run beside the launch before them on a Vulkan device.
 #[test]
 fn eight_lanes_are_four_requests() {
-    let mut rng = rng("bench lanes");
-    let dir = tempfile::tempdir().unwrap();
-    drama_fixtures::write_preset("tiny", rng.next_u64(), dir.path()).unwrap();
-    let checkpoint = Checkpoint::open(dir.path(), Provenance::Local(dir.path().to_path_buf())).unwrap();
-    let engine = Engine::load(device(), checkpoint).unwrap();
+    let (_dir, engine) = tiny_engine("bench lanes");
     let options = BenchOptions {
         repeats: 1,
         context: 12,
@@ -93,11 +98,7 @@ fn eight_lanes_are_four_requests() {
 /// front end's own, growing with the text, each time positive.
 #[test]
 fn text_part_segments_as_the_front_end_does() {
-    let mut rng = rng("bench text");
-    let dir = tempfile::tempdir().unwrap();
-    drama_fixtures::write_preset("tiny", rng.next_u64(), dir.path()).unwrap();
-    let checkpoint = Checkpoint::open(dir.path(), Provenance::Local(dir.path().to_path_buf())).unwrap();
-    let engine = Engine::load(device(), checkpoint).unwrap();
+    let (_dir, engine) = tiny_engine("bench text");
     let options = BenchOptions {
         repeats: 2,
         context: 12,
