@@ -104,23 +104,27 @@ impl TextFrontEnd {
         for group in groups {
             let mut start = 0;
             while start < group.len() {
-                // The runs the counts predict from here, checked side by side; where the
-                // first that is not the longest run that fits (or a word) starts, one run is
-                // searched for, and the prediction starts again after it.
+                // The runs the counts predict from here, checked side by side; from the first
+                // that is not the longest run that fits, that run is searched for, and the
+                // prediction starts again after it. A word is searched for at once.
                 let predicted = predicted_runs(&group[start..], budget, rayon::current_num_threads());
                 let checked = predicted
                     .par_iter()
                     .map(|&(first, count)| self.checked_run(text, &group[start + first..], count, budget))
-                    .collect::<Result<Vec<Option<Vec<u32>>>, EngineError>>()?;
+                    .collect::<Result<Vec<Bounds>, EngineError>>()?;
                 let mut runs = Vec::new();
-                for (&(first, count), ids) in predicted.iter().zip(checked) {
-                    let Some(ids) = ids else { break };
-                    runs.push((start + first..start + first + count, ids));
+                let mut from = start;
+                for (&(_, count), bounds) in predicted.iter().zip(checked) {
+                    let (taken, ids) = self.search(text, &group[from..], budget, bounds)?;
+                    runs.push((from..from + taken, ids));
+                    from += taken;
+                    if taken != count {
+                        break;
+                    }
                 }
-                let searched_from = runs.last().map_or(start, |(run, _)| run.end);
-                if searched_from < group.len() {
-                    let (taken, ids) = self.longest_run(text, &group[searched_from..], budget)?;
-                    runs.push((searched_from..searched_from + taken, ids));
+                if predicted.is_empty() {
+                    let (taken, ids) = self.longest_run(text, &group[start..], budget)?;
+                    runs.push((start..start + taken, ids));
                 }
                 for (run, ids) in runs {
                     start = run.end;
@@ -136,21 +140,22 @@ impl TextFrontEnd {
         Ok(segments)
     }
 
-    /// The tokens of the run of `pieces`' first `count` when it is the longest run from the
-    /// first piece that fits the budget (it fits, and one piece more does not or there is
-    /// none); `None` when it is not.
-    fn checked_run(
-        &self,
-        text: &str,
-        pieces: &[Piece],
-        count: usize,
-        budget: usize,
-    ) -> Result<Option<Vec<u32>>, EngineError> {
+    /// What checking the run of `pieces`' first `count` (a sentence first) tells: whether it
+    /// fits, and whether one piece more does (there being one); each run encoded once.
+    fn checked_run(&self, text: &str, pieces: &[Piece], count: usize, budget: usize) -> Result<Bounds, EngineError> {
         let ids = self.encode_run(text, pieces, count)?;
-        if ids.len() > budget || (count < pieces.len() && self.encode_run(text, pieces, count + 1)?.len() <= budget) {
-            return Ok(None);
+        if ids.len() > budget {
+            return Ok(Bounds::sentence(Some(count)));
         }
-        Ok(Some(ids))
+        if count == pieces.len() {
+            return Ok(Bounds::fitting(count, ids, None));
+        }
+        let more = self.encode_run(text, pieces, count + 1)?;
+        Ok(if more.len() > budget {
+            Bounds::fitting(count, ids, Some(count + 1))
+        } else {
+            Bounds::fitting(count + 1, more, None)
+        })
     }
 
     /// The tokens of the run of `pieces`' first `count` (its text trimmed).
@@ -208,37 +213,54 @@ impl TextFrontEnd {
     /// How many of `pieces`, from the first, make the longest run that fits the budget, and
     /// that run's tokens; an error naming the first piece when it alone does not fit.
     fn longest_run(&self, text: &str, pieces: &[Piece], budget: usize) -> Result<(usize, Vec<u32>), EngineError> {
-        let encode_run = |count: usize| self.encode_run(text, pieces, count);
         // A sentence is known to fit; a word is encoded alone first.
-        let first = match pieces[0].tokens {
-            Some(_) => None,
-            None => Some(encode_run(1)?),
+        let mut bounds = match pieces[0].tokens {
+            Some(_) => Bounds::sentence(None),
+            None => {
+                let ids = self.encode_run(text, pieces, 1)?;
+                if ids.len() > budget {
+                    return Err(EngineError::Input(format!(
+                        "the word {:?} alone needs more than the {budget} tokens that fit the context",
+                        text[pieces[0].range.clone()].trim()
+                    )));
+                }
+                Bounds::fitting(1, ids, None)
+            }
         };
-        if first.as_ref().is_some_and(|ids| ids.len() > budget) {
-            return Err(EngineError::Input(format!(
-                "the word {:?} alone needs more than the {budget} tokens that fit the context",
-                text[pieces[0].range.clone()].trim()
-            )));
-        }
         // Where the pieces' own counts put the end (a run of words, whose counts are not
         // known, starts from one piece).
         let estimate = estimated_run(pieces, budget);
-        let (mut fits, mut fitting_ids) = (1, first);
-        let mut too_long = None;
         if estimate > 1 {
-            let ids = encode_run(estimate)?;
+            let ids = self.encode_run(text, pieces, estimate)?;
             if ids.len() <= budget {
-                (fits, fitting_ids) = (estimate, Some(ids));
+                bounds = Bounds::fitting(estimate, ids, None);
             } else {
-                too_long = Some(estimate);
+                bounds.too_long = Some(estimate);
             }
         }
-        // Gallop up from the longest run known to fit until one does not or every piece is
-        // taken...
+        self.search(text, pieces, budget, bounds)
+    }
+
+    /// The longest run of `pieces`, from the first, that fits the budget, and its tokens,
+    /// from what `bounds` knows already: gallop up from the longest run known to fit until
+    /// one does not or every piece is taken, then bisect between the longest known to fit
+    /// and the shortest known not to.
+    fn search(
+        &self,
+        text: &str,
+        pieces: &[Piece],
+        budget: usize,
+        bounds: Bounds,
+    ) -> Result<(usize, Vec<u32>), EngineError> {
+        let Bounds {
+            mut fits,
+            mut fitting_ids,
+            mut too_long,
+        } = bounds;
         let mut step = 1;
         while too_long.is_none() && fits < pieces.len() {
             let count = (fits + step).min(pieces.len());
-            let ids = encode_run(count)?;
+            let ids = self.encode_run(text, pieces, count)?;
             if ids.len() <= budget {
                 (fits, fitting_ids) = (count, Some(ids));
                 step *= 2;
@@ -246,11 +268,10 @@ impl TextFrontEnd {
                 too_long = Some(count);
             }
         }
-        // ...then bisect between the longest run known to fit and the shortest known not to.
         if let Some(mut too_long) = too_long {
             while too_long - fits > 1 {
                 let count = fits + (too_long - fits) / 2;
-                let ids = encode_run(count)?;
+                let ids = self.encode_run(text, pieces, count)?;
                 if ids.len() <= budget {
                     (fits, fitting_ids) = (count, Some(ids));
                 } else {
@@ -260,9 +281,38 @@ impl TextFrontEnd {
         }
         let ids = match fitting_ids {
             Some(ids) => ids,
-            None => encode_run(fits)?,
+            None => self.encode_run(text, pieces, fits)?,
         };
         Ok((fits, ids))
+    }
+}
+
+/// What is known of the runs from a first piece: the longest known to fit, with its tokens
+/// when they were encoded, and the shortest known not to.
+struct Bounds {
+    fits: usize,
+    fitting_ids: Option<Vec<u32>>,
+    too_long: Option<usize>,
+}
+
+impl Bounds {
+    /// A sentence first, which fits alone (not encoded yet), and the shortest run known not
+    /// to fit.
+    fn sentence(too_long: Option<usize>) -> Bounds {
+        Bounds {
+            fits: 1,
+            fitting_ids: None,
+            too_long,
+        }
+    }
+
+    /// The run of `fits` pieces fits, with tokens `ids`.
+    fn fitting(fits: usize, ids: Vec<u32>, too_long: Option<usize>) -> Bounds {
+        Bounds {
+            fits,
+            fitting_ids: Some(ids),
+            too_long,
+        }
     }
 }
 
