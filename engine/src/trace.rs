@@ -201,6 +201,6 @@ impl Trace {
         self.tensors
             .iter()
             .find(|t| t.0 == name && t.1 == Dtype::F32)
-            .map(|t| bytemuck::cast_slice(&t.3).to_vec())
+            .map(|t| bytemuck::pod_collect_to_vec(&t.3))
     }
 }
