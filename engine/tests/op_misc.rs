@@ -223,7 +223,7 @@ fn attention_case(
         pad: 0,
     };
     // Rounded to BF16 as the model's steps ask (against the reference), and unrounded (the
-    // forms and blocks compared bit for bit, where rounding would hide a difference).
+    // two launch forms compared bit for bit, where rounding would hide a difference).
     let rounded = gpu.uniform("p", &params);
     let unrounded = gpu.uniform("p unrounded", &AttentionParams { flags: 0, ..params });
     let lane_b = gpu.buffer_with("lane", &u32_bytes(&row_lane));
