@@ -437,9 +437,12 @@ pub struct TextResult {
     pub ms: f64,
 }
 
-/// Sentence `i` of the text requests are made of (`bench/ttfa.py`'s).
-fn bench_sentence(i: usize) -> String {
-    format!("Sentence number {i} of this request says a few plain words about the weather.")
+/// The text of a request of `sentences` sentences (`bench/ttfa.py`'s).
+pub fn bench_text(sentences: usize) -> String {
+    (0..sentences)
+        .map(|i| format!("Sentence number {i} of this request says a few plain words about the weather."))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Segments texts of 1, 10, 100 and 1000 sentences with the checkpoint's tokenizer, as a
@@ -449,7 +452,7 @@ pub fn text(engine: &Engine, options: &BenchOptions) -> Result<Vec<TextResult>, 
     let max_audio_tokens = engine.checkpoint.config.speech.max_audio_tokens;
     let mut results = Vec::new();
     for sentences in [1, 10, 100, 1000] {
-        let text = (0..sentences).map(bench_sentence).collect::<Vec<_>>().join(" ");
+        let text = bench_text(sentences);
         let mut fastest = Duration::MAX;
         let mut segments = 0;
         for _ in 0..options.repeats {

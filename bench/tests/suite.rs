@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use drama_bench::{BenchOptions, BenchPart, Roofline, decode_step, launch_cost, text};
+use drama_bench::{BenchOptions, BenchPart, Roofline, bench_text, decode_step, launch_cost, text};
 use drama_checkpoint::{Checkpoint, LayerMlp, Provenance};
 use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::session::Engine;
@@ -117,10 +117,7 @@ fn text_part_segments_as_the_front_end_does() {
         [1, 10, 100, 1000]
     );
     for r in &results {
-        let text = (0..r.sentences)
-            .map(|i| format!("Sentence number {i} of this request says a few plain words about the weather."))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let text = bench_text(r.sentences);
         assert_eq!(r.characters, text.len());
         assert_eq!(r.segments, front.segments_for(&text, cap).unwrap().len(), "{r:?}");
         assert!(r.ms.is_finite() && r.ms > 0.0, "{r:?}");
