@@ -79,11 +79,11 @@ impl TextFrontEnd {
     /// threads, and their counts predict the segments' runs; as many predicted runs as the
     /// host has threads are checked side by side (the run fits and the run with one more
     /// piece does not: two tokenizations each), so text whose counts add up takes about one
-    /// segment's time per round, not every segment's in turn. Where a prediction fails, and
-    /// for words, a run is searched for from where the counts say the budget ends,
-    /// galloping from there: a segment of `n` words takes about `2 log n` tokenizations
-    /// rather than `n` (a 20 000-character sentence cut between words would otherwise
-    /// tokenize its growing segment once per word).
+    /// segment's time per round, not every segment's in turn. Where a prediction fails, its
+    /// run is searched for from what the check found; a run of words from where the counts
+    /// say the budget ends, galloping from there: a segment of `n` words takes about
+    /// `2 log n` tokenizations rather than `n` (a 20 000-character sentence cut between
+    /// words would otherwise tokenize its growing segment once per word).
     pub fn segments(&self, text: &str, budget: usize) -> Result<Vec<Vec<u32>>, EngineError> {
         if text.trim().is_empty() {
             return Err(EngineError::Input("the text is empty".into()));
