@@ -425,7 +425,7 @@ fn split_case(preset: &str, limit: u64, pairs_split: bool, (text, codes): (usize
 fn launch_modes(preset: &str) -> [(Vec<f32>, Vec<Kernel>); 3] {
     let mut rng = rng(&format!("serial and concurrent launches {preset}"));
     let f = Fixture::preset(preset, rng.next_u64());
-    let (text, audio) = utterance(&f.open(), &mut rng, 12, 3);
+    let (text, audio) = utterance(&f.open(), &mut rng, 20, 3);
     let p = f.open().config.speech.voice_prefix_len;
     let prompt = rows_for(0, p, &text, &audio);
     assert!(prompt.len() >= drama_graph::select::GROUPED_EXPERT_ROWS);

@@ -31,8 +31,10 @@ pub fn stacks(members: &[LinearMember]) -> bool {
 
 /// Steps of at least this many rows launch their routed experts over blocks of slots that
 /// share an expert (after a [`Op::GroupSlots`] per layer): a prefill's slots share experts
-/// many times over, a decode step's rarely, and the grouping costs a launch.
-pub const GROUPED_EXPERT_ROWS: usize = 16;
+/// many times over, a decode step's rarely, and the grouping costs a launch per layer and a
+/// launch packing each linear's input. (Measured on the bench checkpoint: at 16 lanes the
+/// decode step's own kernels were faster than the grouped ones, at 32 and 64 slower.)
+pub const GROUPED_EXPERT_ROWS: usize = 24;
 
 /// How a step's linears read their inputs: steps of [`GROUPED_EXPERT_ROWS`] rows or more as
 /// BF16 pairs, packed by a launch of their own ([`Op::PackBf16`]) where they are made, half

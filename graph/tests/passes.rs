@@ -6,6 +6,7 @@ mod common;
 use common::{Names, bench_spec, small_spec};
 use drama_graph::drama3::{ModelSpec, StepShape, plain};
 use drama_graph::passes::{PASSES, check, pass};
+use drama_graph::select::GROUPED_EXPERT_ROWS;
 use drama_graph::{Graph, Op};
 use drama_kernels::{LinearInput, LinearWidth, WeightFormat};
 
@@ -196,13 +197,14 @@ fn combine_into_norm_fuses_every_combine() {
     assert!(labels(&graph).contains(&"layers.1.input_norm"));
 }
 
-/// Steps of 16 rows or more group each layer's slots right after routing and launch the
-/// experts over the groups, in narrow workgroups; smaller steps do neither.
+/// Steps of [`GROUPED_EXPERT_ROWS`] rows or more group each layer's slots right after
+/// routing and launch the experts over the groups, in narrow workgroups; smaller steps do
+/// neither.
 #[test]
 fn group_expert_slots_and_expert_workgroups_follow_the_rows() {
     let spec = small_spec(WeightFormat::Nvfp4);
     let passes = ["group_expert_slots", "expert_workgroups"];
-    let graph = after(&spec, shape(16, false), &passes);
+    let graph = after(&spec, shape(GROUPED_EXPERT_ROWS, false), &passes);
     let at = labels(&graph).iter().position(|&l| l == "layers.1.router").unwrap();
     assert_eq!(graph.nodes[at + 1].label, "layers.1.group_slots");
     for label in ["layers.1.experts.gate_up", "layers.1.experts.down"] {
@@ -215,10 +217,10 @@ fn group_expert_slots_and_expert_workgroups_follow_the_rows() {
             }
         ));
     }
-    let eight = after(&spec, shape(8, false), &passes);
-    assert!(!labels(&eight).contains(&"layers.1.group_slots"));
+    let fewer = after(&spec, shape(GROUPED_EXPERT_ROWS - 1, false), &passes);
+    assert!(!labels(&fewer).contains(&"layers.1.group_slots"));
     assert!(matches!(
-        node(&eight, "layers.1.experts.down"),
+        node(&fewer, "layers.1.experts.down"),
         Op::Experts {
             grouped: false,
             workgroup: LinearWidth::Standard,
@@ -227,7 +229,8 @@ fn group_expert_slots_and_expert_workgroups_follow_the_rows() {
     ));
 }
 
-/// Steps of 16 rows or more pack each linear input once, right before its first reader,
+/// Steps of [`GROUPED_EXPERT_ROWS`] rows or more pack each linear input once, right before
+/// its first reader,
 /// and every linear reads the packed copy; a BF16 width only the ragged kernel reads stays
 /// f32. Decode steps pack nothing.
 #[test]
@@ -235,7 +238,7 @@ fn pack_linear_inputs_packs_each_input_once() {
     let mut spec = small_spec(WeightFormat::Nvfp4);
     spec.dense_width = 100;
     let passes = ["group_expert_slots", "pack_linear_inputs"];
-    let graph = after(&spec, shape(16, false), &passes);
+    let graph = after(&spec, shape(GROUPED_EXPERT_ROWS, false), &passes);
     let packs: Vec<&str> = graph
         .nodes
         .iter()
@@ -270,16 +273,22 @@ fn pack_linear_inputs_packs_each_input_once() {
             ..
         }
     ));
-    let decode = after(&spec, shape(8, false), &passes);
+    let decode = after(&spec, shape(GROUPED_EXPERT_ROWS - 1, false), &passes);
     assert!(!decode.nodes.iter().any(|n| matches!(n.op, Op::PackBf16)));
 }
 
-/// Attention combines its chunks in its own launch for steps under 16 rows on devices whose
-/// barriers reach the whole device.
+/// Attention's last chunk combines them for steps under [`GROUPED_EXPERT_ROWS`] rows on
+/// devices whose barriers reach the whole device.
 #[test]
 fn attention_combine_follows_the_device_and_the_rows() {
     let spec = small_spec(WeightFormat::Nvfp4);
-    for (rows, vulkan, combines) in [(1, true, true), (15, true, true), (16, true, false), (1, false, false)] {
+    let many = GROUPED_EXPERT_ROWS;
+    for (rows, vulkan, combines) in [
+        (1, true, true),
+        (many - 1, true, true),
+        (many, true, false),
+        (1, false, false),
+    ] {
         let graph = after(&spec, shape(rows, vulkan), &["attention_combine"]);
         assert!(
             matches!(

@@ -19,7 +19,7 @@ pub const SHARED_LAUNCH_LINEAR_WIDTH: LinearWidth = LinearWidth::Standard;
 pub const LINEAR_PASS_ROWS: usize = 2;
 /// Slots of one expert a `gathered_grouped` workgroup computes together (`experts.wgsl`'s and
 /// `moe.wgsl`'s GROUP_SLOTS).
-pub const EXPERT_GROUP_SLOTS: usize = 8;
+pub const EXPERT_GROUP_SLOTS: usize = 4;
 
 /// Whether a workgroup's memory is filled with zeros before its first invocation runs, as
 /// WGSL promises by default: off. Every kernel here writes each workgroup value before it

@@ -104,10 +104,11 @@ fn reduce_quad(t: u32) -> vec4<f32> {
     return sum;
 }
 
-// Slots of one expert a `gathered_grouped` workgroup computes in one pass over its rows
-// (eight measured faster than four in the prefill's grouped experts; decode steps do not
-// group).
-const GROUP_SLOTS: u32 = 8u;
+// Slots of one expert a `gathered_grouped` workgroup computes in one pass over its rows.
+// Four measured faster than eight, in the prefill and in decode steps of 16 to 64 lanes:
+// each slot's sums take registers whether its block fills them or not, and an expert's
+// rows read once per four slots instead of eight cost little against the slots' own work.
+const GROUP_SLOTS: u32 = 4u;
 
 // Where each of a block's slots reads its activations (vec4 index), by slot.
 alias SlotVecs = array<u32, GROUP_SLOTS>;
@@ -142,18 +143,6 @@ fn add_unit(
     }
     if (count > 3u) {
         (*acc)[3] += unit_dot4(da, db, dc, dd, unit_activations(x_at[3] + offset, packed)) * scale;
-    }
-    if (count > 4u) {
-        (*acc)[4] += unit_dot4(da, db, dc, dd, unit_activations(x_at[4] + offset, packed)) * scale;
-    }
-    if (count > 5u) {
-        (*acc)[5] += unit_dot4(da, db, dc, dd, unit_activations(x_at[5] + offset, packed)) * scale;
-    }
-    if (count > 6u) {
-        (*acc)[6] += unit_dot4(da, db, dc, dd, unit_activations(x_at[6] + offset, packed)) * scale;
-    }
-    if (count > 7u) {
-        (*acc)[7] += unit_dot4(da, db, dc, dd, unit_activations(x_at[7] + offset, packed)) * scale;
     }
 }
 
@@ -253,8 +242,7 @@ fn gathered(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 @group(0) @binding(8) var<storage, read> slot_order: array<u32>;
 
 // `gathered_grouped`'s sums of a block's slots ([slot][plane][invocation]) and the first
-// level of their reduction ([slot][plane][thread row][group]): 18 KB at 128 invocations,
-// the most WORKGROUP_MEMORY_BYTES allows.
+// level of their reduction ([slot][plane][thread row][group]): 9 KB at 128 invocations.
 var<workgroup> block_partials: array<f32, GROUP_SLOTS * 4u * WG>;
 var<workgroup> block_group_sums: array<f32, GROUP_SLOTS * 4u * THREAD_ROWS * GROUPS>;
 
@@ -278,10 +266,6 @@ fn finish_block(t: u32, group: u32, first: u32, acc: array<vec4<f32>, GROUP_SLOT
     store_slot_sums(1u, t, acc[1]);
     store_slot_sums(2u, t, acc[2]);
     store_slot_sums(3u, t, acc[3]);
-    store_slot_sums(4u, t, acc[4]);
-    store_slot_sums(5u, t, acc[5]);
-    store_slot_sums(6u, t, acc[6]);
-    store_slot_sums(7u, t, acc[7]);
     workgroupBarrier();
     // Sums of eight lanes: j = ((slot * 4 + plane) * THREAD_ROWS + thread_row) * GROUPS + group.
     for (var j = t; j < count * 4u * THREAD_ROWS * GROUPS; j += WG) {
@@ -339,10 +323,6 @@ fn gathered_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     x_at[1] = slot_order[min(block.y + 1u, last)] / p.x_row_div * row_vecs;
     x_at[2] = slot_order[min(block.y + 2u, last)] / p.x_row_div * row_vecs;
     x_at[3] = slot_order[min(block.y + 3u, last)] / p.x_row_div * row_vecs;
-    x_at[4] = slot_order[min(block.y + 4u, last)] / p.x_row_div * row_vecs;
-    x_at[5] = slot_order[min(block.y + 5u, last)] / p.x_row_div * row_vecs;
-    x_at[6] = slot_order[min(block.y + 6u, last)] / p.x_row_div * row_vecs;
-    x_at[7] = slot_order[min(block.y + 7u, last)] / p.x_row_div * row_vecs;
     let acc = expert_sums(n, quad.valid.x, t % LANES, x_at, count, true);
     finish_block(t, wg.x, block.y, acc, local_expert, count);
 }

@@ -7,7 +7,7 @@
 // costly in prefill).
 
 const GROUP_WG: u32 = 256u;
-const GROUP_SLOTS: u32 = 8u;
+const GROUP_SLOTS: u32 = 4u;
 const MAX_EXPERTS: u32 = 512u;
 
 struct GroupParams {
