@@ -555,14 +555,19 @@ fn gathered_experts_match_reference_across_segments() {
 }
 
 /// The SwiGLU reference of one feature: gate and up rounded to BF16, silu(gate) * up
-/// rounded, with the error bound one BF16 step of gate, of up and of the output allows.
+/// rounded, with the error bound one BF16 step of gate, of up and of the output allows. The
+/// kernel's gate and up may each round to the neighbour of the reference's, moving the
+/// output before its rounding by up to `moved`; the two roundings of the output then add
+/// half a step each, and the kernel's step is the larger one where `moved` carries its
+/// output into the next binade, so the output's step is taken at |out| + `moved`.
 fn swiglu_reference(gate_exact: f64, up_exact: f64) -> (f64, f64) {
     let round = |v: f64| f64::from(drama_checkpoint::numerics::round_to_bf16(v as f32));
     let (g, u) = (round(gate_exact), round(up_exact));
     let silu = |v: f64| v / (1.0 + (-v).exp());
     let out = silu(g) * u;
     let slope = 1.0 / (1.0 + (-g).exp()) * (1.0 + g * (1.0 - 1.0 / (1.0 + (-g).exp())));
-    let bound = bf16_ulp(out) + (slope * u).abs() * bf16_ulp(g) + silu(g).abs() * bf16_ulp(u) + 1e-30;
+    let moved = (slope * u).abs() * bf16_ulp(g) + silu(g).abs() * bf16_ulp(u);
+    let bound = bf16_ulp(out.abs() + moved) + moved + 1e-30;
     (round(out), bound)
 }
 
