@@ -56,7 +56,8 @@ pub fn linear_input(rows: usize) -> LinearInput {
 /// `last_chunk_combines`), on a device with `device_barriers` (see
 /// [`crate::drama3::StepShape::device_barriers`]): steps of fewer than
 /// [`GROUPED_EXPERT_ROWS`] rows: a launch fewer per layer, the same bits. (Measured: decode
-/// steps of every lane count shorter than with the combine a launch of its own, prefill longer.)
+/// steps of every lane count shorter than with the combine a launch of its own, prefill longer;
+/// grouped steps of 16 to 64 rows no shorter.)
 pub fn last_chunk_combines(rows: usize, device_barriers: bool) -> bool {
     device_barriers && rows < GROUPED_EXPERT_ROWS
 }
@@ -71,8 +72,8 @@ pub const PIPELINE_ROWS: [usize; 3] = [1, 8, GROUPED_EXPERT_ROWS];
 /// The workgroup width of a step's routed-expert launches ([`crate::ir::Op::Experts`]):
 /// narrow for one or two rows and for grouped steps, standard between. (Measured: 32
 /// invocations against 64 shortened the one-lane and pair decode steps and the prefill's
-/// grouped launches, but lengthened the eight-lane step's gathered launches; at four rows
-/// the two widths measured the same.)
+/// grouped launches, but lengthened the eight-lane step's gathered launches; at four rows,
+/// and grouped at 16 to 64 rows, the two widths measured the same.)
 pub fn expert_width(rows: usize) -> LinearWidth {
     if rows <= 2 || rows >= GROUPED_EXPERT_ROWS {
         LinearWidth::Narrow
