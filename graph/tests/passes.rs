@@ -230,9 +230,8 @@ fn group_expert_slots_and_expert_workgroups_follow_the_rows() {
 }
 
 /// Steps of [`GROUPED_EXPERT_ROWS`] rows or more pack each linear input once, right before
-/// its first reader,
-/// and every linear reads the packed copy; a BF16 width only the ragged kernel reads stays
-/// f32. Decode steps pack nothing.
+/// its first reader, and every linear reads the packed copy; a BF16 width only the ragged
+/// kernel reads stays f32. Smaller steps pack nothing.
 #[test]
 fn pack_linear_inputs_packs_each_input_once() {
     let mut spec = small_spec(WeightFormat::Nvfp4);
