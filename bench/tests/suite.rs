@@ -26,6 +26,20 @@ fn tiny_engine(label: &str) -> (tempfile::TempDir, Engine) {
     (dir, Engine::load(device(), checkpoint).unwrap())
 }
 
+/// Options that measure only `part`, `repeats` times, decode steps of `lanes` at context 12.
+fn options(part: BenchPart, repeats: usize, lanes: Vec<usize>) -> BenchOptions {
+    BenchOptions {
+        repeats,
+        context: 12,
+        lanes,
+        more_contexts: Vec::new(),
+        prefill_rows: 0,
+        synthesis_tokens: 0,
+        rotation_bytes: 0,
+        parts: vec![part],
+    }
+}
+
 /// Both chains report a positive, finite time per launch over the chain's launches.
 #[test]
 fn launch_cost_times_both_chains() {
@@ -43,16 +57,7 @@ fn launch_cost_times_both_chains() {
 #[test]
 fn eight_lanes_are_four_requests() {
     let (_dir, engine) = tiny_engine("bench lanes");
-    let options = BenchOptions {
-        repeats: 1,
-        context: 12,
-        lanes: drama_bench::DEFAULT_STEP_LANES.to_vec(),
-        more_contexts: Vec::new(),
-        prefill_rows: 0,
-        synthesis_tokens: 0,
-        rotation_bytes: 0,
-        parts: vec![BenchPart::Decode],
-    };
+    let options = options(BenchPart::Decode, 1, drama_bench::DEFAULT_STEP_LANES.to_vec());
     let roofline = Roofline {
         bytes: 1,
         workgroups: 1,
@@ -99,16 +104,7 @@ fn eight_lanes_are_four_requests() {
 #[test]
 fn text_part_segments_as_the_front_end_does() {
     let (_dir, engine) = tiny_engine("bench text");
-    let options = BenchOptions {
-        repeats: 2,
-        context: 12,
-        lanes: Vec::new(),
-        more_contexts: Vec::new(),
-        prefill_rows: 0,
-        synthesis_tokens: 0,
-        rotation_bytes: 0,
-        parts: vec![BenchPart::Text],
-    };
+    let options = options(BenchPart::Text, 2, Vec::new());
     let results = text(&engine, &options).unwrap();
     let front = TextFrontEnd::new(&engine.checkpoint);
     let cap = engine.checkpoint.config.speech.max_audio_tokens;
