@@ -768,10 +768,15 @@ fn expert_bytes(engine: &Engine, layer: usize) -> u64 {
         .sum()
 }
 
-/// A token of guidance pair `pair` (lanes 2 pair and 2 pair + 1) derived from `token`: each
-/// pair reads its own text, both lanes of a pair the same one.
+/// A token of guidance pair `pair` (lanes 2 pair and 2 pair + 1) derived from `token`: the
+/// pairs step through the codes by a prime (by one where the codes are a multiple of it),
+/// so each reads its own text while there are fewer pairs than codes; both lanes of a pair
+/// read the same one.
 fn pair_token(token: u32, pair: usize, codes: u32) -> u32 {
-    ((u64::from(token) + pair as u64 * 7919) % u64::from(codes)) as u32
+    const STEP: u64 = 7919;
+    let codes = u64::from(codes);
+    let step = if codes.is_multiple_of(STEP) { 1 } else { STEP };
+    ((u64::from(token) + pair as u64 * step) % codes) as u32
 }
 
 /// One decode row per lane at `pos`, each guidance pair's token derived from `token`.
@@ -1305,7 +1310,12 @@ mod tests {
     #[test]
     fn decode_rows_give_each_guidance_pair_its_own_token() {
         let mut rng = drama_engine::test_support::rng("bench decode rows");
-        let codes = 16 + rng.next_u32() % 8000;
+        // 7919 codes (the step's prime) included.
+        let codes = if rng.next_u32().is_multiple_of(2) {
+            7919
+        } else {
+            16 + rng.next_u32() % 8000
+        };
         let token = rng.next_u32() % codes;
         let pos = (rng.next_u32() % 1000) as usize;
         let tokens = |lanes: usize| -> Vec<u32> {
