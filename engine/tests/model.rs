@@ -45,19 +45,21 @@ fn rows_for(lane: usize, prefix_len: usize, text: &[u32], audio: &[u32]) -> Vec<
 /// Five fresh utterances on a fresh checkpoint of `preset`. Two correct implementations may
 /// round a value to the other BF16 neighbour when f32 arithmetic (a sum, exp) lands within an
 /// f32 ulp of a rounding boundary; the flip (2^-8 of one value) then spreads through the
-/// random weights. So: every utterance within 1e-2 relative L2 (a flip's reach), the median
-/// within 5e-3, and at least one matching the contract-rounding reference to f32 precision.
-/// When none does, a second fresh checkpoint gets five more utterances, and one of those
-/// must match: every utterance shares the audio BOS row, so a flip in its norm or its k/v
+/// random weights. So: every utterance within 1e-2 relative L2 (a flip's reach), always; and
+/// on some checkpoint, the median within 5e-3 and at least one utterance matching the
+/// contract-rounding reference to f32 precision. A checkpoint can miss the last two without
+/// a defect: every utterance shares the audio BOS row, so a flip in its norm or its k/v
 /// projection flips them all (seed 1796056396483732193: the embeddings agree bit for bit and
 /// every position from the BOS on is off), and on the FP8 preset five independent flips in a
-/// row happen (seed 1796055152865177557). Both fail the same way with the kernels of commit
-/// 6c63369, before this rule. Up to `checkpoints` fresh checkpoints are tried: a larger
-/// model flips more often (the awkward preset's five layers: no utterance of five matched
-/// on 2 of 8 checkpoints).
+/// row happen (seed 1796055152865177557); both fail the same way with the kernels of commit
+/// 6c63369, before this rule. Then a fresh checkpoint gets five more utterances, up to
+/// `checkpoints` of them. A larger model flips more often: the awkward preset's five layers
+/// missed on 47 of 125 checkpoints (as written and in the fast-math emulation alike), the
+/// tiny presets on none of 80 each. A defect misses on every checkpoint.
 fn trace_against_reference(preset: &str, checkpoints: usize) {
     let mut rng = rng(&format!("model {preset}"));
-    for attempt in 0..checkpoints {
+    let mut misses = Vec::new();
+    for _ in 0..checkpoints {
         let f = Fixture::preset(preset, rng.next_u64());
         let checkpoint = f.open();
         let reference = ReferenceModel::load(&checkpoint);
@@ -67,16 +69,18 @@ fn trace_against_reference(preset: &str, checkpoints: usize) {
             .collect();
         errors.sort_by(f64::total_cmp);
         eprintln!("{preset}: logits rel-L2 of 5 utterances {errors:?}");
-        assert!(
-            errors[2] <= 5e-3,
-            "{preset}: median logits rel-L2 above 5e-3: {errors:?}"
-        );
-        if errors[0] <= 1e-6 {
+        if errors[2] <= 5e-3 && errors[0] <= 1e-6 {
             return;
         }
-        eprintln!("{preset}: no utterance of checkpoint {attempt} matches to f32 precision");
+        eprintln!(
+            "{preset}: checkpoint {} misses (median above 5e-3 or none exact)",
+            misses.len()
+        );
+        misses.push(errors);
     }
-    panic!("{preset}: no utterance matches to f32 precision on {checkpoints} fresh checkpoints");
+    panic!(
+        "{preset}: on {checkpoints} fresh checkpoints, none has the median utterance within 5e-3 and one matching to f32 precision: {misses:?}"
+    );
 }
 
 /// How far the router's logits moved between the GPU and the reference at one position, seen
@@ -231,17 +235,17 @@ fn check_utterance(
 
 #[test]
 fn tiny_trace_matches_reference() {
-    trace_against_reference("tiny", 2);
+    trace_against_reference("tiny", 4);
 }
 
 #[test]
 fn tiny_sigmoid_trace_matches_reference() {
-    trace_against_reference("tiny-sigmoid", 2);
+    trace_against_reference("tiny-sigmoid", 4);
 }
 
 #[test]
 fn tiny_fp8_trace_matches_reference() {
-    trace_against_reference("tiny-fp8", 2);
+    trace_against_reference("tiny-fp8", 4);
 }
 
 /// Widths a real checkpoint may have: head_dim 42, three query heads per key/value head,
@@ -249,7 +253,7 @@ fn tiny_fp8_trace_matches_reference() {
 /// in the tower and codec tests).
 #[test]
 fn awkward_trace_matches_reference() {
-    trace_against_reference("awkward", 5);
+    trace_against_reference("awkward", 12);
 }
 
 /// Guidance lanes: cond (default prefix) and uncond (null prefix) as two lanes of one step
