@@ -51,6 +51,8 @@ fn a_quick_run_passes_and_writes_a_receipt_without_paths() {
         assert!(caps[key].is_string(), "capabilities.{key}: {text}");
     }
     assert_eq!(caps["backend"], "Vulkan");
+    // The receipt says whether the adapter has matrix units; lavapipe has none.
+    assert_eq!(caps["matrix_units"], serde_json::json!([]), "{text}");
     assert!(receipt["platform"]["os"].is_string());
     let checks = receipt["checks"].as_array().unwrap();
     let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();

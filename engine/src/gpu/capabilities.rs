@@ -45,6 +45,38 @@ pub struct Capabilities {
     /// one query head; the same on every backend, as the kernel's workgroup memory fits
     /// WebGPU's minimum of 16 KiB.
     pub max_head_dim: usize,
+    /// The matrix units (tensor cores, simdgroup matrices) the adapter offers through wgpu's
+    /// experimental cooperative matrices, empty where it offers none (lavapipe). Reported,
+    /// not used: every kernel sums in FP32 on the ordinary units, the same way at every
+    /// step size (`docs/performance.md`, "What stands in the way", says why).
+    pub matrix_units: Vec<MatrixUnit>,
+}
+
+/// One matrix-unit configuration: C (m x n) += A (m x k) B (k x n), one subgroup's tile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MatrixUnit {
+    /// Rows of A and C.
+    pub m: u32,
+    /// Columns of B and C.
+    pub n: u32,
+    /// Columns of A, rows of B.
+    pub k: u32,
+    /// The element type of A and B (`F16`, `F32`...).
+    pub inputs: String,
+    /// The element type of C and the result.
+    pub accumulator: String,
+}
+
+impl From<&wgpu::CooperativeMatrixProperties> for MatrixUnit {
+    fn from(p: &wgpu::CooperativeMatrixProperties) -> Self {
+        MatrixUnit {
+            m: p.m_size,
+            n: p.n_size,
+            k: p.k_size,
+            inputs: format!("{:?}", p.ab_type),
+            accumulator: format!("{:?}", p.cr_type),
+        }
+    }
 }
 
 /// The backends on which a launch that needs no barrier runs beside the launch before it:
@@ -73,8 +105,10 @@ pub fn storage_binding_limit(reported: u64) -> u64 {
 }
 
 impl Capabilities {
-    /// Reads the report from the adapter's info, features and the limits the device got.
-    pub fn read(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> Self {
+    /// Reads the report from the adapter (its info, features and matrix units) and the
+    /// limits the device got.
+    pub fn read(adapter: &wgpu::Adapter, limits: &wgpu::Limits) -> Self {
+        let (info, features) = (adapter.get_info(), adapter.features());
         Capabilities {
             backend: format!("{:?}", info.backend),
             adapter: info.name.clone(),
@@ -96,6 +130,11 @@ impl Capabilities {
                 "as written (IEEE, no fast-math flags)"
             },
             max_head_dim: drama_kernels::MAX_HEAD_DIM,
+            matrix_units: adapter
+                .cooperative_matrix_properties()
+                .iter()
+                .map(MatrixUnit::from)
+                .collect(),
         }
     }
 }

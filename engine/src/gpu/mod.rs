@@ -13,7 +13,8 @@ use drama_kernels::{Kernel, Numerics, ProbeParams};
 use wgpu::util::DeviceExt;
 
 pub use capabilities::{
-    CONCURRENT_LAUNCH_BACKENDS, Capabilities, DEVICE_BARRIER_BACKENDS, MAX_STORAGE_BINDING, storage_binding_limit,
+    CONCURRENT_LAUNCH_BACKENDS, Capabilities, DEVICE_BARRIER_BACKENDS, MAX_STORAGE_BINDING, MatrixUnit,
+    storage_binding_limit,
 };
 pub use readback::Readback;
 pub(crate) use upload::bytes_of;
@@ -278,7 +279,7 @@ impl Gpu {
             adapter: info.name.clone(),
             reason: e.to_string(),
         })?;
-        let mut caps = Capabilities::read(&info, adapter.features(), &limits);
+        let mut caps = Capabilities::read(&adapter, &limits);
         caps.concurrent_launches = options.concurrent_launches.unwrap_or(caps.concurrent_launches);
         caps.device_barriers = options.device_barriers.unwrap_or(caps.device_barriers);
         caps.numerics = options.numerics;
