@@ -513,7 +513,12 @@ fn read_tokenizer(dir: &Path, vocab: usize) -> Result<Tokenizer, CheckpointError
         file: TOKENIZER_FILE.to_string(),
         problem,
     };
-    let tokenizer = Tokenizer::from_file(dir.join(TOKENIZER_FILE)).map_err(|e| refused(e.to_string()))?;
+    let mut tokenizer = Tokenizer::from_file(dir.join(TOKENIZER_FILE)).map_err(|e| refused(e.to_string()))?;
+    // The engine cuts text into segments itself (contract §9.1): a file's truncation would
+    // drop text past its length (or panic on a stride not below it), and its padding would
+    // speak pad ids, so neither applies.
+    tokenizer.with_truncation(None).map_err(|e| refused(e.to_string()))?;
+    tokenizer.with_padding(None);
     let size = tokenizer.get_vocab_size(true);
     if size > vocab {
         return Err(refused(format!("{size} tokens, more than text_vocab_size {vocab}")));

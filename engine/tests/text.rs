@@ -12,6 +12,38 @@ fn front() -> (tempfile::TempDir, TextFrontEnd) {
     (dir, TextFrontEnd::new(&checkpoint))
 }
 
+/// A tokenizer file's truncation and padding settings do not apply (contract 9.1): with a
+/// truncation to 4 tokens whose stride is not below it (which would panic) and padding to
+/// 64, the tokens and segments are the plain file's.
+#[test]
+fn the_files_truncation_and_padding_do_not_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let preset = drama_fixtures::Preset::by_name("tiny").expect("tiny preset");
+    let mut draft = drama_fixtures::generate(&preset, 1).unwrap();
+    let mut tokenizer: serde_json::Value = serde_json::from_str(&draft.tokenizer).unwrap();
+    tokenizer["truncation"] = serde_json::json!({
+        "direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 4
+    });
+    tokenizer["padding"] = serde_json::json!({
+        "strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "a"
+    });
+    draft.tokenizer = tokenizer.to_string();
+    let path = dir.path().join("truncating");
+    draft.write(&path).unwrap();
+    let checkpoint = Checkpoint::open(&path, Provenance::Local(path.clone())).unwrap();
+    let truncating = TextFrontEnd::new(&checkpoint);
+    let (_plain_dir, plain) = front();
+    let text = "The thin cat sat on the mat. Then it slept through the whole afternoon!";
+    let ids = plain.encode(text).unwrap();
+    assert!(ids.len() > 8, "{ids:?}");
+    assert_eq!(truncating.encode(text).unwrap(), ids);
+    assert_eq!(
+        truncating.segments(text, 20).unwrap(),
+        plain.segments(text, 20).unwrap()
+    );
+}
+
 #[test]
 fn encodes_bytes_and_merges() {
     let (_dir, front) = front();
