@@ -6,7 +6,6 @@ use std::path::Path;
 
 use safetensors::Dtype;
 
-use crate::audio::AudioError;
 use crate::error::EngineError;
 use crate::tower::VoiceTower;
 use drama_checkpoint::Checkpoint;
@@ -120,17 +119,10 @@ pub const MAX_REFERENCE_SECONDS: u32 = 60;
 
 /// The voice prefix of a reference recording: WAV bytes downmixed, resampled to the tower's
 /// rate, turned into log-mel frames and encoded by `tower` on the GPU. A recording longer
-/// than [`MAX_REFERENCE_SECONDS`] is refused before any of that work.
+/// than [`MAX_REFERENCE_SECONDS`] is refused before any of that work, by the length its file
+/// declares.
 pub fn prefix_from_wav(bytes: &[u8], tower: &VoiceTower) -> Result<Vec<f32>, EngineError> {
-    let pcm = crate::audio::read_wav(bytes)?;
-    let seconds = pcm.frames as f64 / f64::from(pcm.sample_rate);
-    if seconds > f64::from(MAX_REFERENCE_SECONDS) {
-        return Err(AudioError::ReferenceTooLong {
-            seconds,
-            max: MAX_REFERENCE_SECONDS,
-        }
-        .into());
-    }
+    let pcm = crate::audio::read_reference_wav(bytes, MAX_REFERENCE_SECONDS)?;
     let mono = crate::audio::downmix(&pcm);
     let tower_config = tower.config();
     let samples = crate::audio::resample(&mono, pcm.sample_rate, tower_config.sample_rate)?;

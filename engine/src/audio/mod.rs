@@ -15,7 +15,8 @@ pub use formats::{AudioEncoder, AudioFormat};
 pub use mel::{Mel, log_mel, mel_filters};
 pub use resample::resample;
 pub use wav::{
-    Pcm, SampleFormat, downmix, encode_samples, read_wav, streaming_wav_header, write_wav_f32, write_wav_pcm16,
+    Pcm, SampleFormat, downmix, encode_samples, read_reference_wav, read_wav, streaming_wav_header, write_wav_f32,
+    write_wav_pcm16,
 };
 
 /// Why audio was refused. Every message names what was wrong.

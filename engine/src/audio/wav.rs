@@ -56,6 +56,17 @@ impl SampleFormat {
 /// Anything else (8-bit, 64-bit float, compressed formats), a zero sample rate, an empty data
 /// chunk, non-finite float samples and malformed or truncated files are refused.
 pub fn read_wav(bytes: &[u8]) -> Result<Pcm, AudioError> {
+    decode_wav(bytes, None)
+}
+
+/// [`read_wav`] of a reference recording: one whose data chunk declares more than
+/// `max_seconds` is refused before its samples are decoded (a two-hour recording would
+/// otherwise take gigabytes first).
+pub fn read_reference_wav(bytes: &[u8], max_seconds: u32) -> Result<Pcm, AudioError> {
+    decode_wav(bytes, Some(max_seconds))
+}
+
+fn decode_wav(bytes: &[u8], max_seconds: Option<u32>) -> Result<Pcm, AudioError> {
     let bytes = &*with_streamed_sizes_resolved(bytes);
     let reader = match hound::WavReader::new(Cursor::new(bytes)) {
         Ok(reader) => reader,
@@ -66,6 +77,12 @@ pub fn read_wav(bytes: &[u8]) -> Result<Pcm, AudioError> {
     check_encoding(float, spec.bits_per_sample)?;
     if spec.sample_rate == 0 {
         return Err(AudioError::ZeroSampleRate);
+    }
+    if let Some(max) = max_seconds {
+        let seconds = f64::from(reader.duration()) / f64::from(spec.sample_rate);
+        if seconds > f64::from(max) {
+            return Err(AudioError::ReferenceTooLong { seconds, max });
+        }
     }
     let declared = reader.len();
     let unreadable = |e: hound::Error| AudioError::Malformed(format!("data chunk of {declared} samples: {e}"));
@@ -445,6 +462,27 @@ mod tests {
         assert!(cut.starts_with("WAV: data chunk of 4 samples"), "{cut}");
         let nan = hound_wav(spec(1, 16000, 32, true), &[0.0f32, f32::NAN]);
         assert_eq!(refusal(&nan), "WAV: sample 1 is not finite (NaN)");
+    }
+
+    /// A reference recording is refused by the length its data chunk declares, before its
+    /// samples are decoded: a header declaring two hours over a few bytes is too long, not
+    /// truncated; one declaring the limit exactly is decoded (and found truncated).
+    #[test]
+    fn a_reference_is_refused_by_its_declared_length_before_decoding() {
+        let declaring = |seconds: u32| {
+            let mut bytes = handmade(1, 2, 8000, 16, &[1, 0, 2, 0, 3, 0, 4, 0]);
+            let data_bytes = seconds * 8000 * 4;
+            bytes[40..44].copy_from_slice(&data_bytes.to_le_bytes());
+            bytes
+        };
+        let refused = |bytes: &[u8]| read_reference_wav(bytes, 60).expect_err("refused").to_string();
+        assert_eq!(
+            refused(&declaring(7200)),
+            "a reference recording of 7200.0 s is longer than the 60 s a voice is made from"
+        );
+        assert!(refused(&declaring(60)).starts_with("WAV: data chunk of 960000 samples"));
+        let whole = handmade(1, 2, 8000, 16, &[1, 0, 2, 0, 3, 0, 4, 0]);
+        assert_eq!(read_reference_wav(&whole, 60).unwrap(), read_wav(&whole).unwrap());
     }
 
     #[test]
