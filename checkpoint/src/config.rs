@@ -166,6 +166,10 @@ const MAX_LAYERS: usize = 4096;
 /// allocate.
 const MAX_FFT: usize = 1 << 15;
 const MAX_MELS: usize = 1024;
+/// The most mel frames a second of reference audio makes (`sample_rate / hop`): a
+/// reference's frames, their spectra and the tower's activations grow with it (a hop of 1
+/// at 2^20 Hz would make 63 million frames of a minute). Speech encoders run near 100.
+const MAX_MEL_FRAMES_PER_SECOND: usize = 1000;
 
 /// Whether a config's f64 stays a positive, finite number as the f32 the kernels use.
 fn positive_f32(value: f64) -> bool {
@@ -422,6 +426,15 @@ impl ModelConfig {
             return bad(
                 "voice_tower.n_fft",
                 format!("{} is past any model this engine runs (at most {MAX_FFT})", v.n_fft),
+            );
+        }
+        if v.sample_rate as usize > v.hop.saturating_mul(MAX_MEL_FRAMES_PER_SECOND) {
+            return bad(
+                "voice_tower.hop",
+                format!(
+                    "{} at {} Hz makes more than {MAX_MEL_FRAMES_PER_SECOND} mel frames a second, past any model this engine runs",
+                    v.hop, v.sample_rate
+                ),
             );
         }
         let bins = v.n_fft / 2 + 1;
