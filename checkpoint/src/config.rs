@@ -259,6 +259,19 @@ impl ModelConfig {
                 );
             }
         }
+        // The default cap must leave the context a text token beside the voice prefix and
+        // audio_bos (contract 6.4, 9.2): otherwise every request that does not set its own
+        // cap is refused, for a field it never sent.
+        let context_for_default = self.speech.voice_prefix_len + 2 + self.speech.max_audio_tokens;
+        if context_for_default > self.max_position_embeddings {
+            return bad(
+                "speech.max_audio_tokens",
+                format!(
+                    "{} codes beside the voice prefix of {}, audio_bos and one text token need {context_for_default} positions, more than max_position_embeddings {}",
+                    self.speech.max_audio_tokens, self.speech.voice_prefix_len, self.max_position_embeddings
+                ),
+            );
+        }
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return bad(
                 "num_key_value_heads",

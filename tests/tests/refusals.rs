@@ -72,6 +72,7 @@ refusal_tests! {
     config_too_many_expert_groups => "config-too-many-expert-groups",
     config_absurd_mel_bands => "config-absurd-mel-bands",
     config_absurd_mel_frame_rate => "config-absurd-mel-frame-rate",
+    config_default_cap_fills_the_context => "config-default-cap-fills-the-context",
     config_eps_underflows_f32 => "config-eps-underflows-f32",
     config_absurd_sample_rate => "config-absurd-sample-rate",
     config_model_type => "config-model-type",
