@@ -82,10 +82,14 @@ pub fn list(state: &State) -> Response<Body> {
     json(200, serde_json::json!({"object": "list", "data": data}))
 }
 
-/// `DELETE /v1/audio/voices/{id or name}`.
-pub fn delete(state: &State, id_or_name: &str) -> Result<Response<Body>, ApiError> {
+/// `DELETE /v1/audio/voices/{id or name}`, the path segment percent-decoded (a name may
+/// hold spaces and any other character but control ones).
+pub fn delete(state: &State, segment: &str) -> Result<Response<Body>, ApiError> {
+    let id_or_name = percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .map_err(|_| ApiError::status(400, format!("the voice '{segment}' is not UTF-8 once percent-decoded")))?;
     let unknown = || ApiError::status(404, format!("unknown voice '{id_or_name}'"));
-    let id = state.store.resolve(id_or_name).ok_or_else(unknown)?;
+    let id = state.store.resolve(&id_or_name).ok_or_else(unknown)?;
     match state.store.delete(&id, &state.checkpoint) {
         Ok(true) => Ok(json(
             200,

@@ -124,11 +124,14 @@ fn what_is_accepted_but_not_applied_is_named() {
 
 #[test]
 fn voices_are_saved_used_listed_and_deleted_by_name() {
+    // A name with a space and a non-ASCII letter, as a path takes it.
+    const NAME: &str = "night narrator \u{e9}";
+    const ENCODED: &str = "/v1/audio/voices/night%20narrator%20%C3%A9";
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&checkpoint(dir.path()), &dir.path().join("data"), &[]);
     let recording = drama_tests::sine_wav(16_000, 0.4, 0.07);
     let (content_type, body) = form(&[
-        ("name", None, b"narrator"),
+        ("name", None, NAME.as_bytes()),
         ("consent", None, b"cons_123"),
         ("audio_sample", Some("narrator.wav"), &recording),
     ]);
@@ -139,7 +142,7 @@ fn voices_are_saved_used_listed_and_deleted_by_name() {
     let id = voice["id"].as_str().unwrap().to_string();
     assert_eq!(
         (&voice["name"], &voice["object"], &voice["type"]),
-        (&json!("narrator"), &json!("audio.voice"), &json!("audio_sample"))
+        (&json!(NAME), &json!("audio.voice"), &json!("audio_sample"))
     );
     assert!(voice["created_at"].as_u64().unwrap() > 1_700_000_000);
     // The same recording posted the old way gets the same id.
@@ -153,13 +156,13 @@ fn voices_are_saved_used_listed_and_deleted_by_name() {
         assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
         answer.body
     };
-    let by_name = speak(json!("narrator"));
+    let by_name = speak(json!(NAME));
     assert_eq!(by_name, speak(json!(id)));
-    assert_eq!(by_name, speak(json!({"id": "narrator"})));
+    assert_eq!(by_name, speak(json!({ "id": NAME })));
     assert_ne!(by_name, speak(json!("default")));
     let listed = server.get("/v1/audio/voices").json();
     assert_eq!(listed["object"], json!("list"));
-    assert_eq!(listed["data"][0]["name"], json!("narrator"));
+    assert_eq!(listed["data"][0]["name"], json!(NAME));
     // A voice saved the old way, without a name, is listed by its id, dated by its file.
     let unnamed = server.post("/v1/voices", "audio/wav", &drama_tests::sine_wav(16_000, 0.4, 0.31));
     let unnamed = unnamed.json()["id"].as_str().unwrap().to_string();
@@ -176,7 +179,7 @@ fn voices_are_saved_used_listed_and_deleted_by_name() {
     assert_eq!(server.delete(&format!("/v1/audio/voices/{unnamed}")).status, 200);
     // A name belongs to one voice; refusals name what was wrong.
     let other = drama_tests::sine_wav(16_000, 0.4, 0.19);
-    let (content_type, body) = form(&[("name", None, b"narrator"), ("audio_sample", Some("b.wav"), &other)]);
+    let (content_type, body) = form(&[("name", None, NAME.as_bytes()), ("audio_sample", Some("b.wav"), &other)]);
     let taken = server.post("/v1/audio/voices", &content_type, &body);
     assert_eq!(taken.status, 409, "{}", String::from_utf8_lossy(&taken.body));
     for (fields, param) in [
@@ -215,16 +218,17 @@ fn voices_are_saved_used_listed_and_deleted_by_name() {
         );
     }
     assert_eq!(server.post("/v1/audio/voices", "audio/wav", &other).status, 415);
-    // Deleted by name: gone for every way of naming it.
-    let deleted = server.delete("/v1/audio/voices/narrator");
+    // Deleted by name, percent-encoded in the path: gone for every way of naming it.
+    let deleted = server.delete(ENCODED);
     assert_eq!(deleted.status, 200);
     assert_eq!(
         deleted.json(),
         json!({"id": id, "deleted": true, "object": "audio.voice.deleted"})
     );
-    assert_eq!(server.delete("/v1/audio/voices/narrator").status, 404);
+    assert_eq!(server.delete(ENCODED).status, 404);
+    assert_eq!(server.delete("/v1/audio/voices/%FF").status, 400, "not UTF-8");
     assert_eq!(server.delete(&format!("/v1/voices/{id}")).status, 404);
-    let gone = server.speech(&json!({"model": "tts-1", "input": "hi", "voice": "narrator"}));
+    let gone = server.speech(&json!({"model": "tts-1", "input": "hi", "voice": NAME}));
     assert_eq!((gone.status, error_param(&gone).as_deref()), (400, Some("voice")));
     assert_eq!(server.get("/v1/audio/voices").json()["data"], json!([]));
 }
