@@ -2,10 +2,10 @@
 //! segments that fit the model's context.
 //!
 //! Splitting rule: text is cut after sentence ends (`.`, `!`, `?` or `;` followed by white
-//! space, and every line break); the first sentence is a segment of its own (its audio
-//! starts however long the text), the others are packed in order into segments of at most
-//! `budget` tokens; a sentence longer than the budget is cut between words; a single word
-//! longer than the budget is refused.
+//! space, the full-width `。`, `！`, `？` and `；` whatever follows, and every line break);
+//! the first sentence is a segment of its own (its audio starts however long the text), the
+//! others are packed in order into segments of at most `budget` tokens; a sentence longer
+//! than the budget is cut between words; a single word longer than the budget is refused.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -371,7 +371,9 @@ fn sentences(text: &str) -> Vec<Range<usize>> {
     let mut start = 0;
     let mut chars = text.char_indices().peekable();
     while let Some((_, c)) = chars.next() {
-        let ends = matches!(c, '.' | '!' | '?' | ';') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
+        // Full-width ends need no space after them: Chinese and Japanese put none.
+        let ends = matches!(c, '\u{3002}' | '\u{ff01}' | '\u{ff1f}' | '\u{ff1b}')
+            || matches!(c, '.' | '!' | '?' | ';') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
         if ends || c == '\n' {
             while chars.next_if(|&(_, n)| n.is_whitespace()).is_some() {}
             let end = chars.peek().map_or(text.len(), |&(at, _)| at);
@@ -396,5 +398,22 @@ mod tests {
         assert_eq!(parts.concat(), text);
         assert_eq!(parts.len(), 5);
         assert_eq!(parts[4], "3.14 is pi");
+    }
+
+    /// The full-width ends (。！？；) end a sentence with no space after them.
+    #[test]
+    fn full_width_ends_need_no_space() {
+        let text = "\u{4eca}\u{5929}\u{3002}\u{597d}\u{ff01}\u{771f}\u{ff1f}\u{662f}\u{ff1b}\u{5417} a.b";
+        let parts: Vec<&str> = sentences(text).into_iter().map(|range| &text[range]).collect();
+        assert_eq!(
+            parts,
+            [
+                "\u{4eca}\u{5929}\u{3002}",
+                "\u{597d}\u{ff01}",
+                "\u{771f}\u{ff1f}",
+                "\u{662f}\u{ff1b}",
+                "\u{5417} a.b"
+            ]
+        );
     }
 }
