@@ -52,11 +52,13 @@ fn rows_for(lane: usize, prefix_len: usize, text: &[u32], audio: &[u32]) -> Vec<
 /// projection flips them all (seed 1796056396483732193: the embeddings agree bit for bit and
 /// every position from the BOS on is off), and on the FP8 preset five independent flips in a
 /// row happen (seed 1796055152865177557); both fail the same way with the kernels of commit
-/// 6c63369, before this rule. Then a fresh checkpoint gets five more utterances, up to
-/// `checkpoints` of them. A larger model flips more often: the awkward preset's five layers
-/// missed on 47 of 125 checkpoints (as written and in the fast-math emulation alike), the
-/// tiny presets on none of 80 each. A defect misses on every checkpoint.
-fn trace_against_reference(preset: &str, checkpoints: usize) {
+/// 6c63369, before this rule. Then a fresh checkpoint gets five more utterances, up to the
+/// preset's `reference_checkpoints` (a larger model flips more often). A defect misses on
+/// every checkpoint.
+fn trace_against_reference(preset: &str) {
+    let checkpoints = drama_fixtures::Preset::by_name(preset)
+        .expect("a preset")
+        .reference_checkpoints;
     let mut rng = rng(&format!("model {preset}"));
     let mut misses = Vec::new();
     for _ in 0..checkpoints {
@@ -235,17 +237,17 @@ fn check_utterance(
 
 #[test]
 fn tiny_trace_matches_reference() {
-    trace_against_reference("tiny", 4);
+    trace_against_reference("tiny");
 }
 
 #[test]
 fn tiny_sigmoid_trace_matches_reference() {
-    trace_against_reference("tiny-sigmoid", 4);
+    trace_against_reference("tiny-sigmoid");
 }
 
 #[test]
 fn tiny_fp8_trace_matches_reference() {
-    trace_against_reference("tiny-fp8", 4);
+    trace_against_reference("tiny-fp8");
 }
 
 /// Widths a real checkpoint may have: head_dim 42, three query heads per key/value head,
@@ -253,7 +255,7 @@ fn tiny_fp8_trace_matches_reference() {
 /// in the tower and codec tests).
 #[test]
 fn awkward_trace_matches_reference() {
-    trace_against_reference("awkward", 12);
+    trace_against_reference("awkward");
 }
 
 /// Guidance lanes: cond (default prefix) and uncond (null prefix) as two lanes of one step
