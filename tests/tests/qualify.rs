@@ -91,11 +91,17 @@ fn a_quick_run_passes_and_writes_a_receipt_without_paths() {
     }
 }
 
-/// A wrong result in a kernel check and in an exactness check each fail the run, which
-/// names the check (on stdout's line and in the error), with the other checks still run.
+/// A wrong result in a kernel check, in an exactness check and in a reference check that
+/// may try fresh checkpoints each fail the run, which names the check (on stdout's line and
+/// in the error), with the other checks still run.
 #[test]
 fn a_planted_wrong_result_fails_naming_the_check() {
-    for planted in ["kernel.linear.nvfp4-modelopt", "exact.voice-file", "exact.sampler"] {
+    for planted in [
+        "kernel.linear.nvfp4-modelopt",
+        "exact.voice-file",
+        "exact.sampler",
+        "reference.codec",
+    ] {
         let (code, stdout, stderr) = drama_text(&["qualify", "--quick", "--plant", planted]);
         assert_eq!(code, Some(1), "{planted}: {stdout}\n{stderr}");
         let line = stdout

@@ -121,8 +121,9 @@ pub fn run(args: QualifyArgs) -> Result<()> {
         checks.extend(model::checks(&gpu, preset, SEED, scratch.path(), &plant));
     }
     progress("exactness");
-    let tiny = generated(&gpu, "tiny", &scratch.path().join("exact"))?;
-    checks.extend(exact::checks(&tiny, SEED, &plant));
+    let tiny = generated(&gpu, "tiny", SEED, &scratch.path().join("exact"))?;
+    let fresh = |seed: u64| generated(&gpu, "tiny", seed, &scratch.path().join(format!("exact-{seed}")));
+    checks.extend(exact::checks(&tiny, &fresh, SEED, &plant));
 
     let label = given.as_ref().map(Checkpoint::public_label);
     let bench_engine = match given {
@@ -188,9 +189,9 @@ pub fn run(args: QualifyArgs) -> Result<()> {
     Ok(())
 }
 
-/// A fresh checkpoint of `preset` in `dir`, loaded.
-fn generated(gpu: &std::sync::Arc<drama_engine::gpu::Gpu>, preset: &str, dir: &Path) -> Result<Engine> {
-    drama_fixtures::write_preset(preset, SEED, dir).with_context(|| format!("generating {preset}"))?;
+/// A fresh checkpoint of `preset` from `seed` in `dir`, loaded.
+fn generated(gpu: &std::sync::Arc<drama_engine::gpu::Gpu>, preset: &str, seed: u64, dir: &Path) -> Result<Engine> {
+    drama_fixtures::write_preset(preset, seed, dir).with_context(|| format!("generating {preset}"))?;
     let checkpoint = Checkpoint::open(dir, Provenance::Local(dir.to_path_buf()))?;
     Ok(Engine::load(gpu.clone(), checkpoint)?)
 }

@@ -65,6 +65,11 @@ impl Measured {
     pub fn exact(differing: usize, detail: impl Into<String>) -> Measured {
         Measured::new(differing as f64, 0.0, detail)
     }
+
+    /// Whether the figure is within its limit (a NaN figure is not).
+    pub fn passes(&self) -> bool {
+        self.figure <= self.limit
+    }
 }
 
 impl Check {
@@ -92,11 +97,7 @@ impl Check {
     pub fn measured(name: &str, m: Measured, seconds: f64) -> Check {
         Check {
             name: name.into(),
-            status: if m.figure <= m.limit {
-                Status::Pass
-            } else {
-                Status::Fail
-            },
+            status: if m.passes() { Status::Pass } else { Status::Fail },
             figure: Some(m.figure),
             limit: Some(m.limit),
             detail: m.detail,
