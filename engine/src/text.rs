@@ -355,7 +355,9 @@ struct Piece {
 
 /// A sentence's token counts, which predict where a run of sentences reaches the budget:
 /// with a tokenizer that splits text at white space before merging, a run's tokens are its
-/// first sentence's `alone` and the others' `joined` added up.
+/// first sentence's `alone` and the others' `joined` added up. Where that does not hold (a
+/// full-width end, with no space after it, may merge with the text that follows), the
+/// check of the predicted run fails and the run is searched for.
 #[derive(Clone, Copy)]
 struct Counts {
     /// Its trimmed text's.

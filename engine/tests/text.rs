@@ -112,6 +112,7 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
         .char_indices()
         .find(|&(at, c)| {
             c == '\n'
+                || matches!(c, '\u{3002}' | '\u{ff01}' | '\u{ff1f}' | '\u{ff1b}')
                 || matches!(c, '.' | '!' | '?' | ';')
                     && rest[at + c.len_utf8()..].chars().next().is_none_or(char::is_whitespace)
         })
@@ -235,8 +236,26 @@ fn segments_match_plain_greedy_packing_on_random_text() {
         "é",
         "tea",
         "then",
+        "\u{4eca}\u{5929}",
+        "\u{597d}",
     ];
-    let ends = [" ", " ", " ", "  ", ". ", "! ", "? ", "; ", "\n", ".\n\n", ","];
+    // With the full-width ends, which need no space after them.
+    let ends = [
+        " ",
+        " ",
+        " ",
+        "  ",
+        ". ",
+        "! ",
+        "? ",
+        "; ",
+        "\n",
+        ".\n\n",
+        ",",
+        "\u{3002}",
+        "\u{ff01}",
+        "\u{ff1f}\u{ff1b}",
+    ];
     let mut refused = 0;
     for case in 0..300 {
         let length = 1 + rng.next_u32() as usize % 80;
