@@ -169,7 +169,11 @@ const MAX_MELS: usize = 1024;
 /// The most mel frames a second of reference audio makes (`sample_rate / hop`): a
 /// reference's frames, their spectra and the tower's activations grow with it (a hop of 1
 /// at 2^20 Hz would make 63 million frames of a minute). Speech encoders run near 100.
-const MAX_MEL_FRAMES_PER_SECOND: usize = 1000;
+pub const MAX_MEL_FRAMES_PER_SECOND: u64 = 1000;
+/// The most host work the log-mel analysis of a second of reference audio may take: frames a
+/// second times a frame's FFT (n_fft log2 n_fft) and filter bank (n_mels (n_fft/2 + 1))
+/// multiply-adds. A minute then stays seconds of host work; speech encoders take under 2^23.
+pub const MAX_MEL_WORK_PER_SECOND: u64 = 1 << 27;
 
 /// Whether a config's f64 stays a positive, finite number as the f32 the kernels use.
 fn positive_f32(value: f64) -> bool {
@@ -441,7 +445,8 @@ impl ModelConfig {
                 format!("{} is past any model this engine runs (at most {MAX_FFT})", v.n_fft),
             );
         }
-        if v.sample_rate as usize > v.hop.saturating_mul(MAX_MEL_FRAMES_PER_SECOND) {
+        let frames_per_second = u64::from(v.sample_rate).div_ceil(v.hop as u64);
+        if frames_per_second > MAX_MEL_FRAMES_PER_SECOND {
             return bad(
                 "voice_tower.hop",
                 format!(
@@ -457,6 +462,17 @@ impl ModelConfig {
                 format!(
                     "{} mel bands for {bins} frequency bins (at most the bins, and {MAX_MELS})",
                     v.n_mels
+                ),
+            );
+        }
+        let frame_work = (v.n_fft as u64) * u64::from(v.n_fft.ilog2()) + (v.n_mels * bins) as u64;
+        let work = frames_per_second * frame_work;
+        if work > MAX_MEL_WORK_PER_SECOND {
+            return bad(
+                "voice_tower.hop",
+                format!(
+                    "{frames_per_second} frames a second of an FFT of {} and {} mel bands take {work} multiply-adds a second of reference audio, past any model this engine runs (at most {MAX_MEL_WORK_PER_SECOND})",
+                    v.n_fft, v.n_mels
                 ),
             );
         }
