@@ -1310,36 +1310,33 @@ mod tests {
     #[test]
     fn decode_rows_give_each_guidance_pair_its_own_token() {
         let mut rng = drama_engine::test_support::rng("bench decode rows");
-        // 7919 codes (the step's prime) included.
-        let codes = if rng.next_u32().is_multiple_of(2) {
-            7919
-        } else {
-            16 + rng.next_u32() % 8000
-        };
-        let token = rng.next_u32() % codes;
-        let pos = (rng.next_u32() % 1000) as usize;
-        let tokens = |lanes: usize| -> Vec<u32> {
-            decode_rows(lanes, pos, token, codes)
-                .iter()
-                .enumerate()
-                .map(|(lane, row)| {
-                    assert_eq!((row.lane, row.pos), (lane, pos));
-                    match row.source {
-                        RowSource::Audio(t) => t,
-                        _ => panic!("a decode row reads an audio token"),
-                    }
-                })
-                .collect()
-        };
-        assert_eq!(tokens(1), [token]);
-        let eight = tokens(8);
-        for pair in eight.chunks(2) {
-            assert_eq!(pair[0], pair[1], "{eight:?}");
-            assert!(pair[0] < codes);
+        // The step's prime and a multiple of it, and a random count.
+        for codes in [7919, 2 * 7919, 16 + rng.next_u32() % 8000] {
+            let token = rng.next_u32() % codes;
+            let pos = (rng.next_u32() % 1000) as usize;
+            let tokens = |lanes: usize| -> Vec<u32> {
+                decode_rows(lanes, pos, token, codes)
+                    .iter()
+                    .enumerate()
+                    .map(|(lane, row)| {
+                        assert_eq!((row.lane, row.pos), (lane, pos));
+                        match row.source {
+                            RowSource::Audio(t) => t,
+                            _ => panic!("a decode row reads an audio token"),
+                        }
+                    })
+                    .collect()
+            };
+            assert_eq!(tokens(1), [token]);
+            let eight = tokens(8);
+            for pair in eight.chunks(2) {
+                assert_eq!(pair[0], pair[1], "{eight:?}");
+                assert!(pair[0] < codes);
+            }
+            let mut firsts: Vec<u32> = eight.iter().step_by(2).copied().collect();
+            firsts.sort_unstable();
+            firsts.dedup();
+            assert_eq!(firsts.len(), 4, "{eight:?} with {codes} codes");
         }
-        let mut firsts: Vec<u32> = eight.iter().step_by(2).copied().collect();
-        firsts.sort_unstable();
-        firsts.dedup();
-        assert_eq!(firsts.len(), 4, "{eight:?} with {codes} codes");
     }
 }

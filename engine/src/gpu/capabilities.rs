@@ -46,7 +46,8 @@ pub struct Capabilities {
     /// WebGPU's minimum of 16 KiB.
     pub max_head_dim: usize,
     /// The matrix units (tensor cores, simdgroup matrices) the adapter offers through wgpu's
-    /// experimental cooperative matrices, empty where it offers none (lavapipe). Reported,
+    /// experimental cooperative matrices: the configurations wgpu maps (square tiles of 8
+    /// or 16, one subgroup's), empty where there are none (lavapipe of Mesa 22). Reported,
     /// not used: every kernel sums in FP32 on the ordinary units, the same way at every
     /// step size (`docs/performance.md`, "What stands in the way", says why).
     pub matrix_units: Vec<MatrixUnit>,
