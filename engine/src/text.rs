@@ -368,14 +368,27 @@ struct Counts {
 }
 
 /// Sentences with their trailing white space, as byte ranges of `text` in order.
+/// The full-width sentence ends: 。！？；
+const FULL_WIDTH_ENDS: [char; 4] = ['\u{3002}', '\u{ff01}', '\u{ff1f}', '\u{ff1b}'];
+
+/// The closing quotes and brackets that may follow a full-width end: 」』）】〉》”’
+const FULL_WIDTH_CLOSERS: [char; 8] = [
+    '\u{300d}', '\u{300f}', '\u{ff09}', '\u{3011}', '\u{3009}', '\u{300b}', '\u{201d}', '\u{2019}',
+];
+
 fn sentences(text: &str) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut chars = text.char_indices().peekable();
     while let Some((_, c)) = chars.next() {
-        // Full-width ends need no space after them: Chinese and Japanese put none.
-        let ends = matches!(c, '\u{3002}' | '\u{ff01}' | '\u{ff1f}' | '\u{ff1b}')
-            || matches!(c, '.' | '!' | '?' | ';') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
+        // Full-width ends need no space after them (Chinese and Japanese put none), and the
+        // closing quotes and brackets after one stay with its sentence.
+        let full_width = FULL_WIDTH_ENDS.contains(&c);
+        if full_width {
+            while chars.next_if(|&(_, n)| FULL_WIDTH_CLOSERS.contains(&n)).is_some() {}
+        }
+        let ends =
+            full_width || matches!(c, '.' | '!' | '?' | ';') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
         if ends || c == '\n' {
             while chars.next_if(|&(_, n)| n.is_whitespace()).is_some() {}
             let end = chars.peek().map_or(text.len(), |&(at, _)| at);
@@ -402,9 +415,13 @@ mod tests {
         assert_eq!(parts[4], "3.14 is pi");
     }
 
-    /// The full-width ends (。！？；) end a sentence with no space after them.
+    /// The full-width ends (。！？；) end a sentence with no space after them, keeping the
+    /// closing quotes and brackets after them.
     #[test]
     fn full_width_ends_need_no_space() {
+        let quoted = "\u{300c}\u{597d}\u{3002}\u{300d}\u{771f}";
+        let parts: Vec<&str> = sentences(quoted).into_iter().map(|range| &quoted[range]).collect();
+        assert_eq!(parts, ["\u{300c}\u{597d}\u{3002}\u{300d}", "\u{771f}"]);
         let text = "\u{4eca}\u{5929}\u{3002}\u{597d}\u{ff01}\u{771f}\u{ff1f}\u{662f}\u{ff1b}\u{5417} a.b";
         let parts: Vec<&str> = sentences(text).into_iter().map(|range| &text[range]).collect();
         assert_eq!(

@@ -108,6 +108,9 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
     };
     let mut sentences = Vec::new();
     let mut rest = text;
+    let closers = [
+        '\u{300d}', '\u{300f}', '\u{ff09}', '\u{3011}', '\u{3009}', '\u{300b}', '\u{201d}', '\u{2019}',
+    ];
     while let Some(end) = rest
         .char_indices()
         .find(|&(at, c)| {
@@ -116,7 +119,13 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
                 || matches!(c, '.' | '!' | '?' | ';')
                     && rest[at + c.len_utf8()..].chars().next().is_none_or(char::is_whitespace)
         })
-        .map(|(at, c)| at + c.len_utf8())
+        .map(|(at, c)| {
+            let after = at + c.len_utf8();
+            match c {
+                '.' | '!' | '?' | ';' | '\n' => after,
+                _ => after + rest[after..].len() - rest[after..].trim_start_matches(closers).len(),
+            }
+        })
     {
         let tail = rest[end..].len() - rest[end..].trim_start().len();
         sentences.push(&rest[..end + tail]);
@@ -255,6 +264,8 @@ fn segments_match_plain_greedy_packing_on_random_text() {
         "\u{3002}",
         "\u{ff01}",
         "\u{ff1f}\u{ff1b}",
+        "\u{3002}\u{300d}",
+        "\u{300c}",
     ];
     let mut refused = 0;
     for case in 0..300 {
