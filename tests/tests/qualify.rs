@@ -51,7 +51,15 @@ fn a_quick_run_passes_and_writes_a_receipt_without_paths() {
         assert!(caps[key].is_string(), "capabilities.{key}: {text}");
     }
     assert_eq!(caps["backend"], "Vulkan");
-    // The receipt lists the adapter's matrix units (lavapipe of Mesa 22 has none).
+    // The receipt lists the adapter's matrix units (lavapipe of Mesa 22 has none), and so
+    // does the summary's first line.
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|line| line.contains(", matrix units: ")),
+        "{stdout}"
+    );
     for unit in caps["matrix_units"]
         .as_array()
         .unwrap_or_else(|| panic!("matrix_units: {text}"))

@@ -206,8 +206,13 @@ impl Receipt {
     /// The human summary: one line per check, the bench, the verdict.
     pub fn summary(&self) -> String {
         let caps = &self.platform.capabilities;
+        let units: Vec<String> = caps
+            .matrix_units
+            .iter()
+            .map(|u| format!("{}x{}x{} {}->{}", u.m, u.n, u.k, u.inputs, u.accumulator))
+            .collect();
         let mut text = format!(
-            "drama {} ({}, wgpu {}) on {} {}: {} via {} ({}), compiler math: {}, kernels: {:?}\n",
+            "drama {} ({}, wgpu {}) on {} {}: {} via {} ({}), compiler math: {}, kernels: {:?}, matrix units: {}\n",
             self.build.version,
             self.build.commit,
             self.build.wgpu,
@@ -217,7 +222,12 @@ impl Receipt {
             caps.backend,
             caps.driver,
             caps.compiler_math,
-            caps.numerics
+            caps.numerics,
+            if units.is_empty() {
+                "none".to_string()
+            } else {
+                units.join(", ")
+            }
         );
         for check in &self.checks {
             let status = match check.status {
