@@ -367,7 +367,6 @@ struct Counts {
     joined: usize,
 }
 
-/// Sentences with their trailing white space, as byte ranges of `text` in order.
 /// The full-width sentence ends: 。！？；
 const FULL_WIDTH_ENDS: [char; 4] = ['\u{3002}', '\u{ff01}', '\u{ff1f}', '\u{ff1b}'];
 
@@ -376,6 +375,7 @@ const FULL_WIDTH_CLOSERS: [char; 8] = [
     '\u{300d}', '\u{300f}', '\u{ff09}', '\u{3011}', '\u{3009}', '\u{300b}', '\u{201d}', '\u{2019}',
 ];
 
+/// Sentences with their trailing white space, as byte ranges of `text` in order.
 fn sentences(text: &str) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;

@@ -61,9 +61,7 @@ pub fn checks(gpu: &Arc<Gpu>, preset: &str, seed: u64, scratch: &Path, plant: &P
     let seconds = started.elapsed().as_secs_f64() / 4.0;
     // The median and the best utterance of one checkpoint: the last, which met both if
     // any did. Hidden states and routes hold on every checkpoint.
-    let last = attempts.last().expect("at least one checkpoint");
-    let mut logits: Vec<f64> = last.iter().map(|u| u.logits).collect();
-    logits.sort_by(f64::total_cmp);
+    let logits = sorted_logits(attempts.last().expect("at least one checkpoint"));
     let all = attempts.iter().flatten();
     let hidden = all.clone().map(|u| u.hidden).fold(0.0, f64::max);
     let margin = all.clone().map(|u| u.route_margin).fold(0.0, f64::max);
@@ -99,6 +97,13 @@ pub fn checks(gpu: &Arc<Gpu>, preset: &str, seed: u64, scratch: &Path, plant: &P
         .collect()
 }
 
+/// One checkpoint's utterances' logits errors, smallest first.
+fn sorted_logits(figures: &[UtteranceFigures]) -> Vec<f64> {
+    let mut logits: Vec<f64> = figures.iter().map(|u| u.logits).collect();
+    logits.sort_by(f64::total_cmp);
+    logits
+}
+
 /// Fresh checkpoints of `preset`, up to its `reference_checkpoints`, until one has its
 /// median utterance within [`LOGITS_MEDIAN_LIMIT`] and an utterance at f32 precision: each
 /// checkpoint's utterances' figures. Two correct implementations may round a value to the
@@ -128,8 +133,7 @@ fn run_preset(
             .map(|_| utterance(&engine, &reference, &mut rng, plant, plant_name))
             .collect::<Result<Vec<_>>>()?;
         std::fs::remove_dir_all(&dir).ok();
-        let mut logits: Vec<f64> = figures.iter().map(|u| u.logits).collect();
-        logits.sort_by(f64::total_cmp);
+        let logits = sorted_logits(&figures);
         let clean = logits[0] <= F32_PRECISION && logits[UTTERANCES / 2] <= LOGITS_MEDIAN_LIMIT;
         attempts.push(figures);
         if clean {
