@@ -114,8 +114,8 @@ fn attention_across_chunks_matches_reference() {
     );
 }
 
-/// Rows over many more chunks than the combine reads at a time (four): 64, one past, and
-/// 127 (a last batch one chunk short of full).
+/// Rows over more chunks than the combine sums in one round trip (64: eight interleaved
+/// parts of eight): 64, one past, and 127 (a last batch one chunk short of full).
 #[test]
 fn attention_over_several_combine_batches_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
@@ -126,6 +126,23 @@ fn attention_over_several_combine_batches_matches_reference() {
         32,
         127 * chunk + 3,
         [64 * chunk, 64 * chunk + 1, 127 * chunk],
+    );
+}
+
+/// Rows on both sides of the combine's ways to find the chunks' largest score: 8 chunks
+/// (every invocation reads them all), 9 (one each, then a tree) and 301 (more chunks than
+/// the workgroup's invocations). Keys past the first 256 chunks are 256 times larger, so
+/// that their scores reach hundreds: a maximum missing them would overflow exp, where
+/// otherwise it cancels out of the quotient.
+#[test]
+fn attention_past_the_combines_widest_max_matches_reference() {
+    let chunk = drama_kernels::ATTENTION_CHUNK;
+    scaled_attention_case(
+        "attention-combine-max",
+        (2, 1, 32),
+        301 * chunk,
+        [8 * chunk, 8 * chunk + 1, 301 * chunk],
+        (256 * chunk, 256.0),
     );
 }
 
@@ -160,6 +177,19 @@ fn attention_case(
     capacity: usize,
     lane_lengths: [usize; 3],
 ) {
+    let dims = (heads, kv_heads, head_dim);
+    scaled_attention_case(label, dims, capacity, lane_lengths, (capacity, 1.0));
+}
+
+/// `attention_case` with (heads, kv_heads, head_dim), the keys at positions from `loud.0`
+/// drawn `loud.1` times larger.
+fn scaled_attention_case(
+    label: &str,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    capacity: usize,
+    lane_lengths: [usize; 3],
+    loud: (usize, f32),
+) {
     let mut rng = rng(label);
     let gpu = gpu();
     let theta = 10000.0;
@@ -176,7 +206,8 @@ fn attention_case(
     let mut values: Vec<Vec<Vec<f64>>> = vec![Vec::new(); lanes];
     for lane in 0..lanes {
         for pos in 0..lane_lengths[lane] {
-            let k = bf16_values(&mut rng, kv_width, 1.0);
+            let key_scale = if pos >= loud.0 { loud.1 } else { 1.0 };
+            let k = bf16_values(&mut rng, kv_width, key_scale);
             let v = bf16_values(&mut rng, kv_width, 1.0);
             let rotated: Vec<f64> = (0..kv_heads)
                 .flat_map(|g| ops::rope(&to_f64(&k[g * head_dim..(g + 1) * head_dim]), pos, theta))
