@@ -1,4 +1,4 @@
-"""One line per `drama bench` results file: decode steps, their gathered-expert profile,
+"""One line per `drama bench` results file: decode steps, their attention and gathered-expert profile,
 the MoE layer alone, prefill, the codec chunk and synthesis (for comparing runs of one call).
 Parts a run left out (`drama bench --only`) are left out here too."""
 import json
@@ -10,6 +10,11 @@ def gathered_us(profile):
     return sum(p["total_us"] for p in profile if p["kernel"].startswith("Gathered"))
 
 
+def attention_us(profile):
+    """Attention's microseconds of a profile (its launches, combining or not)."""
+    return sum(p["total_us"] for p in profile if p["kernel"].startswith("Attend"))
+
+
 def main():
     for path in sys.argv[1:]:
         d = json.load(open(path))
@@ -17,6 +22,10 @@ def main():
         steps = d.get("decode")
         if steps:
             parts.append("steps " + " / ".join(f"{s['gpu_ms']:.3f}" for s in steps) + " ms")
+            parts.append(
+                "lanes@context ms/attention us "
+                + " ".join(f"{s['lanes']}@{s['context']}={s['gpu_ms']:.3f}/{attention_us(s['profile']):.0f}" for s in steps)
+            )
             parts.append("gathered " + " / ".join(f"{gathered_us(s['profile']):.0f}" for s in steps) + " us")
             parts.append("moe " + " / ".join(f"{s['moe_layer']['gpu_us']:.1f}" for s in steps) + " us")
         if "prefill" in d:
