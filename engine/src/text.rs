@@ -5,13 +5,17 @@
 //! space, the full-width `。`, `！`, `？` and `；` whatever follows, and every line break);
 //! the first sentence is a segment of its own (its audio starts however long the text), the
 //! others are packed in order into segments of at most `budget` tokens; a sentence longer
-//! than the budget is cut between words; a single word longer than the budget is refused.
+//! than the budget is cut between words; a word longer than the budget is refused, unless
+//! it is written in a script without spaces (Chinese, Japanese), whose words run together:
+//! it is cut after its pause marks (、，：,), and a clause still too long between its
+//! characters.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
+use unicode_segmentation::UnicodeSegmentation;
 
 use crate::error::EngineError;
 use drama_checkpoint::Checkpoint;
@@ -199,15 +203,47 @@ impl TextFrontEnd {
             let mut words = Vec::new();
             let mut at = sentence.start;
             for word in text[sentence].split_inclusive(char::is_whitespace) {
-                words.push(Piece {
-                    range: at..at + word.len(),
-                    tokens: None,
-                });
+                let range = at..at + word.len();
                 at += word.len();
+                if word.chars().any(unspaced) && self.encode(word.trim())?.len() > budget {
+                    self.cut_unspaced(text, range, budget, &mut words)?;
+                } else {
+                    words.push(Piece { range, tokens: None });
+                }
             }
             groups.push(words);
         }
         Ok(groups)
+    }
+
+    /// Appends the pieces of `text[range]`, a word over the budget written in a script
+    /// without spaces: its clauses (each ending after a pause mark), and each clause still
+    /// over the budget cut between its characters (grapheme clusters).
+    fn cut_unspaced(
+        &self,
+        text: &str,
+        range: Range<usize>,
+        budget: usize,
+        pieces: &mut Vec<Piece>,
+    ) -> Result<(), EngineError> {
+        let mut at = range.start;
+        for clause in text[range].split_inclusive(PAUSES) {
+            if self.encode(clause.trim())?.len() <= budget {
+                pieces.push(Piece {
+                    range: at..at + clause.len(),
+                    tokens: None,
+                });
+            } else {
+                for (offset, character) in clause.grapheme_indices(true) {
+                    pieces.push(Piece {
+                        range: at + offset..at + offset + character.len(),
+                        tokens: None,
+                    });
+                }
+            }
+            at += clause.len();
+        }
+        Ok(())
     }
 
     /// How many of `pieces`, from the first, make the longest run that fits the budget, and
@@ -374,6 +410,19 @@ const FULL_WIDTH_ENDS: [char; 4] = ['\u{3002}', '\u{ff01}', '\u{ff1f}', '\u{ff1b
 const FULL_WIDTH_CLOSERS: [char; 8] = [
     '\u{300d}', '\u{300f}', '\u{ff09}', '\u{3011}', '\u{3009}', '\u{300b}', '\u{201d}', '\u{2019}',
 ];
+
+/// The pause marks a word of a script without spaces is first cut after: 、，： and `,`.
+const PAUSES: [char; 4] = ['\u{3001}', '\u{ff0c}', '\u{ff1a}', ','];
+
+/// Whether `c` is of a script written without spaces between words, whose "word" (text
+/// between white space) may be a whole sentence: Chinese characters, Japanese kana, their
+/// punctuation and full-width forms.
+fn unspaced(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x3000..=0x30ff | 0x3400..=0x4dbf | 0x4e00..=0x9fff | 0xf900..=0xfaff | 0xff00..=0xffef | 0x20000..=0x2fa1f
+    )
+}
 
 /// Sentences with their trailing white space, as byte ranges of `text` in order.
 fn sentences(text: &str) -> Vec<Range<usize>> {

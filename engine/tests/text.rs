@@ -3,6 +3,7 @@
 use drama_checkpoint::{Checkpoint, Provenance};
 use drama_engine::text::TextFrontEnd;
 use rand_core::Rng;
+use unicode_segmentation::UnicodeSegmentation;
 
 fn front() -> (tempfile::TempDir, TextFrontEnd) {
     let dir = tempfile::tempdir().unwrap();
@@ -95,6 +96,31 @@ fn segments_follow_sentences_and_the_budget() {
     assert!(words.len() > 1 && words.iter().all(|p| p.len() <= 9));
     let err = front.segments("supercalifragilistic", 5).unwrap_err().to_string();
     assert!(err.contains("supercalifragilistic"), "{err}");
+    // Chinese over the budget, with no space: cut after its pause mark, then between
+    // characters.
+    let (first, second) = (
+        "\u{4eca}\u{5929}\u{5f88}\u{597d}\u{ff0c}",
+        "\u{6211}\u{4eec}\u{53bb}\u{516c}\u{56ed}",
+    );
+    let whole = format!("{first}{second}");
+    let clause_budget = front
+        .encode(first)
+        .unwrap()
+        .len()
+        .max(front.encode(second).unwrap().len());
+    assert!(front.encode(&whole).unwrap().len() > clause_budget);
+    let clauses = front.segments(&whole, clause_budget).unwrap();
+    assert_eq!(
+        clauses,
+        vec![front.encode(first).unwrap(), front.encode(second).unwrap()]
+    );
+    let character = whole
+        .chars()
+        .map(|c| front.encode(&c.to_string()).unwrap().len())
+        .max()
+        .unwrap();
+    let characters = front.segments(&whole, character).unwrap();
+    assert!(characters.len() > 2 && characters.iter().all(|p| p.len() <= character));
     let err = front.segments("  \n ", 10).unwrap_err().to_string();
     assert!(err.contains("empty"), "{err}");
 }
@@ -150,7 +176,10 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
             vec![sentence]
         } else {
             close(&mut segments, &mut current, &mut current_ids);
-            sentence.split_inclusive(char::is_whitespace).collect()
+            sentence
+                .split_inclusive(char::is_whitespace)
+                .flat_map(|word| unspaced_pieces(word, &fits))
+                .collect()
         };
         for piece in pieces {
             let joined = format!("{current}{piece}");
@@ -168,6 +197,25 @@ fn greedy_segments(front: &TextFrontEnd, text: &str, budget: usize) -> Option<Ve
     }
     close(&mut segments, &mut current, &mut current_ids);
     Some(segments)
+}
+
+/// A word's pieces: itself, or, when it does not fit and holds a character of Chinese or
+/// Japanese (CJK punctuation, kana, ideographs, full-width forms), its clauses after
+/// 、，： and `,`, each clause that does not fit cut into grapheme clusters.
+fn unspaced_pieces<'a>(word: &'a str, fits: &dyn Fn(&str) -> Option<Vec<u32>>) -> Vec<&'a str> {
+    let cjk = |c: char| {
+        matches!(c, '\u{3000}'..='\u{30ff}' | '\u{3400}'..='\u{4dbf}' | '\u{4e00}'..='\u{9fff}')
+            || matches!(c, '\u{f900}'..='\u{faff}' | '\u{ff00}'..='\u{ffef}' | '\u{20000}'..='\u{2fa1f}')
+    };
+    if !word.chars().any(cjk) || fits(word).is_some() {
+        return vec![word];
+    }
+    word.split_inclusive(['\u{3001}', '\u{ff0c}', '\u{ff1a}', ','])
+        .flat_map(|clause| match fits(clause) {
+            Some(_) => vec![clause],
+            None => clause.graphemes(true).collect(),
+        })
+        .collect()
 }
 
 /// The tiny checkpoint's front end with its tokenizer's JSON changed by `edit`, and the
@@ -247,6 +295,11 @@ fn segments_match_plain_greedy_packing_on_random_text() {
         "then",
         "\u{4eca}\u{5929}",
         "\u{597d}",
+        // A sentence's worth of Chinese with no space, one with pause marks, and kana with
+        // a combining mark (か + ゙, one grapheme).
+        "\u{4eca}\u{5929}\u{5929}\u{6c14}\u{5f88}\u{597d}\u{6211}\u{4eec}\u{53bb}\u{516c}\u{56ed}\u{6563}\u{6b65}",
+        "\u{4f60}\u{597d}\u{ff0c}\u{4e16}\u{754c}\u{3001}\u{5929}\u{6c14}\u{ff1a}\u{5f88}\u{597d}",
+        "\u{304b}\u{3099}\u{304f}\u{3053}\u{3046}",
     ];
     // With the full-width ends, which need no space after them.
     let ends = [
