@@ -2,7 +2,7 @@
 //! whole files or a streamed file whose length is not known in advance.
 
 use std::borrow::Cow;
-use std::io::Cursor;
+use std::io::{Cursor, Read};
 
 use super::AudioError;
 
@@ -67,8 +67,8 @@ pub fn read_reference_wav(bytes: &[u8], max_seconds: u32) -> Result<Pcm, AudioEr
 }
 
 fn decode_wav(bytes: &[u8], max_seconds: Option<u32>) -> Result<Pcm, AudioError> {
-    let bytes = &*with_streamed_sizes_resolved(bytes);
-    let reader = match hound::WavReader::new(Cursor::new(bytes)) {
+    let (head, data) = with_streamed_sizes_resolved(bytes);
+    let reader = match hound::WavReader::new(Cursor::new(head).chain(data)) {
         Ok(reader) => reader,
         Err(e) => return Err(explain_refusal(bytes, e)),
     };
@@ -117,11 +117,14 @@ fn decode_wav(bytes: &[u8], max_seconds: Option<u32>) -> Result<Pcm, AudioError>
 /// A streamed WAV ([`streaming_wav_header`]: RIFF and data sizes 0xFFFFFFFF, the data
 /// running to the end of the file) with the sizes it would have had written whole: the data
 /// up to the last whole frame. Any other file is returned as it is. (So a saved stream from
-/// `drama serve` reads back, as a reference voice say, like the whole file.)
-fn with_streamed_sizes_resolved(bytes: &[u8]) -> Cow<'_, [u8]> {
+/// `drama serve` reads back, as a reference voice say, like the whole file.) Returned as
+/// the file up to its data, the sizes written there, and the data, read after it: only the
+/// chunks before the data are copied, never the samples.
+fn with_streamed_sizes_resolved(bytes: &[u8]) -> (Cow<'_, [u8]>, &[u8]) {
+    let whole = (Cow::Borrowed(bytes), &bytes[..0]);
     let word = |at: usize| -> Option<u32> { Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?)) };
     if bytes.get(0..4) != Some(b"RIFF") || bytes.get(8..12) != Some(b"WAVE") {
-        return Cow::Borrowed(bytes);
+        return whole;
     }
     let mut block_align = None;
     let mut at = 12;
@@ -138,18 +141,18 @@ fn with_streamed_sizes_resolved(bytes: &[u8]) -> Cow<'_, [u8]> {
                 // (A file past 4 GiB is no stream of ours: hound judges it as it is.)
                 Some(align) if align > 0 && size == u32::MAX && bytes.len() - 8 <= u32::MAX as usize => {
                     let data = rest - rest % align;
-                    let mut whole = bytes[..body + data].to_vec();
-                    whole[4..8].copy_from_slice(&((body + data - 8) as u32).to_le_bytes());
-                    whole[at + 4..body].copy_from_slice(&(data as u32).to_le_bytes());
-                    Cow::Owned(whole)
+                    let mut head = bytes[..body].to_vec();
+                    head[4..8].copy_from_slice(&((body + data - 8) as u32).to_le_bytes());
+                    head[at + 4..body].copy_from_slice(&(data as u32).to_le_bytes());
+                    (Cow::Owned(head), &bytes[body..body + data])
                 }
-                _ => Cow::Borrowed(bytes),
+                _ => whole,
             };
         }
         // Chunks are padded to even sizes.
         at = body.saturating_add(size as usize).saturating_add(size as usize % 2);
     }
-    Cow::Borrowed(bytes)
+    whole
 }
 
 /// Mono mix: the mean over channels of each frame (accumulated in f64). A `Pcm` with zero
