@@ -114,8 +114,8 @@ fn attention_across_chunks_matches_reference() {
     );
 }
 
-/// Rows over more chunks than the combine sums in one round trip (64: eight interleaved
-/// parts of eight): 64, one past, and 127 (a last batch one chunk short of full).
+/// Rows over many more chunks than the combine reads at a time (four): 64, one past, and
+/// 127 (a last batch one chunk short of full).
 #[test]
 fn attention_over_several_combine_batches_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
@@ -129,13 +129,12 @@ fn attention_over_several_combine_batches_matches_reference() {
     );
 }
 
-/// Rows on both sides of the combine's ways to find the chunks' largest score: 8 chunks
-/// (every invocation reads them all), 9 (one each, then a tree) and 301 (more chunks than
-/// the workgroup's invocations). Keys past the first 256 chunks are 256 times larger, so
-/// that their scores reach hundreds: a maximum missing them would overflow exp, where
+/// Rows of 8, 9 and 301 chunks (more than a workgroup has invocations, should the combine
+/// share the chunks out among them), the keys past the first 256 chunks 256 times larger:
+/// their scores reach hundreds, so a maximum that missed them would overflow exp, where
 /// otherwise it cancels out of the quotient.
 #[test]
-fn attention_past_the_combines_widest_max_matches_reference() {
+fn attention_with_loud_late_keys_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
     scaled_attention_case(
         "attention-combine-max",

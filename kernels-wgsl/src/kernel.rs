@@ -373,7 +373,7 @@ impl Kernel {
                 &[0, 2, 7, 8, 10],
                 ATTENTION,
                 None,
-                256,
+                64,
             ),
             // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights,
             // listed

@@ -42,7 +42,7 @@ fn qkv_width() -> u32 {
 // by fixed trees, and the chunk's o = sum exp(score - m) v, split over (vec4 column, part of
 // the positions) with eight positions in flight and the parts added in a fixed order;
 // (o, m, l) go to `scratch`. `attend_combine` then gives each (row, head) a workgroup that
-// rescales the chunks to their common max and normalises (`write_combined`), or, in
+// rescales the chunks to their common max and normalises (`combine_chunks`), or, in
 // `attend` compiled with LAST_CHUNK_COMBINES, the workgroup of the (row, head)'s last chunk
 // to finish does, the same bits with a launch less (see `combine_if_last`). Chunks are
 // fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
@@ -61,6 +61,7 @@ fn qkv_width() -> u32 {
 // (columns vec4s), then each chunk's (m, l, 0, 0).
 const ATTEND_WG: u32 = 256u;
 const CHUNK: u32 = 64u;              // positions per attention workgroup (ATTEND_WG / 4)
+const COMBINE_WG: u32 = 64u;
 
 // Chunks of a cache slot of `capacity` positions.
 fn chunks_of(capacity: u32) -> u32 {
@@ -255,24 +256,19 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
 }
 
-// Combining a (row, head)'s chunks takes a workgroup of COMBINE_WG invocations (either
-// entry point: the same arithmetic, the same bits). The chunks' largest m first: max is
-// exact in any order, so up to MAX_BATCH chunks every invocation reads them all at once,
-// and past that each reads every COMBINE_WG-th and a tree finishes. Then each vec4 column's
-// sums are split into COMBINE_PARTS interleaved parts, part q summing chunks q, q +
-// COMBINE_PARTS, ... in order, a (column, part) per invocation (a part's invocations on
-// neighbouring columns, whose loads share cache lines), its chunks' loads issued SUM_BATCH
-// at a time; the parts are added by a fixed tree. A row of 4000 positions (63 chunks) so
-// waits for two memory round trips and a few barriers. (Each invocation summing a whole
-// column four chunks at a time, in workgroups of 64, made a long row's combine a chain of
-// 32 round trips in one workgroup.)
-const COMBINE_WG: u32 = 256u;
-const COMBINE_PARTS: u32 = 8u;
-const MAX_BATCH: u32 = 8u;
-const SUM_BATCH: u32 = 8u;          // chunks a (column, part) loads at once: 64 chunks a round trip
+// `attend_combine` gives each invocation a vec4 column of a (row, head)'s output: it finds
+// the chunks' largest m itself (a few chunks, the same addresses for the whole workgroup:
+// no trees, no barriers), then sums the denominator and its column in one pass. Chunks are
+// read COMBINE_BATCH at a time, every load of a batch issued before its values are used,
+// so a row of up to COMBINE_BATCH chunks waits for one memory round trip for the maxima
+// and one for the sums. (Reading one chunk at a time measured slower; two scalar columns
+// per invocation, the denominator and each column summed in passes of their own, made the
+// launches and the decode steps longer, the prefill about the same. Eight chunks a batch
+// measured no faster.)
+const COMBINE_BATCH: u32 = 4u;
 
-// Chunk c's `value exp(m_c - M)` added to `sum` (a term of a part's sum in chunk order), if
-// c is one of the row's `chunks`.
+// Chunk c's term of a sum in chunk order, `value exp(m_c - M)`; nothing past the row's last
+// chunk.
 fn chunk_term(sum: f32, c: u32, chunks: u32, value: f32, chunk_max: f32, m: f32) -> f32 {
     if (c < chunks) {
         return sum + value * exp(chunk_max - m);
@@ -318,116 +314,74 @@ fn scratch_xy(i: u32, across: bool) -> vec2<f32> {
     return scratch[i].xy;
 }
 
-// The largest m of a row's `chunks` chunks, whose statistics start at `stats`, for every
-// invocation t of the workgroup (every invocation must call it). Reads past the last chunk
-// read the last again, harmless to a maximum.
-fn chunks_max(stats: u32, chunks: u32, t: u32, across: bool) -> f32 {
+// Vec4 column j of the attention output of block `block` (see `chunk_block`), whose row is
+// at position `pos`: sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M), M the largest m_c,
+// over the chunks up to the row's (each sum in chunk order), unrounded. Past the row's last
+// chunk a batch reads the last again, unused (or, for the maximum, harmless). `across`:
+// see `scratch_vec`.
+fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32, across: bool) -> vec4<f32> {
+    let chunks = pos / CHUNK + 1u;
     let last = chunks - 1u;
-    if (chunks <= MAX_BATCH) {
-        var m = LOWEST;
-        for (var c = 0u; c < MAX_BATCH; c++) {
-            m = max(m, scratch_x(stats + min(c, last), across));
-        }
-        return m;
+    let stats = block + chunks_of(capacity) * columns;
+    var m = LOWEST;
+    for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
+        let m0 = scratch_x(stats + c, across);
+        let m1 = scratch_x(stats + min(c + 1u, last), across);
+        let m2 = scratch_x(stats + min(c + 2u, last), across);
+        let m3 = scratch_x(stats + min(c + 3u, last), across);
+        m = max(max(max(max(m, m0), m1), m2), m3);
     }
-    var own = LOWEST;
-    for (var c = t; c < chunks; c += COMBINE_WG) {
-        own = max(own, scratch_x(stats + c, across));
+    var total = 0.0;
+    var sum = vec4<f32>(0.0);
+    for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
+        let c1 = min(c + 1u, last);
+        let c2 = min(c + 2u, last);
+        let c3 = min(c + 3u, last);
+        let s0 = scratch_xy(stats + c, across);
+        let s1 = scratch_xy(stats + c1, across);
+        let s2 = scratch_xy(stats + c2, across);
+        let s3 = scratch_xy(stats + c3, across);
+        let o0 = scratch_vec(block + c * columns + j, across);
+        let o1 = scratch_vec(block + c1 * columns + j, across);
+        let o2 = scratch_vec(block + c2 * columns + j, across);
+        let o3 = scratch_vec(block + c3 * columns + j, across);
+        total = chunk_term(total, c, chunks, s0.y, s0.x, m);
+        total = chunk_term(total, c + 1u, chunks, s1.y, s1.x, m);
+        total = chunk_term(total, c + 2u, chunks, s2.y, s2.x, m);
+        total = chunk_term(total, c + 3u, chunks, s3.y, s3.x, m);
+        sum = chunk_vec_term(sum, c, chunks, o0, s0.x, m);
+        sum = chunk_vec_term(sum, c + 1u, chunks, o1, s1.x, m);
+        sum = chunk_vec_term(sum, c + 2u, chunks, o2, s2.x, m);
+        sum = chunk_vec_term(sum, c + 3u, chunks, o3, s3.x, m);
     }
-    return tree_reduce(t, own, true, COMBINE_WG);
+    return sum / total;
 }
 
-// Writes row r's output of head h (dst [rows, heads * head_dim]) combined from its chunks:
-// sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M), M the largest m_c, over the chunks up to
-// the row's, in parts as described above COMBINE_WG (every invocation must call it;
-// `across` as in `scratch_vec`). Columns go COMBINE_WG / COMBINE_PARTS at a time; the
-// padding past the head is not written.
-fn write_combined(r: u32, h: u32, t: u32, across: bool) {
+// Writes row r's output of head h (dst [rows, heads * head_dim]) combined from its chunks
+// (`combine_chunks`, `across` as there), a vec4 column per invocation: columns first,
+// first + stride, ...; the padding past the head is not written.
+fn write_combined(r: u32, h: u32, first: u32, stride: u32, across: bool) {
     let columns = head_stride(p.head_dim) / 4u;
     let block = chunk_block(r * p.heads + h, columns, p.capacity);
-    let stats = block + chunks_of(p.capacity) * columns;
     let out_base = (r * p.heads + h) * p.head_dim;
-    let chunks = row_pos[r] / CHUNK + 1u;
-    let last = chunks - 1u;
-    let m = chunks_max(stats, chunks, t, across);
-    let per_round = COMBINE_WG / COMBINE_PARTS;
-    let part = t / per_round;
-    for (var first_column = 0u; first_column < columns; first_column += per_round) {
-        let j = first_column + t % per_round;
-        var total = 0.0;
-        var sum = vec4<f32>(0.0);
-        if (j < columns) {
-            for (var c = part; c < chunks; c += SUM_BATCH * COMBINE_PARTS) {
-                let c1 = min(c + COMBINE_PARTS, last);
-                let c2 = min(c + 2u * COMBINE_PARTS, last);
-                let c3 = min(c + 3u * COMBINE_PARTS, last);
-                let c4 = min(c + 4u * COMBINE_PARTS, last);
-                let c5 = min(c + 5u * COMBINE_PARTS, last);
-                let c6 = min(c + 6u * COMBINE_PARTS, last);
-                let c7 = min(c + 7u * COMBINE_PARTS, last);
-                let s0 = scratch_xy(stats + c, across);
-                let s1 = scratch_xy(stats + c1, across);
-                let s2 = scratch_xy(stats + c2, across);
-                let s3 = scratch_xy(stats + c3, across);
-                let s4 = scratch_xy(stats + c4, across);
-                let s5 = scratch_xy(stats + c5, across);
-                let s6 = scratch_xy(stats + c6, across);
-                let s7 = scratch_xy(stats + c7, across);
-                let o0 = scratch_vec(block + c * columns + j, across);
-                let o1 = scratch_vec(block + c1 * columns + j, across);
-                let o2 = scratch_vec(block + c2 * columns + j, across);
-                let o3 = scratch_vec(block + c3 * columns + j, across);
-                let o4 = scratch_vec(block + c4 * columns + j, across);
-                let o5 = scratch_vec(block + c5 * columns + j, across);
-                let o6 = scratch_vec(block + c6 * columns + j, across);
-                let o7 = scratch_vec(block + c7 * columns + j, across);
-                // The terms in chunk order; a clamped chunk (past the row's) adds nothing.
-                total = chunk_term(total, c, chunks, s0.y, s0.x, m);
-                total = chunk_term(total, c + COMBINE_PARTS, chunks, s1.y, s1.x, m);
-                total = chunk_term(total, c + 2u * COMBINE_PARTS, chunks, s2.y, s2.x, m);
-                total = chunk_term(total, c + 3u * COMBINE_PARTS, chunks, s3.y, s3.x, m);
-                total = chunk_term(total, c + 4u * COMBINE_PARTS, chunks, s4.y, s4.x, m);
-                total = chunk_term(total, c + 5u * COMBINE_PARTS, chunks, s5.y, s5.x, m);
-                total = chunk_term(total, c + 6u * COMBINE_PARTS, chunks, s6.y, s6.x, m);
-                total = chunk_term(total, c + 7u * COMBINE_PARTS, chunks, s7.y, s7.x, m);
-                sum = chunk_vec_term(sum, c, chunks, o0, s0.x, m);
-                sum = chunk_vec_term(sum, c + COMBINE_PARTS, chunks, o1, s1.x, m);
-                sum = chunk_vec_term(sum, c + 2u * COMBINE_PARTS, chunks, o2, s2.x, m);
-                sum = chunk_vec_term(sum, c + 3u * COMBINE_PARTS, chunks, o3, s3.x, m);
-                sum = chunk_vec_term(sum, c + 4u * COMBINE_PARTS, chunks, o4, s4.x, m);
-                sum = chunk_vec_term(sum, c + 5u * COMBINE_PARTS, chunks, o5, s5.x, m);
-                sum = chunk_vec_term(sum, c + 6u * COMBINE_PARTS, chunks, o6, s6.x, m);
-                sum = chunk_vec_term(sum, c + 7u * COMBINE_PARTS, chunks, o7, s7.x, m);
+    for (var j = first; j < columns; j += stride) {
+        var out = combine_chunks(block, columns, p.capacity, row_pos[r], j, across);
+        if ((p.flags & ATTENTION_ROUND) != 0u) {
+            out = round_bf16_4(out);
+        }
+        for (var k = 0u; k < 4u; k++) {
+            if (4u * j + k < p.head_dim) {
+                dst[out_base + 4u * j + k] = out[k];
             }
         }
-        value_parts[t] = sum;
-        partial[t] = total;
-        workgroupBarrier();
-        if (part == 0u && j < columns) {
-            let w = per_round;
-            let o = ((value_parts[t] + value_parts[t + w]) + (value_parts[t + 2u * w] + value_parts[t + 3u * w]))
-                + ((value_parts[t + 4u * w] + value_parts[t + 5u * w]) + (value_parts[t + 6u * w] + value_parts[t + 7u * w]));
-            let l = ((partial[t] + partial[t + w]) + (partial[t + 2u * w] + partial[t + 3u * w]))
-                + ((partial[t + 4u * w] + partial[t + 5u * w]) + (partial[t + 6u * w] + partial[t + 7u * w]));
-            var out = o / l;
-            if ((p.flags & ATTENTION_ROUND) != 0u) {
-                out = round_bf16_4(out);
-            }
-            for (var k = 0u; k < 4u; k++) {
-                if (4u * j + k < p.head_dim) {
-                    dst[out_base + 4u * j + k] = out[k];
-                }
-            }
-        }
-        workgroupBarrier();
     }
 }
 
 // out: dst [rows, heads * head_dim], each (row, head) combined from its chunks, a workgroup
 // each.
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    write_combined(wg.x, wg.y, t, false);
+    write_combined(wg.x, wg.y, t, COMBINE_WG, false);
 }
 
 // With LAST_CHUNK_COMBINES (a constant each pipeline sets: the engine's `Kernel::Attend` and
@@ -469,5 +423,5 @@ fn combine_if_last(r: u32, h: u32, t: u32) {
     if (t == 0u) {
         atomicStore(&chunks_done[counter], 0u);
     }
-    write_combined(r, h, t, true);
+    write_combined(r, h, t, ATTEND_WG, true);
 }
