@@ -202,10 +202,14 @@ impl TextFrontEnd {
             }
             let mut words = Vec::new();
             let mut at = sentence.start;
+            let whole = text[sentence.clone()].trim();
             for word in text[sentence].split_inclusive(char::is_whitespace) {
                 let range = at..at + word.len();
                 at += word.len();
-                if word.chars().any(unspaced) && self.encode(word.trim())?.len() > budget {
+                // A sentence of one word (Chinese with no space) is known to be over: not
+                // encoded again.
+                let trimmed = word.trim();
+                if word.chars().any(unspaced) && (trimmed == whole || self.encode(trimmed)?.len() > budget) {
                     self.cut_unspaced(text, range, budget, &mut words)?;
                 } else {
                     words.push(Piece { range, tokens: None });
