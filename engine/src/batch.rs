@@ -383,9 +383,9 @@ impl<'e> Batcher<'e> {
         }
     }
 
-    /// Runs one batched step: submits every feeding job's rows and their draws, the codec
-    /// work, then reads the tokens of the step before (the GPU runs this one meanwhile) and
-    /// moves their jobs on. Returns the jobs that ended, with their stats or the error that
+    /// Runs one batched step: submits every feeding job's rows, their draws and the codec
+    /// work in one submission, then reads the tokens of the step before (the GPU runs this
+    /// one meanwhile) and moves their jobs on. Returns the jobs that ended, with their stats or the error that
     /// ended one alone (its codec failed, or its logits held a NaN: the other jobs go on,
     /// with the bits they would have alone). An error of the step itself (the GPU) is the
     /// `Err`; the running jobs should then be cancelled.
@@ -399,11 +399,15 @@ impl<'e> Batcher<'e> {
         if let Some(last) = self.last_step_start.replace(began) {
             self.step_time = began - last;
         }
-        let submitted = self.submit_step(serial).inspect_err(|_| self.in_flight = None)?;
-        // The codec work queues behind the step: the GPU decodes after it while the host
-        // reads the tokens before and moves on. The step after a chunk's last part reads
-        // its samples, once its own forward is submitted.
-        let codec_time = self.submit_chunks(serial) + self.deliver_finished_chunks(serial);
+        // The codec work goes behind the step's draws, in the same submission: the GPU
+        // decodes after them while the host reads the tokens before and moves on, with no
+        // gap between submissions. The step after a chunk's last part reads its samples,
+        // once its own forward is submitted.
+        let (codec_commands, encode_time) = self.encode_chunks(serial);
+        let submitted = self
+            .submit_step(serial, codec_commands)
+            .inspect_err(|_| self.in_flight = None)?;
+        let codec_time = encode_time + self.deliver_finished_chunks(serial);
         // The tokens of the step before, by job, and that step's serial.
         let mut tokens = HashMap::new();
         let mut read_serial = 0;
@@ -473,9 +477,14 @@ impl<'e> Batcher<'e> {
 
     /// Submits step `serial`: the rows of every job that feeds ([`Batcher::feeds`]) as one
     /// forward (two with separate guidance; more past the forward limit), each job's last
-    /// cond and uncond logit rows kept, and one draw per job behind them. The jobs move on
-    /// only once all of it is submitted. `None` when no job feeds.
-    fn submit_step(&mut self, serial: u64) -> Result<Option<InFlight>, EngineError> {
+    /// cond and uncond logit rows kept, and one draw per job behind them, then
+    /// `codec_commands` (alone when no job feeds), whose submission each job's decoder
+    /// learns. The jobs move on only once all of it is submitted. `None` when no job feeds.
+    fn submit_step(
+        &mut self,
+        serial: u64,
+        codec_commands: Vec<wgpu::CommandBuffer>,
+    ) -> Result<Option<InFlight>, EngineError> {
         let forbidden = self.engine.checkpoint.config.speech.audio_bos();
         let separate = self.jobs.iter().any(|j| j.request.guidance == GuidanceMode::Separate);
         let mut cond_rows = Vec::new();
@@ -514,6 +523,10 @@ impl<'e> Batcher<'e> {
             feeding.push((i, fed));
         }
         if feeding.is_empty() {
+            if !codec_commands.is_empty() {
+                let submission = self.engine.gpu.submit_commands(codec_commands);
+                self.codecs_submitted(&submission);
+            }
             return Ok(None);
         }
         let forwards = if separate {
@@ -536,7 +549,8 @@ impl<'e> Batcher<'e> {
                 self.session.submit_for_draws(chunk, &kept)?;
             }
         }
-        let drawn = self.session.draw(&draws)?;
+        let drawn = self.session.draw(&draws, codec_commands)?;
+        self.codecs_submitted(drawn.submission());
         let mut jobs = Vec::with_capacity(feeding.len());
         for (draw, &(i, fed)) in feeding.iter().enumerate() {
             let job = &mut self.jobs[i];
@@ -554,32 +568,43 @@ impl<'e> Batcher<'e> {
         job.map(|job| job.fail_next_step = true).is_some()
     }
 
-    /// Submits every job's codec work for this step (its time is counted as codec time): a
+    /// Encodes every job's codec work for this step (its time is counted as codec time): a
     /// full chunk (whole or its first part: see [`parts_for`]), or the next part of a chunk
-    /// begun earlier; returns the time it took.
-    fn submit_chunks(&mut self, step: u64) -> Duration {
+    /// begun earlier; returns the command buffers, for the step's submission, and the time
+    /// it took.
+    fn encode_chunks(&mut self, step: u64) -> (Vec<wgpu::CommandBuffer>, Duration) {
         let all = Instant::now();
+        let mut commands = Vec::new();
         for job in self.jobs.iter_mut().filter(|job| job.failed.is_none()) {
             let start = Instant::now();
             if !job.chunk.is_empty() {
                 let parts = parts_for(job.playback_ahead(start), self.step_time);
-                if let Err(error) = job.codec.submit_in_parts(&job.chunk, parts) {
+                if let Err(error) = job.codec.encode_in_parts(&job.chunk, parts) {
                     job.failed = Some(error);
                     continue;
                 }
                 job.chunk.clear();
                 job.stats.chunks_in_parts += usize::from(job.codec.parts_left());
             } else if job.codec.parts_left() {
-                job.codec.submit_next_part();
+                job.codec.encode_next_part();
             } else {
                 continue;
             }
+            commands.extend(job.codec.take_encoded());
             if !job.codec.parts_left() {
                 job.chunk_submitted = Some(step);
             }
             job.stats.time_split.codec += start.elapsed();
         }
-        all.elapsed()
+        (commands, all.elapsed())
+    }
+
+    /// Tells every job's decoder the submission that carried the codec work of
+    /// [`Batcher::encode_chunks`].
+    fn codecs_submitted(&mut self, submission: &wgpu::SubmissionIndex) {
+        for job in &mut self.jobs {
+            job.codec.submitted(submission);
+        }
     }
 
     /// Hands out the samples of every codec chunk whose last part was submitted before this

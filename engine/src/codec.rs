@@ -13,7 +13,7 @@ use drama_kernels::{
 };
 
 use crate::error::EngineError;
-use crate::gpu::{Dispatch, Gpu, Readback};
+use crate::gpu::{Dispatch, Gpu, GpuError, Readback};
 use drama_checkpoint::{Checkpoint, names};
 
 /// A stream history: the frames the next chunk needs, in one of two buffers that take turns
@@ -63,6 +63,15 @@ struct Spread {
     parts: usize,
 }
 
+/// Where the last launches of the chunk in flight are.
+enum Sent {
+    /// Encoded and not yet submitted: in [`CodecDecoder::encoded`], or taken by a caller that
+    /// has not reported their submission yet.
+    Encoded,
+    /// In this submission.
+    Submitted(wgpu::SubmissionIndex),
+}
+
 /// One stream of codes to PCM: its own histories over shared weights.
 pub struct CodecDecoder {
     weights: Arc<CodecWeights>,
@@ -72,8 +81,12 @@ pub struct CodecDecoder {
     programs: HashMap<usize, ChunkProgram>,
     /// The chunk whose launches are partly submitted, if any.
     spread: Option<Spread>,
-    /// The chunk submitted last and not yet read: its program (by code count) and submission.
-    in_flight: Option<(usize, wgpu::SubmissionIndex)>,
+    /// The chunk whose last launches were encoded last and not yet read: its program (by
+    /// code count) and where those launches are.
+    in_flight: Option<(usize, Sent)>,
+    /// Command buffers encoded and not yet submitted, in order (see
+    /// [`CodecDecoder::take_encoded`]).
+    encoded: Vec<wgpu::CommandBuffer>,
     /// Samples read back and not yet handed out by [`CodecDecoder::finish`].
     ready: Vec<f32>,
 }
@@ -456,15 +469,17 @@ impl CodecDecoder {
             programs: HashMap::new(),
             spread: None,
             in_flight: None,
+            encoded: Vec::new(),
             ready: Vec::new(),
         }
     }
 
     /// Starts a new utterance: every history back to zeros, a chunk in flight (or partly
-    /// submitted) dropped.
+    /// submitted, or encoded) dropped.
     pub fn reset(&mut self) {
         self.spread = None;
         self.in_flight = None;
+        self.encoded.clear();
         self.ready.clear();
         for h in &self.histories {
             let current = &h.buffers[self.turn];
@@ -513,7 +528,8 @@ impl CodecDecoder {
     pub fn submit(&mut self, codes: &[u32]) -> Result<(), EngineError> {
         self.check_codes(codes)?;
         for piece in codes.chunks(self.codes_per_program()) {
-            self.submit_piece(piece)?;
+            self.encode_piece(piece)?;
+            self.flush();
         }
         Ok(())
     }
@@ -533,17 +549,36 @@ impl CodecDecoder {
     /// the whole chunk in front of the next step. No codes, more than one program takes, or
     /// one part: as `submit`.
     pub fn submit_in_parts(&mut self, codes: &[u32], parts: usize) -> Result<(), EngineError> {
-        if parts <= 1 || codes.is_empty() || codes.len() > self.codes_per_program() {
+        if codes.len() > self.codes_per_program() {
             return self.submit(codes);
         }
+        self.encode_in_parts(codes, parts)?;
+        self.flush();
+        Ok(())
+    }
+
+    /// Like [`CodecDecoder::submit_in_parts`], but the launches are only encoded: the caller
+    /// submits them with its own work ([`CodecDecoder::take_encoded`]). Codes past one
+    /// program are refused (a caller that batches parts gives a chunk at a time).
+    pub fn encode_in_parts(&mut self, codes: &[u32], parts: usize) -> Result<(), EngineError> {
         self.check_codes(codes)?;
+        if codes.len() > self.codes_per_program() {
+            return Err(EngineError::Input(format!(
+                "a chunk of {} codes is more than the {} one codec program decodes",
+                codes.len(),
+                self.codes_per_program()
+            )));
+        }
+        if codes.is_empty() {
+            return Ok(());
+        }
         let launches = self.load_piece(codes)?.launches();
         self.spread = Some(Spread {
             length: codes.len(),
             submitted: 0,
-            parts: parts.min(launches),
+            parts: parts.clamp(1, launches),
         });
-        self.submit_next_part();
+        self.encode_next_part();
         Ok(())
     }
 
@@ -556,14 +591,44 @@ impl CodecDecoder {
     /// Submits the next part of the chunk given to [`CodecDecoder::submit_in_parts`] (none:
     /// nothing); its last part also copies the samples out for [`CodecDecoder::finish`].
     pub fn submit_next_part(&mut self) {
+        self.encode_next_part();
+        self.flush();
+    }
+
+    /// Like [`CodecDecoder::submit_next_part`], but the part is only encoded (see
+    /// [`CodecDecoder::take_encoded`]).
+    pub fn encode_next_part(&mut self) {
         if let Some(spread) = self.spread {
-            self.submit_parts(spread, spread.submitted + 1);
+            self.encode_parts(spread, spread.submitted + 1);
         }
     }
 
-    /// Submits the parts of `spread` up to part `end` (exclusive) in one command buffer;
+    /// The command buffers encoded since the last submission, in order, for the caller to
+    /// submit (behind its own work, in one submission); it then reports the submission with
+    /// [`CodecDecoder::submitted`] before the decoder is used again.
+    pub fn take_encoded(&mut self) -> Vec<wgpu::CommandBuffer> {
+        std::mem::take(&mut self.encoded)
+    }
+
+    /// Reports the submission that carried the buffers of [`CodecDecoder::take_encoded`].
+    pub fn submitted(&mut self, submission: &wgpu::SubmissionIndex) {
+        if let Some((_, sent @ Sent::Encoded)) = &mut self.in_flight {
+            *sent = Sent::Submitted(submission.clone());
+        }
+    }
+
+    /// Submits what is encoded, alone.
+    fn flush(&mut self) {
+        if !self.encoded.is_empty() {
+            let encoded = self.take_encoded();
+            let submission = self.weights.gpu.submit_commands(encoded);
+            self.submitted(&submission);
+        }
+    }
+
+    /// Encodes the parts of `spread` up to part `end` (exclusive) in one command buffer;
     /// with its last part the copy of the samples too, and the chunk is in flight.
-    fn submit_parts(&mut self, spread: Spread, end: usize) {
+    fn encode_parts(&mut self, spread: Spread, end: usize) {
         let launches = self.programs[&spread.length].launches();
         let bound = |part: usize| part * launches / spread.parts;
         let last = end == spread.parts;
@@ -571,21 +636,21 @@ impl CodecDecoder {
             submitted: end,
             ..spread
         });
-        self.submit_launches(spread.length, bound(spread.submitted)..bound(end));
+        self.encode_launches(spread.length, bound(spread.submitted)..bound(end));
     }
 
-    /// Submits `launches` of the program for `length` codes, whose input is loaded; when they
+    /// Encodes `launches` of the program for `length` codes, whose input is loaded; when they
     /// end the program, the copy of the samples too, and the chunk is in flight (the
     /// histories it wrote are the next chunk's).
-    fn submit_launches(&mut self, length: usize, launches: std::ops::Range<usize>) {
-        let gpu = self.weights.gpu.clone();
+    fn encode_launches(&mut self, length: usize, launches: std::ops::Range<usize>) {
+        let gpu = &self.weights.gpu;
         let program = &self.programs[&length];
         let dispatches = &program.dispatches[self.turn];
         let last = launches.end == dispatches.len();
         let copy = last.then_some((&program.output, &program.readback));
-        let submission = gpu.submit_commands([gpu.encode_then_copy(&dispatches[launches], copy)]);
+        self.encoded.push(gpu.encode_then_copy(&dispatches[launches], copy));
         if last {
-            self.in_flight = Some((length, submission));
+            self.in_flight = Some((length, Sent::Encoded));
             self.next_turn();
         }
     }
@@ -602,15 +667,25 @@ impl CodecDecoder {
         Ok(std::mem::take(&mut self.ready))
     }
 
-    /// Submits the rest of a chunk given in parts, then reads the chunk in flight (if any)
-    /// into `ready`.
+    /// Submits the rest of a chunk given in parts (and whatever else is encoded), then reads
+    /// the chunk in flight (if any) into `ready`.
     fn read_in_flight(&mut self) -> Result<(), EngineError> {
         if let Some(spread) = self.spread {
-            self.submit_parts(spread, spread.parts);
+            self.encode_parts(spread, spread.parts);
         }
-        if let Some((length, submission)) = self.in_flight.take() {
-            let samples: Vec<f32> = self.programs[&length].readback.read(&self.weights.gpu, submission)?;
-            self.ready.extend(samples);
+        self.flush();
+        match self.in_flight.take() {
+            None => {}
+            Some((_, Sent::Encoded)) => {
+                return Err(GpuError::Readback(
+                    "a codec chunk was read before the submission that carries it was reported".into(),
+                )
+                .into());
+            }
+            Some((length, Sent::Submitted(submission))) => {
+                let samples: Vec<f32> = self.programs[&length].readback.read(&self.weights.gpu, submission)?;
+                self.ready.extend(samples);
+            }
         }
         Ok(())
     }
@@ -690,10 +765,10 @@ impl CodecDecoder {
         }
     }
 
-    /// Submits checked codes with the program of their length.
-    fn submit_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
+    /// Encodes checked codes with the program of their length.
+    fn encode_piece(&mut self, codes: &[u32]) -> Result<(), EngineError> {
         let launches = self.load_piece(codes)?.launches();
-        self.submit_launches(codes.len(), 0..launches);
+        self.encode_launches(codes.len(), 0..launches);
         Ok(())
     }
 }

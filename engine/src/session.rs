@@ -584,12 +584,13 @@ impl<'e> Session<'e> {
     }
 
     /// Submits the draws of `draws`, which read the rows kept by the steps submitted before
-    /// ([`Session::submit_for_draws`]); the steps submitted after read the tokens through
-    /// [`RowSource::Drawn`], and [`Session::drawn`] reads them on the host.
-    pub fn draw(&mut self, draws: &[Draw]) -> Result<DrawnTokens, EngineError> {
+    /// ([`Session::submit_for_draws`]), with `after` behind them in the same submission;
+    /// the steps submitted after read the tokens through [`RowSource::Drawn`], and
+    /// [`Session::drawn`] reads them on the host.
+    pub fn draw(&mut self, draws: &[Draw], after: Vec<wgpu::CommandBuffer>) -> Result<DrawnTokens, EngineError> {
         let commands = self.sampler.encode(&self.engine.gpu, draws)?;
         let drawn = self
-            .submit_staged(Some(commands))
+            .submit_staged(std::iter::once(commands).chain(after))
             .map(|submission| self.sampler.submitted(submission, draws.len()));
         drawn.ok_or_else(|| EngineError::Input("draws need a step submitted for them first".into()))
     }
@@ -639,7 +640,7 @@ impl<'e> Session<'e> {
 
     /// Submits the staged step with `after` behind it in one submission, then records the
     /// next step of its shape while the GPU runs it; `None` when nothing was staged.
-    fn submit_staged(&mut self, after: Option<wgpu::CommandBuffer>) -> Option<wgpu::SubmissionIndex> {
+    fn submit_staged(&mut self, after: impl IntoIterator<Item = wgpu::CommandBuffer>) -> Option<wgpu::SubmissionIndex> {
         let (key, staged) = self.staged.take()?;
         let gpu = self.engine.gpu.clone();
         let start = Instant::now();

@@ -298,6 +298,69 @@ fn codec_chunks_in_parts_equal_the_whole_decode() {
     );
 }
 
+/// Parts only encoded and handed to the caller (as the batcher puts them in its step's
+/// submission) give the whole decode's samples bit for bit, with two streams' parts in one
+/// submission behind a copy that stands for the step; a chunk read before its submission
+/// is reported, and a chunk of more codes than one program, are refused by name.
+#[test]
+fn codec_parts_in_a_shared_submission_equal_the_whole_decode() {
+    let mut rng = rng("codec shared submission");
+    let (_fixture, checkpoint, mut decoder) = tiny_codec(&mut rng);
+    let gpu = shared_gpu();
+    let mut other = CodecDecoder::new(CodecWeights::upload(gpu.clone(), &checkpoint).unwrap());
+    let codes = random_codes(&mut rng, &checkpoint, 24);
+    let other_codes = random_codes(&mut rng, &checkpoint, 24);
+    let whole = decoder.decode(&codes).unwrap();
+    let other_whole = other.decode(&other_codes).unwrap();
+    decoder.reset();
+    other.reset();
+    let scratch = gpu.buffer("step stand-in", 1 << 16);
+    let (mut streamed, mut other_streamed) = (Vec::new(), Vec::new());
+    for (chunk, other_chunk) in codes.chunks(8).zip(other_codes.chunks(8)) {
+        // The first stream gives two parts to each submission, the other one.
+        decoder.encode_in_parts(chunk, 6).unwrap();
+        decoder.encode_next_part();
+        other.encode_in_parts(other_chunk, 5).unwrap();
+        loop {
+            let mut step = gpu.device.create_command_encoder(&Default::default());
+            step.clear_buffer(&scratch, 0, None);
+            let commands: Vec<_> = std::iter::once(step.finish())
+                .chain(decoder.take_encoded())
+                .chain(other.take_encoded())
+                .collect();
+            let submission = gpu.submit_commands(commands);
+            decoder.submitted(&submission);
+            other.submitted(&submission);
+            if !decoder.parts_left() && !other.parts_left() {
+                break;
+            }
+            decoder.encode_next_part();
+            decoder.encode_next_part();
+            other.encode_next_part();
+        }
+        streamed.extend(decoder.finish().unwrap());
+        other_streamed.extend(other.finish().unwrap());
+    }
+    assert!(same_bits(&streamed, &whole), "parts in shared submissions differ");
+    assert!(
+        same_bits(&other_streamed, &other_whole),
+        "the other stream's parts in shared submissions differ"
+    );
+
+    decoder.reset();
+    decoder.encode_in_parts(&codes[..8], 1).unwrap();
+    let taken = decoder.take_encoded();
+    assert_eq!(taken.len(), 1, "one part, one command buffer");
+    let error = decoder.finish().unwrap_err().to_string();
+    assert!(
+        error.contains("read before the submission that carries it was reported"),
+        "{error}"
+    );
+    let long = random_codes(&mut rng, &checkpoint, 65);
+    let error = decoder.encode_in_parts(&long, 3).unwrap_err().to_string();
+    assert!(error.contains("a chunk of 65 codes is more than the"), "{error}");
+}
+
 /// The benchmark's timed chunk runs the whole chunk program: a positive GPU time and, one
 /// launch per pass, every launch the decoder's architecture implies (the input convolution;
 /// per upsampling stage a snake, the transposed convolution and per residual unit a snake,

@@ -69,6 +69,13 @@ pub struct DrawnTokens {
     submission: wgpu::SubmissionIndex,
 }
 
+impl DrawnTokens {
+    /// The submission that carries the draws.
+    pub fn submission(&self) -> &wgpu::SubmissionIndex {
+        &self.submission
+    }
+}
+
 /// The draws read back: the same ring slot holds them until the draws after the next.
 const READBACKS: usize = 2;
 
