@@ -21,7 +21,7 @@ use drama_engine::batch::synthesize;
 use drama_engine::codec::{CodecDecoder, CodecWeights};
 use drama_engine::error::EngineError;
 use drama_engine::exec::{LinearIo, linear_launches};
-use drama_engine::gpu::{Capabilities, Dispatch, Gpu};
+use drama_engine::gpu::{Capabilities, Dispatch, Gpu, MAX_MARKED_SUBMISSIONS, MarkedSpan};
 use drama_engine::sampling::gpu::Draw;
 use drama_engine::sampling::{SamplingParams, gamma_fixed};
 use drama_engine::session::{Engine, Row, RowSource, Session};
@@ -372,6 +372,25 @@ pub struct TokenLoopResult {
     pub busy_ms: f64,
     /// `token_ms / busy_ms`: 1 means the GPU never waits for the host.
     pub token_over_busy: f64,
+    /// What the timed steps' submissions took in the loop itself, from timestamps that
+    /// open and close each (none where the adapter has no timestamps).
+    pub in_loop: Option<InLoopTimes>,
+}
+
+/// A token loop's step submissions on the GPU's clock (see
+/// `drama_engine::gpu::SubmissionTimeline`), medians over the timed steps.
+#[derive(Debug, Clone, Serialize)]
+pub struct InLoopTimes {
+    /// Milliseconds from a step submission's opening mark to its closing one: the step,
+    /// its draws and the codec work that rides with it, as they run in the loop.
+    pub span_ms: f64,
+    /// The part of `span_ms` the step and its draws take (to the splitting mark).
+    pub step_ms: f64,
+    /// The part of `span_ms` the codec work behind the draws takes.
+    pub codec_ms: f64,
+    /// Milliseconds from the closing mark of the step before to a step's opening mark: the
+    /// GPU between two steps' work.
+    pub gap_ms: f64,
 }
 
 /// One codec chunk (the codes a synthesis decodes at a time), timed alone.
@@ -1091,6 +1110,10 @@ pub fn token_loop(engine: &Engine, lanes: usize, options: &BenchOptions) -> Resu
     let prompt = Batcher::positions_needed(c.speech.voice_prefix_len, SYNTHESIS_TEXT_TOKENS, 0);
     let capacity = prompt + options.synthesis_tokens;
     let mut batcher = Batcher::new(engine, lanes, capacity)?;
+    let marked = engine.gpu.caps.timestamps;
+    if marked {
+        batcher.mark_steps(MAX_MARKED_SUBMISSIONS)?;
+    }
     for job in 0..jobs {
         let request = synthesis_request(job, job < pairs, options.synthesis_tokens);
         batcher.admit(request, Box::new(|_| true))?;
@@ -1111,6 +1134,11 @@ pub fn token_loop(engine: &Engine, lanes: usize, options: &BenchOptions) -> Resu
     let token_times: Vec<f64> = (3..=last).map(|i| ms(ends[i] - ends[i - 1])).collect();
     let steps = token_times.len();
     let token_ms = median(token_times);
+    let in_loop = if marked {
+        in_loop_times(&batcher.marked_steps()?, last)
+    } else {
+        None
+    };
     drop(batcher);
 
     let codes = c.speech.audio_codes as u32;
@@ -1147,6 +1175,24 @@ pub fn token_loop(engine: &Engine, lanes: usize, options: &BenchOptions) -> Resu
         codec_gpu_ms,
         busy_ms,
         token_over_busy: token_ms / busy_ms,
+        in_loop,
+    })
+}
+
+/// The in-loop times of the token loop's timed steps (steps 2 to `last` - 1, whose calls
+/// `token_ms` times) from the spans of the marked steps, one a step from the first. `None`
+/// when the spans do not reach them (the timeline filled up).
+fn in_loop_times(spans: &[MarkedSpan], last: usize) -> Option<InLoopTimes> {
+    let timed = 2..last;
+    if timed.is_empty() || spans.len() < last {
+        return None;
+    }
+    let median_of = |time: &dyn Fn(usize) -> f64| median(timed.clone().map(|k| time(k) / 1e6).collect());
+    Some(InLoopTimes {
+        span_ms: median_of(&|k| spans[k].end_ns - spans[k].start_ns),
+        step_ms: median_of(&|k| spans[k].split_ns - spans[k].start_ns),
+        codec_ms: median_of(&|k| spans[k].end_ns - spans[k].split_ns),
+        gap_ms: median_of(&|k| spans[k].start_ns - spans[k - 1].end_ns),
     })
 }
 

@@ -170,6 +170,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "token loop, {} lanes ({} jobs): {:.3} ms per token, the GPU busy {:.3} ms (step {:.3}, draws {:.3}, codec {:.3}): {:.3}x",
             t.lanes, t.jobs, t.token_ms, t.busy_ms, t.step_gpu_ms, t.draw_gpu_ms, t.codec_gpu_ms, t.token_over_busy
         );
+        if let Some(l) = &t.in_loop {
+            eprintln!(
+                "  in the loop: a step's submission {:.3} ms on the GPU (step and draws {:.3}, codec {:.3}), {:.3} ms between two",
+                l.span_ms, l.step_ms, l.codec_ms, l.gap_ms
+            );
+        }
     }
     if let Some(c) = &report.codec {
         eprintln!(

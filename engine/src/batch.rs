@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::codec::{CodecDecoder, CodecWeights};
 use crate::error::EngineError;
+use crate::gpu::MarkedSpan;
 use crate::guidance::check_gamma;
 use crate::sampling::gpu::{Draw, DrawnTokens};
 use crate::sampling::{SamplingParams, gamma_fixed};
@@ -225,6 +226,17 @@ impl<'e> Batcher<'e> {
     /// The compiled step shapes its session keeps and the bytes of their buffers.
     pub fn compiled_steps(&self) -> StepCacheUsage {
         self.session.step_cache_usage()
+    }
+
+    /// Marks the submissions of the next `steps` steps that feed a job with timestamps
+    /// (see [`Session::mark_draws`]): their last forward, their draws and their codec work.
+    pub fn mark_steps(&mut self, steps: u32) -> Result<(), EngineError> {
+        self.session.mark_draws(steps)
+    }
+
+    /// The marked steps' spans so far, in order; waits for them to finish.
+    pub fn marked_steps(&self) -> Result<Vec<MarkedSpan>, EngineError> {
+        self.session.marked_spans()
     }
 
     /// Checks a request against the model and this batcher, without admitting it.

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::error::EngineError;
 use crate::exec::{Bindings, Executable, largest_step_buffer};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, MarkedSpan, Marks, SubmissionTimeline};
 use crate::rope::rope_table;
 use crate::sampling::gpu::{Draw, DrawnTokens, GpuSampler};
 use crate::spec::{CheckpointNames, model_spec};
@@ -203,6 +203,8 @@ pub struct Session<'e> {
     /// ([`Session::submit_for_draws`], [`Session::draw`]), and the shape whose next step
     /// is recorded once they are submitted.
     staged: Option<(StepKey, Vec<wgpu::CommandBuffer>)>,
+    /// Marks on every submission of draws, when `drama bench` asks ([`Session::mark_draws`]).
+    timeline: Option<SubmissionTimeline>,
 }
 
 /// Where the host's time went in forwards ([`Session::submit`] then [`Session::logits`]),
@@ -342,7 +344,26 @@ impl<'e> Session<'e> {
             forward_split: Cell::default(),
             sampler: GpuSampler::new(gpu, c.speech.audio_vocab_size, lanes)?,
             staged: None,
+            timeline: None,
         })
+    }
+
+    /// From now on marks each submission of draws ([`Session::draw`]: the step before them
+    /// and the draws, split from what goes behind) with timestamps, for the first
+    /// `submissions` of them (see [`SubmissionTimeline`]): `drama bench` measures the GPU's
+    /// time between steps with it. Needs timestamp queries.
+    pub fn mark_draws(&mut self, submissions: u32) -> Result<(), EngineError> {
+        self.timeline = Some(SubmissionTimeline::new(&self.engine.gpu, submissions)?);
+        Ok(())
+    }
+
+    /// The marked submissions' spans so far, in order (none unless [`Session::mark_draws`]
+    /// ran); waits for them to finish.
+    pub fn marked_spans(&self) -> Result<Vec<MarkedSpan>, EngineError> {
+        match &self.timeline {
+            Some(timeline) => Ok(timeline.read(&self.engine.gpu)?),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Sets the voice prefix ([P, H] values) a lane's `Prefix` rows embed.
@@ -556,7 +577,7 @@ impl<'e> Session<'e> {
     /// result. Work submitted after it runs after it.
     pub fn submit(&mut self, rows: &[Row]) -> Result<SubmittedStep, EngineError> {
         let key = self.prepare_step(rows, &[])?;
-        let submission = self.submit_staged(None).expect("a step was staged");
+        let submission = self.submit_staged(None, None).expect("a step was staged");
         self.unread.insert(key);
         Ok(SubmittedStep {
             key,
@@ -589,8 +610,16 @@ impl<'e> Session<'e> {
     /// [`Session::drawn`] reads them on the host.
     pub fn draw(&mut self, draws: &[Draw], after: Vec<wgpu::CommandBuffer>) -> Result<DrawnTokens, EngineError> {
         let commands = self.sampler.encode(&self.engine.gpu, draws)?;
+        let marks = (self.timeline.as_mut())
+            .filter(|_| self.staged.is_some())
+            .and_then(|t| t.marks(&self.engine.gpu));
+        let (open, split, close) = match marks {
+            Some(Marks { open, split, close }) => (Some(open), Some(split), Some(close)),
+            None => (None, None, None),
+        };
+        let after = std::iter::once(commands).chain(split).chain(after).chain(close);
         let drawn = self
-            .submit_staged(std::iter::once(commands).chain(after))
+            .submit_staged(open, after)
             .map(|submission| self.sampler.submitted(submission, draws.len()));
         drawn.ok_or_else(|| EngineError::Input("draws need a step submitted for them first".into()))
     }
@@ -638,13 +667,18 @@ impl<'e> Session<'e> {
         Ok(key)
     }
 
-    /// Submits the staged step with `after` behind it in one submission, then records the
-    /// next step of its shape while the GPU runs it; `None` when nothing was staged.
-    fn submit_staged(&mut self, after: impl IntoIterator<Item = wgpu::CommandBuffer>) -> Option<wgpu::SubmissionIndex> {
+    /// Submits the staged step with `before` ahead of it and `after` behind it in one
+    /// submission, then records the next step of its shape while the GPU runs it; `None`
+    /// when nothing was staged.
+    fn submit_staged(
+        &mut self,
+        before: Option<wgpu::CommandBuffer>,
+        after: impl IntoIterator<Item = wgpu::CommandBuffer>,
+    ) -> Option<wgpu::SubmissionIndex> {
         let (key, staged) = self.staged.take()?;
         let gpu = self.engine.gpu.clone();
         let start = Instant::now();
-        let submission = gpu.submit_commands(staged.into_iter().chain(after));
+        let submission = gpu.submit_commands(before.into_iter().chain(staged).chain(after));
         let submitted = Instant::now();
         self.prepared = Some((key, compiled(&self.steps, key).encode(&gpu)));
         self.add_forward_time(ForwardSplit {
@@ -696,7 +730,7 @@ impl<'e> Session<'e> {
         trace: bool,
     ) -> Result<(StepKey, Option<wgpu::CommandBuffer>), EngineError> {
         self.validate(rows)?;
-        self.submit_staged(None);
+        self.submit_staged(None, None);
         let p = self.engine.checkpoint.config.speech.voice_prefix_len;
         let mut table = Vec::with_capacity(rows.len());
         let mut index = Vec::with_capacity(rows.len());

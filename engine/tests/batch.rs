@@ -690,3 +690,59 @@ fn a_failing_job_ends_alone_and_the_others_keep_their_bits() {
     );
     assert_eq!(batcher.free_lanes(), 5);
 }
+
+/// Steps marked with timestamps (as `drama bench`'s token loop marks them) give the bits of
+/// unmarked ones, and one span per step that fed the job, in order on the GPU's clock: each
+/// opens no earlier than the one before closed, and its marks (opening, splitting, closing)
+/// come in order. More steps than the timeline holds go unmarked.
+#[test]
+fn marked_steps_keep_their_bits_and_give_one_ordered_span_each() {
+    let mut rng = rng("marked steps");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    assert!(engine.gpu.caps.timestamps, "the marks need timestamp queries");
+    let same_bits =
+        |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let r = request(vec![5, 61, 200], 1.5, GuidanceMode::Paired, rng.next_u64());
+    let fresh = run_alone(&mut Batcher::new(&engine, 2, 64).unwrap(), r.clone());
+
+    let mut marked = Batcher::new(&engine, 2, 64).unwrap();
+    marked.mark_steps(1000).unwrap();
+    let out = Arc::new(Mutex::new(Vec::new()));
+    marked.admit(r.clone(), collecting_sink(&out)).unwrap();
+    let mut steps = 0;
+    while marked.active() > 0 {
+        marked.step().unwrap();
+        steps += 1;
+    }
+    let got = out.lock().unwrap().clone();
+    assert!(same_bits(&got, &fresh), "marked steps changed the samples");
+    let spans = marked.marked_steps().unwrap();
+    // Every step fed the job, but the last where the job reached its token cap (that step
+    // only reads the last token).
+    assert!(
+        (steps - 1..=steps).contains(&spans.len()),
+        "{} spans for {steps} steps",
+        spans.len()
+    );
+    for (k, span) in spans.iter().enumerate() {
+        assert!(
+            span.start_ns <= span.split_ns && span.split_ns <= span.end_ns,
+            "span {k}'s marks out of order: {span:?}"
+        );
+        if k > 0 {
+            assert!(
+                span.start_ns >= spans[k - 1].end_ns,
+                "span {k} opens before span {} closed: {span:?}, {:?}",
+                k - 1,
+                spans[k - 1]
+            );
+        }
+    }
+
+    let mut short = Batcher::new(&engine, 2, 64).unwrap();
+    short.mark_steps(3).unwrap();
+    let again = run_alone(&mut short, r);
+    assert!(same_bits(&again, &fresh), "a full timeline changed the samples");
+    assert_eq!(short.marked_steps().unwrap().len(), 3, "the timeline holds 3 steps");
+}

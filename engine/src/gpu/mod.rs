@@ -3,6 +3,7 @@
 
 mod capabilities;
 mod readback;
+mod timeline;
 mod upload;
 mod wait;
 
@@ -17,6 +18,7 @@ pub use capabilities::{
     storage_binding_limit,
 };
 pub use readback::Readback;
+pub use timeline::{MAX_MARKED_SUBMISSIONS, MarkedSpan, Marks, SubmissionTimeline};
 pub(crate) use upload::bytes_of;
 pub use upload::{Stager, UPLOAD_BATCH};
 pub use wait::WaitHistory;
