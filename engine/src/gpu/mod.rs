@@ -544,12 +544,6 @@ impl Gpu {
                 ty: wgpu::QueryType::Timestamp,
                 count,
             });
-            let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("profile timestamps"),
-                size: u64::from(count) * 8,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
             let mut encoder = self.device.create_command_encoder(&Default::default());
             for (i, dispatch) in chunk.iter().enumerate() {
                 let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -562,15 +556,8 @@ impl Gpu {
                 });
                 dispatch.record(&mut pass);
             }
-            encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
-            self.submit_commands([encoder.finish()]);
-            let ticks: Vec<u64> = self.read_first(&resolved, count as usize)?;
-            let period = f64::from(self.queue.get_timestamp_period());
-            times.extend(
-                ticks
-                    .chunks_exact(2)
-                    .map(|t| std::time::Duration::from_nanos((t[1].saturating_sub(t[0]) as f64 * period) as u64)),
-            );
+            let nanos = self.resolve_timestamps(encoder, &queries, count)?;
+            times.extend(nanos.chunks_exact(2).map(|t| nanos_between(t[0], t[1])));
         }
         Ok(times)
     }
@@ -589,12 +576,6 @@ impl Gpu {
             ty: wgpu::QueryType::Timestamp,
             count: 2,
         });
-        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("timestamps"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
         let mut encoder = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -609,11 +590,29 @@ impl Gpu {
                 dispatch.record(&mut pass);
             }
         }
-        encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
+        let nanos = self.resolve_timestamps(encoder, &queries, 2)?;
+        Ok(nanos_between(nanos[0], nanos[1]))
+    }
+
+    /// Submits `encoder` with the resolve of the first `count` timestamps of `queries`
+    /// behind it and returns them, in nanoseconds of the GPU's clock, once written.
+    fn resolve_timestamps(
+        &self,
+        mut encoder: wgpu::CommandEncoder,
+        queries: &wgpu::QuerySet,
+        count: u32,
+    ) -> Result<Vec<f64>, GpuError> {
+        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps"),
+            size: u64::from(count) * 8,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        encoder.resolve_query_set(queries, 0..count, &resolved, 0);
         self.submit_commands([encoder.finish()]);
-        let ticks: Vec<u64> = self.read_first(&resolved, 2)?;
-        let nanos = ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period());
-        Ok(std::time::Duration::from_nanos(nanos as u64))
+        let ticks: Vec<u64> = self.read_first(&resolved, count as usize)?;
+        let period = f64::from(self.queue.get_timestamp_period());
+        Ok(ticks.into_iter().map(|t| t as f64 * period).collect())
     }
 
     /// Copies `buffer` back to the host as f32 values (blocking).
@@ -636,6 +635,12 @@ impl Gpu {
         let submission = self.submit_commands([encoder.finish()]);
         readback.read(self, submission)
     }
+}
+
+/// The time from one timestamp to a later one (zero if it is not later), both in
+/// nanoseconds.
+fn nanos_between(start: f64, end: f64) -> std::time::Duration {
+    std::time::Duration::from_nanos((end - start).max(0.0) as u64)
 }
 
 /// One recorded kernel launch.

@@ -100,24 +100,14 @@ impl SubmissionTimeline {
         if self.marked == 0 {
             return Ok(Vec::new());
         }
-        let count = MARKS * self.marked;
-        let resolved = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("submission timeline"),
-            size: u64::from(count) * 8,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        encoder.resolve_query_set(&self.queries, 0..count, &resolved, 0);
-        gpu.submit_commands([encoder.finish()]);
-        let ticks: Vec<u64> = gpu.read_first(&resolved, count as usize)?;
-        let period = f64::from(gpu.queue.get_timestamp_period());
-        Ok(ticks
+        let encoder = gpu.device.create_command_encoder(&Default::default());
+        let nanos = gpu.resolve_timestamps(encoder, &self.queries, MARKS * self.marked)?;
+        Ok(nanos
             .chunks_exact(MARKS as usize)
             .map(|t| MarkedSpan {
-                start_ns: t[0] as f64 * period,
-                split_ns: t[1] as f64 * period,
-                end_ns: t[2] as f64 * period,
+                start_ns: t[0],
+                split_ns: t[1],
+                end_ns: t[2],
             })
             .collect())
     }
