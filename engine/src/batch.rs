@@ -397,9 +397,9 @@ impl<'e> Batcher<'e> {
 
     /// Runs one batched step: submits every feeding job's rows, their draws and the codec
     /// work in one submission, then reads the tokens of the step before (the GPU runs this
-    /// one meanwhile) and moves their jobs on. Returns the jobs that ended, with their stats or the error that
-    /// ended one alone (its codec failed, or its logits held a NaN: the other jobs go on,
-    /// with the bits they would have alone). An error of the step itself (the GPU) is the
+    /// one meanwhile) and moves their jobs on. Returns the jobs that ended, with their stats
+    /// or the error that ended one alone (its codec failed, or its logits held a NaN: the
+    /// other jobs go on, with the bits they would have alone). An error of the step itself (the GPU) is the
     /// `Err`; the running jobs should then be cancelled.
     pub fn step(&mut self) -> Result<Vec<Ended>, EngineError> {
         if self.jobs.is_empty() && self.in_flight.is_none() {
@@ -411,10 +411,10 @@ impl<'e> Batcher<'e> {
         if let Some(last) = self.last_step_start.replace(began) {
             self.step_time = began - last;
         }
-        // The codec work goes behind the step's draws, in the same submission: the GPU
-        // decodes after them while the host reads the tokens before and moves on, with no
-        // gap between submissions. The step after a chunk's last part reads its samples,
-        // once its own forward is submitted.
+        // The codec work goes behind the step's draws, in the same submission (each
+        // submission waits for the one before to signal it): the GPU decodes after them
+        // while the host reads the tokens before and moves on. The step after a chunk's
+        // last part reads its samples, once its own forward is submitted.
         let (codec_commands, encode_time) = self.encode_chunks(serial);
         let submitted = self
             .submit_step(serial, codec_commands)
