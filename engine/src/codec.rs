@@ -57,8 +57,8 @@ pub struct CodecWeights {
 struct Spread {
     /// Its program, by code count.
     length: usize,
-    /// Parts submitted so far.
-    submitted: usize,
+    /// Parts encoded so far.
+    encoded: usize,
     /// Parts in all (at most L).
     parts: usize,
 }
@@ -79,7 +79,7 @@ pub struct CodecDecoder {
     /// Which buffer of each history holds it now (the next chunk's launches of this turn).
     turn: usize,
     programs: HashMap<usize, ChunkProgram>,
-    /// The chunk whose launches are partly submitted, if any.
+    /// The chunk whose launches are partly encoded, if any.
     spread: Option<Spread>,
     /// The chunk whose last launches were encoded last and not yet read: its program (by
     /// code count) and where those launches are.
@@ -575,7 +575,7 @@ impl CodecDecoder {
         let launches = self.load_piece(codes)?.launches();
         self.spread = Some(Spread {
             length: codes.len(),
-            submitted: 0,
+            encoded: 0,
             parts: parts.clamp(1, launches),
         });
         self.encode_next_part();
@@ -599,7 +599,7 @@ impl CodecDecoder {
     /// [`CodecDecoder::take_encoded`]).
     pub fn encode_next_part(&mut self) {
         if let Some(spread) = self.spread {
-            self.encode_parts(spread, spread.submitted + 1);
+            self.encode_parts(spread, spread.encoded + 1);
         }
     }
 
@@ -632,11 +632,8 @@ impl CodecDecoder {
         let launches = self.programs[&spread.length].launches();
         let bound = |part: usize| part * launches / spread.parts;
         let last = end == spread.parts;
-        self.spread = (!last).then_some(Spread {
-            submitted: end,
-            ..spread
-        });
-        self.encode_launches(spread.length, bound(spread.submitted)..bound(end));
+        self.spread = (!last).then_some(Spread { encoded: end, ..spread });
+        self.encode_launches(spread.length, bound(spread.encoded)..bound(end));
     }
 
     /// Encodes `launches` of the program for `length` codes, whose input is loaded; when they
