@@ -609,19 +609,17 @@ impl<'e> Session<'e> {
     /// the steps submitted after read the tokens through [`RowSource::Drawn`], and
     /// [`Session::drawn`] reads them on the host.
     pub fn draw(&mut self, draws: &[Draw], after: Vec<wgpu::CommandBuffer>) -> Result<DrawnTokens, EngineError> {
+        if self.staged.is_none() {
+            return Err(EngineError::Input("draws need a step submitted for them first".into()));
+        }
         let commands = self.sampler.encode(&self.engine.gpu, draws)?;
-        let marks = (self.timeline.as_mut())
-            .filter(|_| self.staged.is_some())
-            .and_then(|t| t.marks(&self.engine.gpu));
-        let (open, split, close) = match marks {
+        let (open, split, close) = match self.timeline.as_mut().and_then(|t| t.marks(&self.engine.gpu)) {
             Some(Marks { open, split, close }) => (Some(open), Some(split), Some(close)),
             None => (None, None, None),
         };
         let after = std::iter::once(commands).chain(split).chain(after).chain(close);
-        let drawn = self
-            .submit_staged(open, after)
-            .map(|submission| self.sampler.submitted(submission, draws.len()));
-        drawn.ok_or_else(|| EngineError::Input("draws need a step submitted for them first".into()))
+        let submission = self.submit_staged(open, after).expect("a step is staged");
+        Ok(self.sampler.submitted(submission, draws.len()))
     }
 
     /// Runs `draws` alone (as [`Session::draw`] would) and returns their GPU time.

@@ -694,7 +694,8 @@ fn a_failing_job_ends_alone_and_the_others_keep_their_bits() {
 /// Steps marked with timestamps (as `drama bench`'s token loop marks them) give the bits of
 /// unmarked ones, and one span per step that fed the job, in order on the GPU's clock: each
 /// opens no earlier than the one before closed, and its marks (opening, splitting, closing)
-/// come in order. More steps than the timeline holds go unmarked.
+/// come in order. Draws with no step before them are refused unmarked; more steps than the
+/// timeline holds go unmarked.
 #[test]
 fn marked_steps_keep_their_bits_and_give_one_ordered_span_each() {
     let mut rng = rng("marked steps");
@@ -739,6 +740,13 @@ fn marked_steps_keep_their_bits_and_give_one_ordered_span_each() {
             );
         }
     }
+
+    // Draws with no step staged for them are refused, and leave the timeline unmarked.
+    let mut session = Session::new(&engine, 2, 64).unwrap();
+    session.mark_draws(3).unwrap();
+    let err = session.draw(&[], Vec::new()).unwrap_err().to_string();
+    assert!(err.contains("draws need a step submitted for them first"), "{err}");
+    assert!(session.marked_spans().unwrap().is_empty(), "a refused draw was marked");
 
     let mut short = Batcher::new(&engine, 2, 64).unwrap();
     short.mark_steps(3).unwrap();
