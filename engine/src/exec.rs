@@ -37,12 +37,10 @@ pub struct Executable {
     logits: ValueId,
     /// Where [`Executable::encode`]'d steps copy their logits for the host.
     logits_readback: Readback,
-    /// The attention launches' workgroup counts and the (rows, heads) they start with: the
-    /// chunks are those the step's furthest row reaches, not all of the capacity's, so a
-    /// step's attention costs what its context needs however long the session's lanes are.
-    attention_grid: (wgpu::Buffer, [u32; 2]),
+    /// The attention launches' workgroup counts, written with each step's inputs.
+    attention_grids: AttentionGrids,
     /// What the last [`Executable::write_inputs`] wrote into each input buffer (in
-    /// [`STEP_INPUTS`] order) and into the attention grid: writing the same words again is
+    /// [`STEP_INPUTS`] order) and into the two attention grids: writing the same words again is
     /// skipped, so a decode step writes only what moved (its tokens and positions). Each
     /// write is a staging buffer wgpu makes and frees, on the host between two steps.
     written: std::sync::Mutex<Vec<Vec<u32>>>,
@@ -84,7 +82,7 @@ struct Lowering<'a> {
     /// (`Kernel::AttendAndCombine`; wgpu creates buffers zeroed).
     chunks_done: wgpu::Buffer,
     /// The attention launches' workgroup counts, written before each step.
-    attention_grid: wgpu::Buffer,
+    attention_grids: AttentionGrids,
     capacity: usize,
     dispatches: Vec<Dispatch>,
 }
@@ -338,11 +336,6 @@ impl<'a> Lowering<'a> {
         let [qkv, row_lane, row_pos, k_cache, v_cache] = self.buffers(&node.inputs)?;
         let [out] = self.buffers(&node.outputs)?;
         let rows = self.rows(node.inputs[0]) as u32;
-        let kernel = if last_chunk_combines {
-            Kernel::AttendAndCombine
-        } else {
-            Kernel::Attend
-        };
         let (scratch, chunks_done) = (self.scratch.clone(), self.chunks_done.clone());
         let resources = [
             row_lane,
@@ -356,14 +349,25 @@ impl<'a> Lowering<'a> {
             &chunks_done,
             &scratch,
         ];
-        // Launched over the chunks the step's rows reach (see `attention_grid`), at most the
-        // capacity's.
+        // Launched over the chunks the step's rows of each kind reach (see
+        // `AttentionGrids`), at most the capacity's.
         let chunks = drama_kernels::attention_chunks(self.capacity) as u32;
+        let (per_head, blocks) = if last_chunk_combines {
+            (Kernel::AttendAndCombine, Kernel::AttendBlocksAndCombine)
+        } else {
+            (Kernel::Attend, Kernel::AttendBlocks)
+        };
         let mut attend = self
             .gpu
-            .dispatch(kernel, params, &resources, [rows, heads as u32, chunks])?;
-        attend.indirect = Some(self.attention_grid.clone());
+            .dispatch(per_head, params, &resources, [rows, heads as u32, chunks])?;
+        attend.indirect = Some(self.attention_grids.per_head.clone());
         self.dispatches.push(attend);
+        if params.block_heads > 1 {
+            let grid = [rows, heads as u32 / params.block_heads, chunks];
+            let mut attend = self.gpu.dispatch(blocks, params, &resources, grid)?;
+            attend.indirect = Some(self.attention_grids.blocks.clone());
+            self.dispatches.push(attend);
+        }
         if !last_chunk_combines {
             let combine = [row_pos, out, &scratch, &scratch];
             self.launch(Kernel::AttendCombine, params, &combine, [rows, heads as u32, 1])?;
@@ -733,7 +737,9 @@ impl<'a> Lowering<'a> {
             capacity: self.capacity as u32,
             flags: bit(round, flags::attention::ROUND),
             scale: 1.0 / (head_dim as f32).sqrt(),
-            pad: 0,
+            block_heads: self.attention_grids.block_heads,
+            block_from: drama_kernels::ATTENTION_BLOCKS_FROM as u32,
+            pad: [0; 2],
         }
     }
 }
@@ -1091,28 +1097,112 @@ fn segment_launch<'a>(
     })
 }
 
+/// The workgroup counts of a step's two attention launches, written with each step's
+/// inputs: [`Kernel::Attend`]'s over the rows that go a workgroup per head,
+/// [`Kernel::AttendBlocks`]' over those long enough to go by blocks of heads (from
+/// [`drama_kernels::ATTENTION_BLOCKS_FROM`] chunks, as `attention.wgsl`'s `by_blocks` decides),
+/// each over the chunks its furthest row reaches and none where it has no row: a step's
+/// attention costs what its context needs however long the session's lanes are.
+#[derive(Clone)]
+struct AttentionGrids {
+    per_head: wgpu::Buffer,
+    blocks: wgpu::Buffer,
+    rows: u32,
+    heads: u32,
+    /// Query heads per block (1: no row goes by blocks, and there is no blocks launch).
+    block_heads: u32,
+}
+
+impl AttentionGrids {
+    fn new(gpu: &Gpu, rows: usize, attention: AttentionShape) -> AttentionGrids {
+        let grid = |label| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 12,
+                usage: wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        AttentionGrids {
+            per_head: grid("attention grid"),
+            blocks: grid("attention blocks grid"),
+            rows: rows as u32,
+            heads: attention.heads as u32,
+            block_heads: attention.block_heads as u32,
+        }
+    }
+
+    /// The [per-head, blocks] launches' counts for rows at `positions` of caches of
+    /// `capacity` positions.
+    fn counts(&self, positions: &[u32], capacity: usize) -> [[u32; 3]; 2] {
+        let [per_head, blocks] = chunks_reached(positions, capacity, self.block_heads);
+        [
+            [self.rows, self.heads, per_head],
+            [self.rows, self.heads / self.block_heads, blocks],
+        ]
+    }
+}
+
+/// The chunks the furthest row at `positions` of each kind reaches, [a workgroup per head,
+/// by blocks of `block_heads` heads], at most those of `capacity` positions; 0 for a kind
+/// with no row.
+fn chunks_reached(positions: &[u32], capacity: usize, block_heads: u32) -> [u32; 2] {
+    let chunk = drama_kernels::ATTENTION_CHUNK as u32;
+    let most = drama_kernels::attention_chunks(capacity) as u32;
+    let mut reach = [0u32; 2];
+    for &pos in positions {
+        let chunks = pos / chunk + 1;
+        let by_blocks = block_heads > 1 && chunks >= drama_kernels::ATTENTION_BLOCKS_FROM as u32;
+        let furthest = &mut reach[usize::from(by_blocks)];
+        *furthest = (*furthest).max(chunks.min(most));
+    }
+    reach
+}
+
+/// A step's attention heads: its query heads and their blocks (1 and 1 where the graph has
+/// no attention).
+#[derive(Clone, Copy)]
+struct AttentionShape {
+    heads: usize,
+    head_dim: usize,
+    block_heads: usize,
+}
+
 /// The buffers a step allocates for itself: its memory plan and attention's scratch.
 struct StepBuffers {
     plan: MemoryPlan,
-    /// Attention's query heads (1 where the graph has no attention).
-    heads: usize,
+    attention: AttentionShape,
     scratch_bytes: u64,
 }
 
 impl StepBuffers {
     fn of(graph: &Graph, shape: StepShape) -> StepBuffers {
-        let (heads, head_dim) = graph
+        let attention = graph
             .nodes
             .iter()
             .find_map(|n| match n.op {
-                Op::Attention { heads, head_dim, .. } => Some((heads, head_dim)),
+                Op::Attention {
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    ..
+                } => Some(AttentionShape {
+                    heads,
+                    head_dim,
+                    block_heads: drama_kernels::attention_block_heads(heads, kv_heads, head_dim),
+                }),
                 _ => None,
             })
-            .unwrap_or((1, 1));
-        let scratch_floats = drama_kernels::attention_scratch_floats(shape.rows, heads, head_dim, shape.capacity);
+            .unwrap_or(AttentionShape {
+                heads: 1,
+                head_dim: 1,
+                block_heads: 1,
+            });
+        let scratch_floats =
+            drama_kernels::attention_scratch_floats(shape.rows, attention.heads, attention.head_dim, shape.capacity);
         StepBuffers {
             plan: plan(graph),
-            heads,
+            attention,
             scratch_bytes: (scratch_floats * 4) as u64,
         }
     }
@@ -1150,7 +1240,7 @@ impl Executable {
         }
         let StepBuffers {
             plan,
-            heads,
+            attention,
             scratch_bytes,
         } = buffers;
         let buffers: Vec<wgpu::Buffer> = plan
@@ -1160,14 +1250,9 @@ impl Executable {
             .map(|(i, &size)| gpu.buffer(&format!("b{i}"), size))
             .collect();
         let scratch = gpu.buffer("attention scratch", scratch_bytes);
-        let chunks_done_bytes = (shape.rows * heads * 4) as u64;
+        let chunks_done_bytes = (shape.rows * attention.heads * 4) as u64;
         let chunks_done = gpu.buffer("attention chunks done", chunks_done_bytes);
-        let attention_grid = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("attention grid"),
-            size: 12,
-            usage: wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let attention_grids = AttentionGrids::new(gpu, shape.rows, attention);
         let mut lowering = Lowering {
             gpu,
             graph: &graph,
@@ -1176,7 +1261,7 @@ impl Executable {
             bind,
             scratch,
             chunks_done,
-            attention_grid: attention_grid.clone(),
+            attention_grids: attention_grids.clone(),
             capacity: shape.capacity,
             dispatches: Vec::new(),
         };
@@ -1212,8 +1297,8 @@ impl Executable {
             inputs,
             logits,
             logits_readback,
-            attention_grid: (attention_grid, [shape.rows as u32, heads as u32]),
-            written: std::sync::Mutex::new(vec![Vec::new(); STEP_INPUTS.len() + 1]),
+            attention_grids,
+            written: std::sync::Mutex::new(vec![Vec::new(); STEP_INPUTS.len() + 2]),
             device_bytes,
         })
     }
@@ -1262,12 +1347,10 @@ impl Executable {
             .iter()
             .position(|&name| name == "row_pos")
             .expect("a step input")];
-        let furthest = positions.iter().copied().max().unwrap_or(0) as usize;
-        let chunks = (furthest + 1)
-            .div_ceil(drama_kernels::ATTENTION_CHUNK)
-            .min(drama_kernels::attention_chunks(self.shape.capacity)) as u32;
-        let (grid, [rows, heads]) = &self.attention_grid;
-        write_if_changed(gpu, grid, &[*rows, *heads, chunks], &mut written[STEP_INPUTS.len()]);
+        let [per_head, blocks] = self.attention_grids.counts(positions, self.shape.capacity);
+        let grids = &self.attention_grids;
+        write_if_changed(gpu, &grids.per_head, &per_head, &mut written[STEP_INPUTS.len()]);
+        write_if_changed(gpu, &grids.blocks, &blocks, &mut written[STEP_INPUTS.len() + 1]);
         Ok(())
     }
 
@@ -1360,5 +1443,41 @@ fn write_if_changed(gpu: &Gpu, buffer: &wgpu::Buffer, words: &[u32], last: &mut 
         gpu.queue.write_buffer(buffer, 0, bytemuck::cast_slice(words));
         last.clear();
         last.extend_from_slice(words);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunks_reached;
+    use drama_kernels::{ATTENTION_BLOCKS_FROM, ATTENTION_CHUNK};
+    use rand_core::Rng;
+
+    /// Each attention launch reaches every chunk of each of its rows and no further, a
+    /// launch with no rows reaches none, and a row goes by blocks exactly when it reaches
+    /// `ATTENTION_BLOCKS_FROM` chunks and its heads make blocks.
+    #[test]
+    fn each_attention_launch_reaches_its_own_rows_furthest_chunk() {
+        let mut rng = crate::test_support::rng("attention launches' reach");
+        let first_by_blocks = ((ATTENTION_BLOCKS_FROM - 1) * ATTENTION_CHUNK) as u32;
+        let capacity = 3 * ATTENTION_BLOCKS_FROM * ATTENTION_CHUNK;
+        for case in 0..200 {
+            let rows = 1 + rng.next_u32() % 8;
+            let positions: Vec<u32> = (0..rows)
+                .map(|_| match rng.next_u32() % 4 {
+                    0 => first_by_blocks - 1 - rng.next_u32() % 2,
+                    1 => first_by_blocks + rng.next_u32() % 2,
+                    _ => rng.next_u32() % capacity as u32,
+                })
+                .collect();
+            for block_heads in [1, 2, 4] {
+                let reach = chunks_reached(&positions, capacity, block_heads);
+                let mut want = [0u32; 2];
+                for &pos in &positions {
+                    let kind = usize::from(block_heads > 1 && pos >= first_by_blocks);
+                    want[kind] = want[kind].max(pos / ATTENTION_CHUNK as u32 + 1);
+                }
+                assert_eq!(reach, want, "case {case}, positions {positions:?}, blocks of {block_heads}");
+            }
+        }
     }
 }

@@ -533,10 +533,11 @@ fn an_oversized_step_is_refused_not_a_panic() {
     assert!(err.contains("max_compute_workgroups_per_dimension"), "{err}");
 }
 
-/// Attention over three chunks of positions through the engine (a step launches only the
-/// chunks its rows reach): one long utterance against the contract-rounding reference made
-/// to follow the GPU's router choices everywhere, so that only BF16 flips can separate them
-/// (up to a few 1e-3), never a chunk left out (errors of order one past position 64).
+/// Attention over many chunks of positions through the engine (a step launches only the
+/// chunks its rows reach, and its rows past `ATTENTION_BLOCKS_FROM` chunks go by blocks of
+/// heads): one long utterance against the contract-rounding reference made to follow the
+/// GPU's router choices everywhere, so that only BF16 flips can separate them (up to a few
+/// 1e-3), never a chunk or a head left out (errors of order one).
 #[test]
 fn long_context_matches_reference_on_the_gpus_routes() {
     let mut rng = rng("model long context");
@@ -545,7 +546,9 @@ fn long_context_matches_reference_on_the_gpus_routes() {
     let reference = ReferenceModel::load(&checkpoint);
     let c = checkpoint.config.clone();
     let p = c.speech.voice_prefix_len;
-    let (text, audio) = utterance(&checkpoint, &mut rng, 9, 2 * drama_kernels::ATTENTION_CHUNK + 10);
+    let chunk = drama_kernels::ATTENTION_CHUNK;
+    let blocks_from = (drama_kernels::ATTENTION_BLOCKS_FROM - 1) * chunk;
+    let (text, audio) = utterance(&checkpoint, &mut rng, 9, blocks_from + chunk + 10);
     let rows = rows_for(0, p, &text, &audio);
     let prefix: Vec<f32> = uniform(&mut rng, p * c.hidden_size, 1.5);
     let prefix64: Vec<f64> = prefix.iter().map(|&v| f64::from(v)).collect();
@@ -565,12 +568,13 @@ fn long_context_matches_reference_on_the_gpus_routes() {
     let inputs = reference.embed(&prefix64, &text, &audio);
     let want = reference.forward_routed(&inputs, Rounding::Contract, &forced);
     let v = c.speech.audio_vocab_size;
-    let late = 2 * drama_kernels::ATTENTION_CHUNK * v;
     let err = rel_l2(&out.logits, &want.logits);
-    let late_err = rel_l2(&out.logits[late..], &want.logits[late..]);
-    eprintln!("long context: logits rel-L2 {err:.2e}, past position 128 {late_err:.2e}");
-    assert!(
-        err <= 1e-2 && late_err <= 1e-2,
-        "long context: logits rel-L2 {err:.2e}, past position 128 {late_err:.2e}"
+    let past = |pos: usize| rel_l2(&out.logits[pos * v..], &want.logits[pos * v..]);
+    let (late_err, blocks_err) = (past(2 * chunk), past(blocks_from));
+    let report = format!(
+        "long context: logits rel-L2 {err:.2e}, past position {} {late_err:.2e}, from the first row by blocks ({blocks_from}) {blocks_err:.2e}",
+        2 * chunk
     );
+    eprintln!("{report}");
+    assert!(err <= 1e-2 && late_err <= 1e-2 && blocks_err <= 1e-2, "{report}");
 }

@@ -242,6 +242,7 @@ fn scaled_attention_case(
         })
         .collect();
     let table = drama_engine::rope::rope_table(capacity, head_dim, theta);
+    let block_heads = drama_kernels::attention_block_heads(heads, kv_heads, head_dim) as u32;
     let params = AttentionParams {
         rows: rows as u32,
         heads: heads as u32,
@@ -250,12 +251,16 @@ fn scaled_attention_case(
         capacity: capacity as u32,
         flags: flags::attention::ROUND,
         scale: 1.0 / (head_dim as f32).sqrt(),
-        pad: 0,
+        block_heads,
+        block_from: drama_kernels::ATTENTION_BLOCKS_FROM as u32,
+        pad: [0; 2],
     };
     // Rounded to BF16 as the model's steps ask (against the reference), and unrounded (the
-    // two launch forms compared bit for bit, where rounding would hide a difference).
+    // launch forms compared bit for bit, where rounding would hide a difference): rows by
+    // blocks of heads from the engine's length, from the first chunk, and never.
     let rounded = gpu.uniform("p", &params);
-    let unrounded = gpu.uniform("p unrounded", &AttentionParams { flags: 0, ..params });
+    let unrounded = [params.block_from, 0, u32::MAX]
+        .map(|block_from| gpu.uniform("p unrounded", &AttentionParams { flags: 0, block_from, ..params }));
     let lane_b = gpu.buffer_with("lane", &u32_bytes(&row_lane));
     let pos_b = gpu.buffer_with("pos", &u32_bytes(&row_pos));
     let table_b = gpu.buffer_with("rope", bytemuck::cast_slice(&table));
@@ -269,9 +274,10 @@ fn scaled_attention_case(
         drama_kernels::attention_scratch_floats(rows, heads, head_dim, capacity),
     );
     let chunks_done = gpu.buffer_with("chunks done", &u32_bytes(&vec![0; rows * heads]));
-    // `kernel` (`attend` alone, or combining too) with parameters `p`, writing `out` when it
-    // combines.
+    // `kernel` (`attend` or `attend_blocks`, alone or combining too) with parameters `p`,
+    // writing `out` when it combines.
     let attend = |kernel: Kernel, p: &wgpu::Buffer, out: &wgpu::Buffer| {
+        let blocks = matches!(kernel, Kernel::AttendBlocks | Kernel::AttendBlocksAndCombine);
         dispatch(
             gpu,
             kernel,
@@ -290,12 +296,20 @@ fn scaled_attention_case(
             ],
             [
                 rows as u32,
-                heads as u32,
+                heads as u32 / if blocks { block_heads } else { 1 },
                 drama_kernels::attention_chunks(capacity) as u32,
             ],
         )
     };
-    // The two-launch form with parameters `p`.
+    // The launches of a form: a workgroup per head, then by blocks where a block has heads.
+    let attends = |per_head: Kernel, by_blocks: Kernel, p: &wgpu::Buffer, out: &wgpu::Buffer| {
+        let mut launches = vec![attend(per_head, p, out)];
+        if block_heads > 1 {
+            launches.push(attend(by_blocks, p, out));
+        }
+        launches
+    };
+    // The form with a combine launch, with parameters `p`.
     let separate = |p: &wgpu::Buffer, out: &wgpu::Buffer| {
         let combine = dispatch(
             gpu,
@@ -303,18 +317,28 @@ fn scaled_attention_case(
             &[p, &pos_b, out, &scratch, &scratch],
             [rows as u32, heads as u32, 1],
         );
-        run(gpu, &[attend(Kernel::Attend, p, out), combine]);
+        let mut launches = attends(Kernel::Attend, Kernel::AttendBlocks, p, out);
+        launches.push(combine);
+        run(gpu, &launches);
         gpu.read_f32(out).unwrap()
     };
     let got = separate(&rounded, &out);
-    let exact = separate(&unrounded, &poisoned(gpu, "unrounded out", rows * heads * head_dim));
-    // The one-launch form, each chunk count back at zero after every launch: the same bits,
-    // launch after launch on the same counts.
-    for launch in 0..3 {
+    let exact = separate(&unrounded[0], &poisoned(gpu, "unrounded out", rows * heads * head_dim));
+    for (p, rows_by_blocks) in unrounded.iter().zip(["the engine's", "every", "no"]).skip(1) {
+        let other = separate(p, &poisoned(gpu, "unrounded out", rows * heads * head_dim));
+        assert_same_bits(&other, &exact, &format!("{label}: {rows_by_blocks} row by blocks"));
+    }
+    // The form that combines in its launches, each chunk count back at zero after every
+    // launch: the same bits, launch after launch on the same counts, whichever rows go by
+    // blocks.
+    for (launch, p) in unrounded.iter().cycle().take(6).enumerate() {
         let fused_out = poisoned(gpu, "fused out", rows * heads * head_dim);
-        run(gpu, &[attend(Kernel::AttendAndCombine, &unrounded, &fused_out)]);
+        run(
+            gpu,
+            &attends(Kernel::AttendAndCombine, Kernel::AttendBlocksAndCombine, p, &fused_out),
+        );
         let fused_got = gpu.read_f32(&fused_out).unwrap();
-        assert_same_bits(&fused_got, &exact, &format!("{label}: one launch, launch {launch}"));
+        assert_same_bits(&fused_got, &exact, &format!("{label}: combined in the launches, launch {launch}"));
         let counts = gpu.read_u32(&chunks_done).unwrap();
         assert!(
             counts.iter().all(|&c| c == 0),

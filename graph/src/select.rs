@@ -129,10 +129,20 @@ pub fn kernels_of(op: &Op) -> Vec<Kernel> {
         }
         Op::LinearPair { input, .. } => vec![Kernel::LinearPair(*input)],
         Op::Attention {
-            last_chunk_combines: true,
+            heads,
+            kv_heads,
+            head_dim,
+            last_chunk_combines,
             ..
-        } => vec![Kernel::AttendAndCombine],
-        Op::Attention { .. } => vec![Kernel::Attend, Kernel::AttendCombine],
+        } => {
+            let blocks = drama_kernels::attention_block_heads(*heads, *kv_heads, *head_dim) > 1;
+            match (last_chunk_combines, blocks) {
+                (true, true) => vec![Kernel::AttendAndCombine, Kernel::AttendBlocksAndCombine],
+                (true, false) => vec![Kernel::AttendAndCombine],
+                (false, true) => vec![Kernel::Attend, Kernel::AttendBlocks, Kernel::AttendCombine],
+                (false, false) => vec![Kernel::Attend, Kernel::AttendCombine],
+            }
+        }
         Op::Router { route, linear } => {
             let capacity = KeptCapacity::for_kept(route.kept)
                 .expect("shape inference refuses more kept experts than routing holds");

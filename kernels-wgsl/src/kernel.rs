@@ -46,6 +46,12 @@ pub enum Kernel {
     /// [`Kernel::AttendCombine`]'s work (needs device-scope storage barriers): the same entry
     /// point, compiled with `LAST_CHUNK_COMBINES` (see [`Kernel::overrides`]).
     AttendAndCombine,
+    /// [`Kernel::Attend`] for the rows long enough to go by blocks of a key/value head's
+    /// query heads (the rest are [`Kernel::Attend`]'s): a workgroup per (row, block, chunk)
+    /// reads the chunk's keys and values once for the block. The same bits.
+    AttendBlocks,
+    /// [`Kernel::AttendBlocks`] combining as [`Kernel::AttendAndCombine`] does.
+    AttendBlocksAndCombine,
     /// Combines a row's attention chunks into its output.
     AttendCombine,
     /// Top-k routing over up to that many kept experts.
@@ -234,6 +240,8 @@ impl Kernel {
             Kernel::CombineRmsNorm,
             Kernel::Attend,
             Kernel::AttendAndCombine,
+            Kernel::AttendBlocks,
+            Kernel::AttendBlocksAndCombine,
             Kernel::AttendCombine,
             Kernel::Swiglu,
             Kernel::PackBf16,
@@ -351,14 +359,17 @@ impl Kernel {
             ),
             // params, row_lane, row_pos, rope_table, [q|k|v], k_cache, v_cache, dst, scratch,
             // chunk counts, scratch again (which the combining workgroup reads atomically)
-            K::Attend | K::AttendAndCombine => KernelSpec {
+            K::Attend | K::AttendAndCombine | K::AttendBlocks | K::AttendBlocksAndCombine => KernelSpec {
                 overrides: match self {
-                    K::AttendAndCombine => &[("LAST_CHUNK_COMBINES", 1.0)],
+                    K::AttendAndCombine | K::AttendBlocksAndCombine => &[("LAST_CHUNK_COMBINES", 1.0)],
                     _ => &[],
                 },
                 ..entry(
                     Module::Attention,
-                    "attend",
+                    match self {
+                        K::AttendBlocks | K::AttendBlocksAndCombine => "attend_blocks",
+                        _ => "attend",
+                    },
                     &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
                     ATTENTION,
                     None,

@@ -83,8 +83,13 @@ pub struct AttentionParams {
     pub flags: u32,
     /// Score scale 1/sqrt(head_dim).
     pub scale: f32,
+    /// Query heads per block of a row that goes by blocks ([`crate::attention_block_heads`]).
+    pub block_heads: u32,
+    /// Chunks a row must reach to go by blocks of heads ([`crate::ATTENTION_BLOCKS_FROM`];
+    /// `u32::MAX`: no row does). The same bits either way.
+    pub block_from: u32,
     /// Padding.
-    pub pad: u32,
+    pub pad: [u32; 2],
 }
 
 /// `router.wgsl` parameters.

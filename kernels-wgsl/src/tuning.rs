@@ -50,6 +50,25 @@ pub fn attention_chunks(capacity: usize) -> usize {
     capacity.div_ceil(ATTENTION_CHUNK)
 }
 
+/// Chunks a row must reach for attention to read them by blocks of a key/value head's query
+/// heads (`attention.wgsl`'s `attend_blocks`, one workgroup per block and chunk) rather than
+/// a workgroup per head and chunk. The same bits either way; blocks read each chunk of the
+/// caches once per block instead of once per head but make a short row's chain of
+/// dependent steps longer.
+pub const ATTENTION_BLOCKS_FROM: usize = 32;
+
+/// Query heads per attention block for `heads` query heads over `kv_heads` key/value heads
+/// `head_dim` wide: the largest count of at most four that divides a key/value head's group
+/// and whose queries the workgroup can stage (256 vec4s); 1 where no block is worth it.
+pub fn attention_block_heads(heads: usize, kv_heads: usize, head_dim: usize) -> usize {
+    let group = heads / kv_heads.max(1);
+    let columns = crate::head_stride(head_dim) / 4;
+    (1..=4)
+        .rev()
+        .find(|&b| group % b == 0 && b * columns <= 256)
+        .unwrap_or(1)
+}
+
 /// Floats of the scratch buffer attention needs for `rows` rows (`attention.wgsl`): per
 /// (row, head) and chunk, a head's partial output ([`crate::head_stride`] floats) and a
 /// vec4 of the chunk's max and exponential sum.

@@ -20,7 +20,10 @@ struct Params {
     capacity: u32,    // positions per cache slot
     flags: u32,       // ATTENTION_* bits (flags.rs)
     scale: f32,       // 1 / sqrt(head_dim)
-    _pad: u32,
+    block_heads: u32, // query heads per block (see `attend_blocks`), one KV head's group
+    block_from: u32,  // chunks a row must reach to go by blocks (see `by_blocks`)
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -82,7 +85,7 @@ const LOWEST: f32 = -3.0e38;
 var<workgroup> partial: array<f32, 256>;            // each position's four quarter dot products
 var<workgroup> query: array<vec4<f32>, 256>;
 var<workgroup> value_parts: array<vec4<f32>, 256>;
-var<workgroup> weights: array<f32, 64>;            // CHUNK: exp(score - m) per position
+var<workgroup> weights: array<f32, 256>;           // exp(score - m): head b's of a block at CHUNK b + s
 
 // Element i of row r's query of head h, rotated (zero past the head: the padding of its
 // last vec4). Element i of the first half pairs with element i + half of the second.
@@ -100,14 +103,15 @@ fn rotated_query(q_base: u32, i: u32, pos: u32) -> f32 {
     return select(own * t.x + partner * t.y, own * t.x - partner * t.y, first_half);
 }
 
-// Stages row r's query of head h in `query`, rotated (columns vec4s).
-fn stage_query(r: u32, h: u32, t: u32) {
+// Stages row r's queries of heads h0 .. h0 + count in `query`, rotated, head b's columns
+// at b * columns.
+fn stage_queries(r: u32, h0: u32, count: u32, t: u32) {
     let columns = head_stride(p.head_dim) / 4u;
-    let q_base = r * qkv_width() + h * p.head_dim;
     let pos = row_pos[r];
-    for (var c = t; c < columns; c += ATTEND_WG) {
-        let i = 4u * c;
-        query[c] = vec4<f32>(
+    for (var at = t; at < count * columns; at += ATTEND_WG) {
+        let i = 4u * (at % columns);
+        let q_base = r * qkv_width() + (h0 + at / columns) * p.head_dim;
+        query[at] = vec4<f32>(
             rotated_query(q_base, i, pos),
             rotated_query(q_base, i + 1u, pos),
             rotated_query(q_base, i + 2u, pos),
@@ -116,39 +120,87 @@ fn stage_query(r: u32, h: u32, t: u32) {
     }
 }
 
+// The key's vec4 columns c, c + 4, ..., c + 28 at `k_base`, each clamped to `last` (the
+// quarter's last column: past it, repeated and unused), eight loads in flight.
+fn eight_keys(k_base: u32, c: u32, last: u32) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(
+        k4[k_base + c],
+        k4[k_base + min(c + 4u, last)],
+        k4[k_base + min(c + 8u, last)],
+        k4[k_base + min(c + 12u, last)],
+        k4[k_base + min(c + 16u, last)],
+        k4[k_base + min(c + 20u, last)],
+        k4[k_base + min(c + 24u, last)],
+        k4[k_base + min(c + 28u, last)],
+    );
+}
+
+// The dot products of `eight_keys` with the staged query whose columns start at `at`: the
+// first four keys' in one vec4, the last four's in the other, zero past the head.
+fn eight_dots(at: u32, c: u32, last: u32, columns: u32, k: array<vec4<f32>, 8>) -> array<vec4<f32>, 2> {
+    let live_a = vec4<bool>(true, c + 4u < columns, c + 8u < columns, c + 12u < columns);
+    let live_b = vec4<bool>(c + 16u < columns, c + 20u < columns, c + 24u < columns, c + 28u < columns);
+    return array<vec4<f32>, 2>(
+        select(vec4<f32>(0.0), vec4<f32>(
+            dot(query[at + c], k[0]),
+            dot(query[at + min(c + 4u, last)], k[1]),
+            dot(query[at + min(c + 8u, last)], k[2]),
+            dot(query[at + min(c + 12u, last)], k[3])), live_a),
+        select(vec4<f32>(0.0), vec4<f32>(
+            dot(query[at + min(c + 16u, last)], k[4]),
+            dot(query[at + min(c + 20u, last)], k[5]),
+            dot(query[at + min(c + 24u, last)], k[6]),
+            dot(query[at + min(c + 28u, last)], k[7])), live_b),
+    );
+}
+
+// The last column a quarter owns of `columns` (only asked when it owns one: quarter <
+// columns). `columns` need not be a multiple of 4: a quarter may own one column fewer than
+// another, or none.
+fn last_column(quarter: u32, columns: u32) -> u32 {
+    return quarter + 4u * ((columns - 1u - quarter) / 4u);
+}
+
+// A quarter's dot product from its two running sums.
+fn dot_total(a: vec4<f32>, b: vec4<f32>) -> f32 {
+    return ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+}
+
 // Quarter `quarter` of the staged query's dot product with the key at `k_base`: its vec4
-// columns quarter, quarter + 4, ..., eight key loads in flight (past the end: its last
-// column repeated, unused). `columns` need not be a multiple of 4: a quarter may own one
-// column fewer than another, or none.
+// columns quarter, quarter + 4, ..., eight key loads in flight.
 fn quarter_dot(k_base: u32, quarter: u32, columns: u32) -> f32 {
-    // Only read when the quarter owns a column (quarter < columns).
-    let last = quarter + 4u * ((columns - 1u - quarter) / 4u);
+    let last = last_column(quarter, columns);
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
     for (var c = quarter; c < columns; c += 32u) {
-        let c1 = min(c + 4u, last);
-        let c2 = min(c + 8u, last);
-        let c3 = min(c + 12u, last);
-        let c4 = min(c + 16u, last);
-        let c5 = min(c + 20u, last);
-        let c6 = min(c + 24u, last);
-        let c7 = min(c + 28u, last);
-        let k0 = k4[k_base + c];
-        let k1 = k4[k_base + c1];
-        let k2 = k4[k_base + c2];
-        let k3 = k4[k_base + c3];
-        let k5 = k4[k_base + c4];
-        let k6 = k4[k_base + c5];
-        let k7 = k4[k_base + c6];
-        let k8 = k4[k_base + c7];
-        let live_a = vec4<bool>(true, c + 4u < columns, c + 8u < columns, c + 12u < columns);
-        let live_b = vec4<bool>(c + 16u < columns, c + 20u < columns, c + 24u < columns, c + 28u < columns);
-        a += select(vec4<f32>(0.0), vec4<f32>(
-            dot(query[c], k0), dot(query[c1], k1), dot(query[c2], k2), dot(query[c3], k3)), live_a);
-        b += select(vec4<f32>(0.0), vec4<f32>(
-            dot(query[c4], k5), dot(query[c5], k6), dot(query[c6], k7), dot(query[c7], k8)), live_b);
+        let d = eight_dots(0u, c, last, columns, eight_keys(k_base, c, last));
+        a += d[0];
+        b += d[1];
     }
-    return ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+    return dot_total(a, b);
+}
+
+// Eight values' vec4s at `at`, `at + step`, ..., `at + 7 step`, loaded at once.
+fn eight_values(at: u32, step: u32) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(
+        v4[at],
+        v4[at + step],
+        v4[at + 2u * step],
+        v4[at + 3u * step],
+        v4[at + 4u * step],
+        v4[at + 5u * step],
+        v4[at + 6u * step],
+        v4[at + 7u * step],
+    );
+}
+
+// `eight_values` weighted by weights[w], weights[w + parts], ..., weights[w + 7 parts],
+// added by a fixed tree.
+fn eight_weighted(w: u32, parts: u32, v: array<vec4<f32>, 8>) -> vec4<f32> {
+    return ((weights[w] * v[0] + weights[w + parts] * v[1])
+        + (weights[w + 2u * parts] * v[2] + weights[w + 3u * parts] * v[3]))
+        + ((weights[w + 4u * parts] * v[4] + weights[w + 5u * parts] * v[5])
+        + (weights[w + 6u * parts] * v[6] + weights[w + 7u * parts] * v[7]));
 }
 
 // Part `part` of parts of a chunk's o for one vec4 column: sum over its positions s = part,
@@ -158,29 +210,34 @@ fn value_part(v_base: u32, kv_row: u32, part: u32, parts: u32, count: u32) -> ve
     var acc = vec4<f32>(0.0);
     var s = part;
     for (; s + 7u * parts < count; s += 8u * parts) {
-        let at = v_base + s * kv_row;
-        let v0 = v4[at];
-        let v1 = v4[at + parts * kv_row];
-        let v2 = v4[at + 2u * parts * kv_row];
-        let v3 = v4[at + 3u * parts * kv_row];
-        let v5 = v4[at + 4u * parts * kv_row];
-        let v6 = v4[at + 5u * parts * kv_row];
-        let v7 = v4[at + 6u * parts * kv_row];
-        let v8 = v4[at + 7u * parts * kv_row];
-        let e0 = weights[s];
-        let e1 = weights[s + parts];
-        let e2 = weights[s + 2u * parts];
-        let e3 = weights[s + 3u * parts];
-        let e4 = weights[s + 4u * parts];
-        let e5 = weights[s + 5u * parts];
-        let e6 = weights[s + 6u * parts];
-        let e7 = weights[s + 7u * parts];
-        acc += ((e0 * v0 + e1 * v1) + (e2 * v2 + e3 * v3)) + ((e4 * v5 + e5 * v6) + (e6 * v7 + e7 * v8));
+        acc += eight_weighted(s, parts, eight_values(v_base + s * kv_row, parts * kv_row));
     }
     for (; s < count; s += parts) {
         acc += weights[s] * v4[v_base + s * kv_row];
     }
     return acc;
+}
+
+// Stores a chunk's o for one (row, head) (`head_block`: see `chunk_block`) from each
+// invocation's part `acc` (invocation t's of column t % columns), the parts added in order;
+// every invocation must call it (a barrier).
+fn store_chunk_o(acc: vec4<f32>, head_block: u32, chunk: u32, t: u32, columns: u32) {
+    value_parts[t] = acc;
+    workgroupBarrier();
+    let c = t % columns;
+    let parts = ATTEND_WG / columns;
+    if (t / columns == 0u) {
+        var sum = vec4<f32>(0.0);
+        for (var q = 0u; q < parts; q++) {
+            sum += value_parts[q * columns + c];
+        }
+        scratch[chunk_block(head_block, columns, p.capacity) + chunk * columns + c] = sum;
+    }
+}
+
+// Stores a chunk's (m, l) for one (row, head) (`head_block`: see `chunk_block`).
+fn store_chunk_stats(head_block: u32, chunk: u32, columns: u32, m: f32, l: f32) {
+    scratch[chunk_block(head_block, columns, p.capacity) + chunks_of(p.capacity) * columns + chunk] = vec4<f32>(m, l, 0.0, 0.0);
 }
 
 // Where row r's cache of head h's KV group starts (vec4s).
@@ -190,10 +247,18 @@ fn cache_base_of(r: u32, h: u32) -> u32 {
     return row_lane[r] * p.capacity * p.kv_heads * columns + g * columns;
 }
 
+// Whether row r goes by blocks of heads (`attend_blocks`) rather than a workgroup per head
+// (`attend`): from the number of chunks it reaches, so a row's code depends on its own
+// position alone, never on the step around it.
+fn by_blocks(r: u32) -> bool {
+    return p.block_heads > 1u && row_pos[r] / CHUNK + 1u >= p.block_from;
+}
+
 // In: [q | k | v] rows (q not yet rotated); out: (o, m, l) of one chunk in `scratch`, and
 // with LAST_CHUNK_COMBINES the combined output of the row's and head's chunks if this chunk
-// finished last (see `combine_if_last`). (The body as a function of (row, head, chunk)
-// measured slower in the prefill's attention launches.)
+// finished last (see `combine_if_last`); the rows that go by blocks are `attend_blocks`'.
+// (The body as a function of (row, head, chunk) measured slower in the prefill's attention
+// launches.)
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wg.x;
@@ -201,14 +266,14 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let chunk = wg.z;
     let length = row_pos[r] + 1u;
     let first = chunk * CHUNK;
-    if (first >= length) {
+    if (first >= length || by_blocks(r)) {
         return;
     }
     let count = min(CHUNK, length - first);
     let columns = head_stride(p.head_dim) / 4u;    // vec4s per head
     let kv_row = p.kv_heads * columns;             // vec4s per cache position
     let cache_base = cache_base_of(r, h);
-    stage_query(r, h, t);
+    stage_queries(r, h, 1u, t);
     workgroupBarrier();
     // Scores: invocation t takes quarter t % 4 of position first + t / 4.
     let slot = t / 4u;
@@ -232,27 +297,176 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let l = tree_reduce(t, e, false, CHUNK);
     // Invocation t owns vec4 column t % columns over positions part, part + parts, ...
     let parts = ATTEND_WG / columns;
-    let c = t % columns;
     let part = t / columns;
     var acc = vec4<f32>(0.0);
     if (part < parts) {
-        acc = value_part(cache_base + first * kv_row + c, kv_row, part, parts, count);
+        acc = value_part(cache_base + first * kv_row + t % columns, kv_row, part, parts, count);
     }
-    value_parts[t] = acc;
-    workgroupBarrier();
-    let block = chunk_block(r * p.heads + h, columns, p.capacity);
-    if (part == 0u) {
-        var sum = vec4<f32>(0.0);
-        for (var q = 0u; q < parts; q++) {
-            sum += value_parts[q * columns + c];
-        }
-        scratch[block + chunk * columns + c] = sum;
-    }
+    let head_block = r * p.heads + h;
+    store_chunk_o(acc, head_block, chunk, t, columns);
     if (t == 0u) {
-        scratch[block + chunks_of(p.capacity) * columns + chunk] = vec4<f32>(m, l, 0.0, 0.0);
+        store_chunk_stats(head_block, chunk, columns, m, l);
     }
     if (LAST_CHUNK_COMBINES) {
-        combine_if_last(r, h, t);
+        combine_if_last(r, h, 1u, t);
+    }
+}
+
+// A long row's chunk by blocks of heads: `attend_blocks` gives each (row, block of
+// `block_heads` query heads of one KV head's group, chunk) a workgroup that reads the
+// chunk's keys and values once for the whole block, where `attend` reads them once per
+// head. Every head's arithmetic is `attend`'s, in the same order, so either gives the same
+// bits; a row takes one or the other by its own length (`by_blocks`), so that even a
+// compiler free to reassociate (Metal's fast math) cannot make batched != solo. (Blocks for
+// every row made short rows' attention longer: a short row is a chain of dependent steps
+// on few workgroups, and fewer, longer workgroups lengthen it. Long rows have chunks to
+// spare.)
+const MAX_BLOCK_HEADS: u32 = 4u;     // ATTEND_WG / CHUNK: a tree block of CHUNK per head
+
+// Head b's quarter dot products: position s's four at ATTEND_WG b + 4 s.
+var<workgroup> block_partial: array<f32, 1024>;
+
+// The four heads' quarter dot products of the key at `k_base` (head b's in component b,
+// zero past the block), each head's sums as `quarter_dot`'s, every key loaded once.
+fn quarter_dots(k_base: u32, quarter: u32, columns: u32) -> vec4<f32> {
+    let last = last_column(quarter, columns);
+    var a0 = vec4<f32>(0.0);
+    var b0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var b1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var b2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var b3 = vec4<f32>(0.0);
+    for (var c = quarter; c < columns; c += 32u) {
+        let k = eight_keys(k_base, c, last);
+        let d0 = eight_dots(0u, c, last, columns, k);
+        a0 += d0[0];
+        b0 += d0[1];
+        if (p.block_heads > 1u) {
+            let d1 = eight_dots(columns, c, last, columns, k);
+            a1 += d1[0];
+            b1 += d1[1];
+        }
+        if (p.block_heads > 2u) {
+            let d2 = eight_dots(2u * columns, c, last, columns, k);
+            a2 += d2[0];
+            b2 += d2[1];
+        }
+        if (p.block_heads > 3u) {
+            let d3 = eight_dots(3u * columns, c, last, columns, k);
+            a3 += d3[0];
+            b3 += d3[1];
+        }
+    }
+    return vec4<f32>(dot_total(a0, b0), dot_total(a1, b1), dot_total(a2, b2), dot_total(a3, b3));
+}
+
+// `value_part` for each head of the block (head b's weights at CHUNK b), every value loaded
+// once for the block.
+fn value_parts_of(v_base: u32, kv_row: u32, part: u32, parts: u32, count: u32) -> array<vec4<f32>, 4> {
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var s = part;
+    for (; s + 7u * parts < count; s += 8u * parts) {
+        let v = eight_values(v_base + s * kv_row, parts * kv_row);
+        acc0 += eight_weighted(s, parts, v);
+        if (p.block_heads > 1u) {
+            acc1 += eight_weighted(CHUNK + s, parts, v);
+        }
+        if (p.block_heads > 2u) {
+            acc2 += eight_weighted(2u * CHUNK + s, parts, v);
+        }
+        if (p.block_heads > 3u) {
+            acc3 += eight_weighted(3u * CHUNK + s, parts, v);
+        }
+    }
+    for (; s < count; s += parts) {
+        let v = v4[v_base + s * kv_row];
+        acc0 += weights[s] * v;
+        acc1 += weights[CHUNK + s] * v;
+        acc2 += weights[2u * CHUNK + s] * v;
+        acc3 += weights[3u * CHUNK + s] * v;
+    }
+    return array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
+}
+
+// `attend` for the rows that go by blocks: a workgroup per (row, block of heads, chunk),
+// [rows, heads / block_heads, chunks].
+@compute @workgroup_size(256)
+fn attend_blocks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let r = wg.x;
+    let chunk = wg.z;
+    if (chunk * CHUNK > row_pos[r] || !by_blocks(r)) {
+        return;
+    }
+    attend_block(r, wg.y * p.block_heads, chunk, t);
+}
+
+// The work of `attend_blocks`' workgroup of (row r, the block from head h0, chunk) (every
+// invocation must call it).
+fn attend_block(r: u32, h0: u32, chunk: u32, t: u32) {
+    let first = chunk * CHUNK;
+    let count = min(CHUNK, row_pos[r] + 1u - first);
+    let columns = head_stride(p.head_dim) / 4u;
+    let kv_row = p.kv_heads * columns;
+    let cache_base = cache_base_of(r, h0);
+    stage_queries(r, h0, p.block_heads, t);
+    workgroupBarrier();
+    // Scores: invocation t takes quarter t % 4 of position first + t / 4, for every head.
+    let slot = t / 4u;
+    var own_parts = vec4<f32>(0.0);
+    if (slot < count) {
+        own_parts = quarter_dots(cache_base + (first + slot) * kv_row, t % 4u, columns);
+    }
+    block_partial[t] = own_parts.x;
+    block_partial[ATTEND_WG + t] = own_parts.y;
+    block_partial[2u * ATTEND_WG + t] = own_parts.z;
+    block_partial[3u * ATTEND_WG + t] = own_parts.w;
+    workgroupBarrier();
+    // Invocation t holds head b = t / CHUNK's score of position s = t % CHUNK.
+    let b = t / CHUNK;
+    let s = t % CHUNK;
+    let live = b < p.block_heads && s < count;
+    var score = LOWEST;
+    if (live) {
+        let at = ATTEND_WG * b + 4u * s;
+        score = ((block_partial[at] + block_partial[at + 1u]) + (block_partial[at + 2u] + block_partial[at + 3u])) * p.scale;
+    }
+    let m = tree_reduce_blocks(t, score, true, CHUNK);
+    var e = 0.0;
+    if (live) {
+        e = exp(score - m);
+    }
+    weights[t] = e;
+    let l = tree_reduce_blocks(t, e, false, CHUNK);
+    if (s == 0u && b < p.block_heads) {
+        store_chunk_stats(r * p.heads + h0 + b, chunk, columns, m, l);
+    }
+    let parts = ATTEND_WG / columns;
+    let part = t / columns;
+    var acc = array<vec4<f32>, 4>();
+    if (part < parts) {
+        acc = value_parts_of(cache_base + first * kv_row + t % columns, kv_row, part, parts, count);
+    }
+    let head_block = r * p.heads + h0;
+    store_chunk_o(acc[0], head_block, chunk, t, columns);
+    if (p.block_heads > 1u) {
+        workgroupBarrier();
+        store_chunk_o(acc[1], head_block + 1u, chunk, t, columns);
+    }
+    if (p.block_heads > 2u) {
+        workgroupBarrier();
+        store_chunk_o(acc[2], head_block + 2u, chunk, t, columns);
+    }
+    if (p.block_heads > 3u) {
+        workgroupBarrier();
+        store_chunk_o(acc[3], head_block + 3u, chunk, t, columns);
+    }
+    if (LAST_CHUNK_COMBINES) {
+        combine_if_last(r, h0, p.block_heads, t);
     }
 }
 
@@ -409,8 +623,9 @@ var<workgroup> finished_chunks: u32;
 override LAST_CHUNK_COMBINES: bool = false;
 
 // The end of a chunk's workgroup with LAST_CHUNK_COMBINES (every invocation must call it):
-// the combine, if its chunk finished last.
-fn combine_if_last(r: u32, h: u32, t: u32) {
+// the combine of heads h .. h + heads (counted together, as h's), if its chunk finished
+// last, a share of the workgroup per head.
+fn combine_if_last(r: u32, h: u32, heads: u32, t: u32) {
     storageBarrier();
     let counter = r * p.heads + h;
     if (t == 0u) {
@@ -423,5 +638,8 @@ fn combine_if_last(r: u32, h: u32, t: u32) {
     if (t == 0u) {
         atomicStore(&chunks_done[counter], 0u);
     }
-    write_combined(r, h, t, ATTEND_WG, true);
+    let share = ATTEND_WG / heads;
+    if (t / share < heads) {
+        write_combined(r, h + t / share, t % share, share, true);
+    }
 }
