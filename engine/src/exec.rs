@@ -39,6 +39,9 @@ pub struct Executable {
     logits_readback: Readback,
     /// The attention launches' workgroup counts, written with each step's inputs.
     attention_grids: AttentionGrids,
+    /// The indices in `dispatches` of the attention launches of each kind, [a workgroup per
+    /// head, blocks of heads]: a run leaves out those of a kind the step has no rows of.
+    attention_launches: [Vec<usize>; 2],
     /// What the last [`Executable::write_inputs`] wrote into each input buffer (in
     /// [`STEP_INPUTS`] order) and into the two attention grids: writing the same words again is
     /// skipped, so a decode step writes only what moved (its tokens and positions). Each
@@ -85,6 +88,8 @@ struct Lowering<'a> {
     attention_grids: AttentionGrids,
     capacity: usize,
     dispatches: Vec<Dispatch>,
+    /// See [`Executable`]'s field of the same name.
+    attention_launches: [Vec<usize>; 2],
 }
 
 impl<'a> Lowering<'a> {
@@ -361,11 +366,13 @@ impl<'a> Lowering<'a> {
             .gpu
             .dispatch(per_head, params, &resources, [rows, heads as u32, chunks])?;
         attend.indirect = Some(self.attention_grids.per_head.clone());
+        self.attention_launches[0].push(self.dispatches.len());
         self.dispatches.push(attend);
         if params.block_heads > 1 {
             let grid = [rows, heads as u32 / params.block_heads, chunks];
             let mut attend = self.gpu.dispatch(blocks, params, &resources, grid)?;
             attend.indirect = Some(self.attention_grids.blocks.clone());
+            self.attention_launches[1].push(self.dispatches.len());
             self.dispatches.push(attend);
         }
         if !last_chunk_combines {
@@ -1159,6 +1166,14 @@ fn chunks_reached(positions: &[u32], capacity: usize, block_heads: u32) -> [u32;
     reach
 }
 
+/// Which attention launches a step's recorded commands hold: those of the kinds (a
+/// workgroup per head, blocks of heads) its rows take. Commands recorded ahead of a step's
+/// inputs hold the last step's set, and are recorded again where the step needs another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchSet {
+    attention: [bool; 2],
+}
+
 /// A step's attention heads: its query heads and their blocks (1 and 1 where the graph has
 /// no attention).
 #[derive(Clone, Copy)]
@@ -1264,6 +1279,7 @@ impl Executable {
             attention_grids: attention_grids.clone(),
             capacity: shape.capacity,
             dispatches: Vec::new(),
+            attention_launches: [Vec::new(), Vec::new()],
         };
         let find = |name: &str| {
             graph
@@ -1283,7 +1299,7 @@ impl Executable {
             lowering.lower(node)?;
             node_dispatches.push(start..lowering.dispatches.len());
         }
-        let dispatches = lowering.dispatches;
+        let (dispatches, attention_launches) = (lowering.dispatches, lowering.attention_launches);
         let logits_bytes = graph.value(logits).shape.iter().product::<usize>() * 4;
         let logits_readback = Readback::new(gpu, "logits", logits_bytes as u64);
         let device_bytes = plan.buffers.iter().sum::<u64>() + scratch_bytes + chunks_done_bytes + logits_bytes as u64;
@@ -1298,6 +1314,7 @@ impl Executable {
             logits,
             logits_readback,
             attention_grids,
+            attention_launches,
             written: std::sync::Mutex::new(vec![Vec::new(); STEP_INPUTS.len() + 2]),
             device_bytes,
         })
@@ -1309,17 +1326,48 @@ impl Executable {
         self.device_bytes
     }
 
-    /// Kernel launches per step.
+    /// Kernel launches per step whose rows all take attention one way (a workgroup per head
+    /// or blocks of heads: one attention launch of the two per layer).
     pub fn dispatch_count(&self) -> usize {
-        self.dispatches.len()
+        self.dispatches.len() - self.attention_launches[1].len()
     }
 
-    /// Kernel launches per step that wait for the launch before them: all but the first of
-    /// each linear that runs beside it (`beside`; any further launch of such a linear writes
-    /// the buffer its first wrote, and waits).
+    /// Kernel launches per step (as [`Executable::dispatch_count`] counts them) that wait
+    /// for the launch before them: all but the first of each linear that runs beside it
+    /// (`beside`; any further launch of such a linear writes the buffer its first wrote, and
+    /// waits).
     pub fn waiting_dispatch_count(&self) -> usize {
         let beside = self.graph.nodes.iter().filter(|n| n.op.runs_beside()).count();
-        self.dispatches.len() - beside
+        self.dispatch_count() - beside
+    }
+
+    /// The attention launches the last written inputs need (see [`LaunchSet`]).
+    pub fn launch_set(&self) -> LaunchSet {
+        let written = self.written.lock().expect("input record poisoned");
+        let has_rows = |grid: &Vec<u32>| grid.get(2) != Some(&0);
+        LaunchSet {
+            attention: [
+                has_rows(&written[STEP_INPUTS.len()]),
+                has_rows(&written[STEP_INPUTS.len() + 1]),
+            ],
+        }
+    }
+
+    /// The launches of `span` (indices into `dispatches`) a run records for the last written
+    /// inputs: all but the attention launches of a kind no row takes, which would launch no
+    /// workgroup and still cost a launch.
+    fn launches(&self, span: std::ops::Range<usize>) -> Vec<&Dispatch> {
+        let set = self.launch_set();
+        let skipped: Vec<usize> = (0..2)
+            .filter(|&kind| !set.attention[kind])
+            .flat_map(|kind| self.attention_launches[kind].iter().copied())
+            .collect();
+        span.filter(|i| !skipped.contains(i)).map(|i| &self.dispatches[i]).collect()
+    }
+
+    /// Every launch a run records for the last written inputs.
+    fn all_launches(&self) -> Vec<&Dispatch> {
+        self.launches(0..self.dispatches.len())
     }
 
     /// The buffer holding a value (inputs and activations).
@@ -1383,15 +1431,16 @@ impl Executable {
     /// the inputs hold at that time.
     pub fn encode(&self, gpu: &Gpu) -> wgpu::CommandBuffer {
         gpu.encode_then_copy(
-            &self.dispatches,
+            self.all_launches(),
             Some((self.value_buffer(self.logits), &self.logits_readback)),
         )
     }
 
     /// Runs the step one dispatch per pass and returns each kernel's GPU time, in order.
     pub fn profile_run(&self, gpu: &Gpu) -> Result<Vec<(Kernel, std::time::Duration)>, EngineError> {
-        let times = gpu.profile_submit(&self.dispatches)?;
-        Ok(self.dispatches.iter().map(|d| d.kernel).zip(times).collect())
+        let launches = self.all_launches();
+        let times = gpu.profile_submit(launches.iter().copied())?;
+        Ok(launches.iter().map(|d| d.kernel).zip(times).collect())
     }
 
     /// Launches of the nodes labelled `first` through `last` (in node order).
@@ -1415,12 +1464,12 @@ impl Executable {
     /// alone.
     pub fn timed_run_span(&self, gpu: &Gpu, first: &str, last: &str) -> Result<std::time::Duration, EngineError> {
         let span = self.dispatch_span(first, last)?;
-        Ok(gpu.timed_submit(&self.dispatches[span])?)
+        Ok(gpu.timed_submit(self.launches(span))?)
     }
 
     /// Runs the step and returns its pass's GPU time.
     pub fn timed_run(&self, gpu: &Gpu) -> Result<std::time::Duration, EngineError> {
-        Ok(gpu.timed_submit(&self.dispatches)?)
+        Ok(gpu.timed_submit(self.all_launches())?)
     }
 
     /// Reads a value back as f32 (its first `elements`).

@@ -15,7 +15,7 @@ use drama_graph::drama3::{self, ModelSpec, StepShape, row_source};
 use rayon::prelude::*;
 
 use crate::error::EngineError;
-use crate::exec::{Bindings, Executable, largest_step_buffer};
+use crate::exec::{Bindings, Executable, LaunchSet, largest_step_buffer};
 use crate::gpu::{Gpu, GpuError, MarkedSpan, Marks, SubmissionTimeline};
 use crate::rope::rope_table;
 use crate::sampling::gpu::{Draw, DrawnTokens, GpuSampler};
@@ -184,8 +184,9 @@ pub struct Session<'e> {
     rope_table: wgpu::Buffer,
     steps: StepCache<StepKey, Executable>,
     /// The next step's commands, recorded while the GPU ran the last one (keyed like
-    /// `steps`): a repeated step shape costs no recording time between steps.
-    prepared: Option<(StepKey, wgpu::CommandBuffer)>,
+    /// `steps`, with the launches they hold): a repeated step shape costs no recording time
+    /// between steps.
+    prepared: Option<(StepKey, LaunchSet, wgpu::CommandBuffer)>,
     /// Kept original expert ids per layer (None for dense layers), to name traced routes.
     moe_kept: Vec<Option<Vec<usize>>>,
     /// Steps submitted so far, and the number of the last one of each shape (whose logits
@@ -437,7 +438,7 @@ impl<'e> Session<'e> {
     fn forget(&mut self, dropped: &[StepKey]) {
         for key in dropped {
             self.last_of_shape.remove(key);
-            if self.prepared.as_ref().is_some_and(|(prepared, _)| prepared == key) {
+            if self.prepared.as_ref().is_some_and(|(prepared, ..)| prepared == key) {
                 self.prepared = None;
             }
         }
@@ -648,7 +649,7 @@ impl<'e> Session<'e> {
         let gpu = self.engine.gpu.clone();
         let exe = compiled(&self.steps, key);
         let commands = match self.prepared.take() {
-            Some((prepared, commands)) if prepared == key => commands,
+            Some((prepared, launches, commands)) if prepared == key && launches == exe.launch_set() => commands,
             _ => exe.encode(&gpu),
         };
         let row_bytes = (self.engine.checkpoint.config.speech.audio_vocab_size * 4) as u64;
@@ -678,7 +679,8 @@ impl<'e> Session<'e> {
         let start = Instant::now();
         let submission = gpu.submit_commands(before.into_iter().chain(staged).chain(after));
         let submitted = Instant::now();
-        self.prepared = Some((key, compiled(&self.steps, key).encode(&gpu)));
+        let exe = compiled(&self.steps, key);
+        self.prepared = Some((key, exe.launch_set(), exe.encode(&gpu)));
         self.add_forward_time(ForwardSplit {
             submit: submitted - start,
             record: submitted.elapsed(),

@@ -494,6 +494,7 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
     assert_eq!(count(&vulkan_kernels, Kernel::AttendCombine), 0);
     assert_eq!(count(&vulkan_kernels, Kernel::AttendAndCombine), layers);
     assert_eq!(count(&vulkan_kernels, Kernel::Attend), 0);
+    assert_eq!(count(&vulkan_kernels, Kernel::AttendBlocksAndCombine), 0, "short rows: no launch by blocks");
     assert_eq!(vulkan_kernels.len(), concurrent_kernels.len() - layers);
 }
 
@@ -537,7 +538,10 @@ fn an_oversized_step_is_refused_not_a_panic() {
 /// chunks its rows reach, and its rows past `ATTENTION_BLOCKS_FROM` chunks go by blocks of
 /// heads): one long utterance against the contract-rounding reference made to follow the
 /// GPU's router choices everywhere, so that only BF16 flips can separate them (up to a few
-/// 1e-3), never a chunk or a head left out (errors of order one).
+/// 1e-3), never a chunk or a head left out (errors of order one). Then the same rows decoded
+/// one step at a time into attention by blocks (the commands recorded ahead of each step
+/// hold the last step's attention launches, and must be recorded again when the row goes
+/// the other way) give the long step's bits.
 #[test]
 fn long_context_matches_reference_on_the_gpus_routes() {
     let mut rng = rng("model long context");
@@ -577,4 +581,15 @@ fn long_context_matches_reference_on_the_gpus_routes() {
     );
     eprintln!("{report}");
     assert!(err <= 1e-2 && late_err <= 1e-2 && blocks_err <= 1e-2, "{report}");
+    let mut decoding = Session::new(&engine, 1, rows.len()).unwrap();
+    decoding.set_prefix(0, &prefix).unwrap();
+    let decoded_from = blocks_from - 3;
+    let mut decoded = decoding.step(&rows[..decoded_from], false).unwrap().logits;
+    for row in &rows[decoded_from..blocks_from + 3] {
+        decoded.extend(decoding.step(std::slice::from_ref(row), false).unwrap().logits);
+    }
+    let whole = out.logits.chunks(v).enumerate();
+    for (got, (pos, want)) in decoded.chunks(v).zip(whole).skip(decoded_from) {
+        assert_eq!(bits(got), bits(want), "position {pos}, decoded one step at a time");
+    }
 }

@@ -37,6 +37,15 @@ fn launches(graph: &Graph) -> (Vec<Kernel>, Vec<Kernel>) {
     (kernels(waiting), kernels(beside))
 }
 
+/// The launches of a step whose rows all take attention a workgroup per head, and the count
+/// of attention launches for rows that go by blocks of heads left out (the engine runs one
+/// kind or both, by the rows' lengths: `Executable::launch_set`).
+fn one_way(kernels: Vec<Kernel>) -> (Vec<Kernel>, usize) {
+    let by_blocks = |k: &Kernel| matches!(k, Kernel::AttendBlocks | Kernel::AttendBlocksAndCombine);
+    let left_out = kernels.iter().filter(|k| by_blocks(k)).count();
+    (kernels.into_iter().filter(|k| !by_blocks(k)).collect(), left_out)
+}
+
 fn count(kernels: &[Kernel], kernel: Kernel) -> usize {
     kernels.iter().filter(|&&k| k == kernel).count()
 }
@@ -47,6 +56,8 @@ fn decode_steps_of_up_to_eight_rows_wait_on_nine_or_ten_launches_per_moe_layer()
         // The shared expert's down projection beside the routed gate/up of each MoE layer,
         // and attention's chunks combined in its launch.
         let (waiting, beside) = launches(&bench_step(rows, true));
+        let (waiting, by_blocks) = one_way(waiting);
+        assert_eq!(by_blocks, 24, "{rows} rows");
         assert_eq!(waiting.len(), 217, "{rows} rows: {waiting:?}");
         // The step's rows from every table in one launch.
         assert_eq!(count(&waiting, Kernel::Embed), 1, "{rows} rows");
@@ -61,6 +72,8 @@ fn decode_steps_of_up_to_eight_rows_wait_on_nine_or_ten_launches_per_moe_layer()
         assert_eq!(count(&waiting, Kernel::Route(KeptCapacity::ALL[0])), 23, "{rows} rows");
         // ... or in routing's launch, where launches run one after another.
         let (serial, beside) = launches(&bench_step(rows, false));
+        let (serial, by_blocks) = one_way(serial);
+        assert_eq!(by_blocks, 24, "{rows} rows");
         assert_eq!(serial.len(), 241, "{rows} rows: {serial:?}");
         assert!(beside.is_empty(), "{rows} rows");
         assert_eq!(count(&serial, Kernel::AttendCombine), 24, "{rows} rows");
@@ -85,6 +98,8 @@ fn steps_of_many_rows_group_their_slots_first() {
     // routed gate/up, the routed or MLP down's), the head one more.
     let packs = 24 * 4 + 1;
     let (waiting, beside) = launches(&bench_step(256, true));
+    let (waiting, by_blocks) = one_way(waiting);
+    assert_eq!(by_blocks, 24);
     assert_eq!(count(&waiting, Kernel::GroupSlots), 23);
     assert_eq!(count(&waiting, Kernel::PackBf16), packs);
     assert_eq!(waiting.len(), 241 + 23 + packs);
@@ -98,6 +113,7 @@ fn steps_of_many_rows_group_their_slots_first() {
     // One after another: routing and the shared expert's down projection each alone, the
     // latter reading pairs too (a pack more per MoE layer).
     let (serial, beside) = launches(&bench_step(256, false));
+    let (serial, _) = one_way(serial);
     assert_eq!(count(&serial, Kernel::GroupSlots), 23);
     assert_eq!(count(&serial, Kernel::PackBf16), packs + 23);
     assert_eq!(serial.len(), 241 + 2 * 23 + packs + 23);

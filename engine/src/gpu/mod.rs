@@ -466,7 +466,7 @@ impl Gpu {
     }
 
     /// Records `dispatches` into one compute pass and submits them.
-    pub fn submit(&self, dispatches: &[Dispatch]) {
+    pub fn submit<'a>(&self, dispatches: impl IntoIterator<Item = &'a Dispatch>) {
         self.submit_commands([self.encode(dispatches)]);
     }
 
@@ -488,14 +488,14 @@ impl Gpu {
     }
 
     /// Records `dispatches` into one compute pass of a command buffer, to submit later.
-    pub fn encode(&self, dispatches: &[Dispatch]) -> wgpu::CommandBuffer {
+    pub fn encode<'a>(&self, dispatches: impl IntoIterator<Item = &'a Dispatch>) -> wgpu::CommandBuffer {
         self.encode_then_copy(dispatches, None)
     }
 
     /// Like [`Gpu::encode`], then (with `copy`) the copy of a result into its readback.
-    pub fn encode_then_copy(
+    pub fn encode_then_copy<'a>(
         &self,
-        dispatches: &[Dispatch],
+        dispatches: impl IntoIterator<Item = &'a Dispatch>,
         copy: Option<(&wgpu::Buffer, &Readback)>,
     ) -> wgpu::CommandBuffer {
         let mut encoder = self.device.create_command_encoder(&Default::default());
@@ -527,7 +527,11 @@ impl Gpu {
     /// Runs every dispatch in a pass of its own, timestamps at each pass's boundaries (what
     /// Apple GPUs allow too), and returns each dispatch's GPU time. A profiling mode: the
     /// passes add boundaries a normal step does not have. Needs timestamp queries.
-    pub fn profile_submit(&self, dispatches: &[Dispatch]) -> Result<Vec<std::time::Duration>, GpuError> {
+    pub fn profile_submit<'a>(
+        &self,
+        dispatches: impl IntoIterator<Item = &'a Dispatch>,
+    ) -> Result<Vec<std::time::Duration>, GpuError> {
+        let dispatches: Vec<&Dispatch> = dispatches.into_iter().collect();
         if !self.caps.timestamps {
             return Err(GpuError::Limit {
                 limit: "timestamp queries (profiling needs them)",
@@ -564,7 +568,10 @@ impl Gpu {
 
     /// Runs `dispatches` in one pass and returns its GPU time: from timestamps written at the
     /// pass boundaries where the adapter offers them, else the wall time of submit-and-wait.
-    pub fn timed_submit(&self, dispatches: &[Dispatch]) -> Result<std::time::Duration, GpuError> {
+    pub fn timed_submit<'a>(
+        &self,
+        dispatches: impl IntoIterator<Item = &'a Dispatch>,
+    ) -> Result<std::time::Duration, GpuError> {
         if !self.caps.timestamps {
             let start = std::time::Instant::now();
             self.submit(dispatches);
