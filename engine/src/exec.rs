@@ -1362,7 +1362,9 @@ impl Executable {
             .filter(|&kind| !set.attention[kind])
             .flat_map(|kind| self.attention_launches[kind].iter().copied())
             .collect();
-        span.filter(|i| !skipped.contains(i)).map(|i| &self.dispatches[i]).collect()
+        span.filter(|i| !skipped.contains(i))
+            .map(|i| &self.dispatches[i])
+            .collect()
     }
 
     /// Every launch a run records for the last written inputs.
@@ -1525,7 +1527,10 @@ mod tests {
                     let kind = usize::from(block_heads > 1 && pos >= first_by_blocks);
                     want[kind] = want[kind].max(pos / ATTENTION_CHUNK as u32 + 1);
                 }
-                assert_eq!(reach, want, "case {case}, positions {positions:?}, blocks of {block_heads}");
+                assert_eq!(
+                    reach, want,
+                    "case {case}, positions {positions:?}, blocks of {block_heads}"
+                );
             }
         }
     }

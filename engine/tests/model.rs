@@ -494,7 +494,11 @@ fn serial_launch_steps_equal_concurrent_launch_steps() {
     assert_eq!(count(&vulkan_kernels, Kernel::AttendCombine), 0);
     assert_eq!(count(&vulkan_kernels, Kernel::AttendAndCombine), layers);
     assert_eq!(count(&vulkan_kernels, Kernel::Attend), 0);
-    assert_eq!(count(&vulkan_kernels, Kernel::AttendBlocksAndCombine), 0, "short rows: no launch by blocks");
+    assert_eq!(
+        count(&vulkan_kernels, Kernel::AttendBlocksAndCombine),
+        0,
+        "short rows: no launch by blocks"
+    );
     assert_eq!(vulkan_kernels.len(), concurrent_kernels.len() - layers);
 }
 

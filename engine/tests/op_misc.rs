@@ -259,8 +259,16 @@ fn scaled_attention_case(
     // launch forms compared bit for bit, where rounding would hide a difference): rows by
     // blocks of heads from the engine's length, from the first chunk, and never.
     let rounded = gpu.uniform("p", &params);
-    let unrounded = [params.block_from, 0, u32::MAX]
-        .map(|block_from| gpu.uniform("p unrounded", &AttentionParams { flags: 0, block_from, ..params }));
+    let unrounded = [params.block_from, 0, u32::MAX].map(|block_from| {
+        gpu.uniform(
+            "p unrounded",
+            &AttentionParams {
+                flags: 0,
+                block_from,
+                ..params
+            },
+        )
+    });
     let lane_b = gpu.buffer_with("lane", &u32_bytes(&row_lane));
     let pos_b = gpu.buffer_with("pos", &u32_bytes(&row_pos));
     let table_b = gpu.buffer_with("rope", bytemuck::cast_slice(&table));
@@ -338,7 +346,11 @@ fn scaled_attention_case(
             &attends(Kernel::AttendAndCombine, Kernel::AttendBlocksAndCombine, p, &fused_out),
         );
         let fused_got = gpu.read_f32(&fused_out).unwrap();
-        assert_same_bits(&fused_got, &exact, &format!("{label}: combined in the launches, launch {launch}"));
+        assert_same_bits(
+            &fused_got,
+            &exact,
+            &format!("{label}: combined in the launches, launch {launch}"),
+        );
         let counts = gpu.read_u32(&chunks_done).unwrap();
         assert!(
             counts.iter().all(|&c| c == 0),

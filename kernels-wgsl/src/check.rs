@@ -291,13 +291,18 @@ mod tests {
         assert!(counted.contains("loop_bound"), "the loop counters are not recognised");
     }
 
-    /// [`Kernel::AttendAndCombine`]'s combine rests on naga's SPIR-V giving `storageBarrier`
-    /// device memory scope with acquire-release semantics (what
-    /// `Capabilities::device_barriers` claims for Vulkan): its every barrier over storage
-    /// memory has them.
+    /// [`Kernel::AttendAndCombine`]'s and [`Kernel::AttendBlocksAndCombine`]'s combine rests
+    /// on naga's SPIR-V giving `storageBarrier` device memory scope with acquire-release
+    /// semantics (what `Capabilities::device_barriers` claims for Vulkan): its every barrier
+    /// over storage memory has them.
     #[test]
     fn storage_barriers_have_device_scope_in_spirv() {
-        let kernel = Kernel::AttendAndCombine;
+        for kernel in [Kernel::AttendAndCombine, Kernel::AttendBlocksAndCombine] {
+            assert_storage_barriers_have_device_scope(kernel);
+        }
+    }
+
+    fn assert_storage_barriers_have_device_scope(kernel: Kernel) {
         let (ir, info) = specialised(kernel.module(), kernel.overrides()).unwrap();
         let pipeline = naga::back::spv::PipelineOptions {
             shader_stage: naga::ShaderStage::Compute,
@@ -330,7 +335,7 @@ mod tests {
             .map(|ids| ids.map(|id| constants[&id]))
             .filter(|[_, semantics]| semantics & UNIFORM_MEMORY != 0)
             .collect();
-        assert_eq!(storage.len(), 2, "the two storage barriers: {barriers:?}");
+        assert_eq!(storage.len(), 2, "{kernel:?}: the two storage barriers: {barriers:?}");
         for [scope, semantics] in storage {
             assert_eq!(scope, SCOPE_DEVICE);
             assert_ne!(semantics & ACQUIRE_RELEASE, 0);

@@ -33,6 +33,7 @@ pub use params::{
     ProbeParams, RouterParams, SampleParams, SampleRow,
 };
 pub use tuning::{
-    ATTENTION_BLOCKS_FROM, ATTENTION_CHUNK, DENSE_LINEAR_WIDTH, EXPERT_GROUP_SLOTS, FORCE_LOOP_BOUNDING, LINEAR_PASS_ROWS,
-    SHARED_LAUNCH_LINEAR_WIDTH, ZERO_FILL_WORKGROUP_MEMORY, attention_block_heads, attention_chunks, attention_scratch_floats,
+    ATTENTION_BLOCKS_FROM, ATTENTION_CHUNK, DENSE_LINEAR_WIDTH, EXPERT_GROUP_SLOTS, FORCE_LOOP_BOUNDING,
+    LINEAR_PASS_ROWS, SHARED_LAUNCH_LINEAR_WIDTH, ZERO_FILL_WORKGROUP_MEMORY, attention_block_heads, attention_chunks,
+    attention_scratch_floats,
 };

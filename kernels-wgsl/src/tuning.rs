@@ -65,7 +65,7 @@ pub fn attention_block_heads(heads: usize, kv_heads: usize, head_dim: usize) -> 
     let columns = crate::head_stride(head_dim) / 4;
     (1..=4)
         .rev()
-        .find(|&b| group % b == 0 && b * columns <= 256)
+        .find(|&b| group.is_multiple_of(b) && b * columns <= 256)
         .unwrap_or(1)
 }
 

@@ -47,9 +47,10 @@ fn qkv_width() -> u32 {
 // (o, m, l) go to `scratch`. `attend_combine` then gives each (row, head) a workgroup that
 // rescales the chunks to their common max and normalises (`combine_chunks`), or, in
 // `attend` compiled with LAST_CHUNK_COMBINES, the workgroup of the (row, head)'s last chunk
-// to finish does, the same bits with a launch less (see `combine_if_last`). Chunks are
-// fixed position ranges [CHUNK c, CHUNK (c + 1)), so a row's result depends only on its own
-// cache, never on the batch. (One workgroup per (row, head), scores through global memory,
+// to finish does, the same bits with a launch less (see `combine_if_last`). Rows that reach
+// enough chunks go by blocks of heads instead (`attend_blocks`: each chunk read once per
+// block, the same bits). Chunks are fixed position ranges [CHUNK c, CHUNK (c + 1)), so a
+// row's result depends only on its own cache, never on the batch. (One workgroup per (row, head), scores through global memory,
 // was slow in a decode step, bound by its chain of dependent memory round trips on a few
 // of the GPU's multiprocessors. Loading an invocation's first eight values before the
 // scores, or its first eight keys too before staging the query, made the launches longer.
