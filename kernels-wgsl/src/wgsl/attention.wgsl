@@ -327,8 +327,31 @@ const MAX_BLOCK_HEADS: u32 = 4u;     // ATTEND_WG / CHUNK: a tree block of CHUNK
 // Head b's quarter dot products: position s's four at ATTEND_WG b + 4 s.
 var<workgroup> block_partial: array<f32, 1024>;
 
+// The key's vec4 columns c0, c0 + 4, c0 + 8, c0 + 12 at `k_base`, each clamped to `last`.
+fn four_keys(k_base: u32, c0: u32, last: u32) -> array<vec4<f32>, 4> {
+    return array<vec4<f32>, 4>(
+        k4[k_base + min(c0, last)],
+        k4[k_base + min(c0 + 4u, last)],
+        k4[k_base + min(c0 + 8u, last)],
+        k4[k_base + min(c0 + 12u, last)],
+    );
+}
+
+// `four_keys` dotted with the staged query whose columns start at `at`, zero past the head:
+// one half of `eight_dots`.
+fn four_dots(at: u32, c0: u32, last: u32, columns: u32, k: array<vec4<f32>, 4>) -> vec4<f32> {
+    let live = vec4<bool>(c0 < columns, c0 + 4u < columns, c0 + 8u < columns, c0 + 12u < columns);
+    return select(vec4<f32>(0.0), vec4<f32>(
+        dot(query[at + min(c0, last)], k[0]),
+        dot(query[at + min(c0 + 4u, last)], k[1]),
+        dot(query[at + min(c0 + 8u, last)], k[2]),
+        dot(query[at + min(c0 + 12u, last)], k[3])), live);
+}
+
 // The four heads' quarter dot products of the key at `k_base` (head b's in component b,
-// zero past the block), each head's sums as `quarter_dot`'s, every key loaded once.
+// zero past the block), each head's sums as `quarter_dot`'s, every key loaded once. Four
+// key loads in flight, not `quarter_dot`'s eight: beside the block's eight running sums,
+// eight keys at once measured longer steps at long contexts.
 fn quarter_dots(k_base: u32, quarter: u32, columns: u32) -> vec4<f32> {
     let last = last_column(quarter, columns);
     var a0 = vec4<f32>(0.0);
@@ -340,24 +363,27 @@ fn quarter_dots(k_base: u32, quarter: u32, columns: u32) -> vec4<f32> {
     var a3 = vec4<f32>(0.0);
     var b3 = vec4<f32>(0.0);
     for (var c = quarter; c < columns; c += 32u) {
-        let k = eight_keys(k_base, c, last);
-        let d0 = eight_dots(0u, c, last, columns, k);
-        a0 += d0[0];
-        b0 += d0[1];
+        let ka = four_keys(k_base, c, last);
+        a0 += four_dots(0u, c, last, columns, ka);
         if (p.block_heads > 1u) {
-            let d1 = eight_dots(columns, c, last, columns, k);
-            a1 += d1[0];
-            b1 += d1[1];
+            a1 += four_dots(columns, c, last, columns, ka);
         }
         if (p.block_heads > 2u) {
-            let d2 = eight_dots(2u * columns, c, last, columns, k);
-            a2 += d2[0];
-            b2 += d2[1];
+            a2 += four_dots(2u * columns, c, last, columns, ka);
         }
         if (p.block_heads > 3u) {
-            let d3 = eight_dots(3u * columns, c, last, columns, k);
-            a3 += d3[0];
-            b3 += d3[1];
+            a3 += four_dots(3u * columns, c, last, columns, ka);
+        }
+        let kb = four_keys(k_base, c + 16u, last);
+        b0 += four_dots(0u, c + 16u, last, columns, kb);
+        if (p.block_heads > 1u) {
+            b1 += four_dots(columns, c + 16u, last, columns, kb);
+        }
+        if (p.block_heads > 2u) {
+            b2 += four_dots(2u * columns, c + 16u, last, columns, kb);
+        }
+        if (p.block_heads > 3u) {
+            b3 += four_dots(3u * columns, c + 16u, last, columns, kb);
         }
     }
     return vec4<f32>(dot_total(a0, b0), dot_total(a1, b1), dot_total(a2, b2), dot_total(a3, b3));
