@@ -1279,13 +1279,10 @@ impl Executable {
     /// workgroup and still cost a launch.
     fn launches(&self, span: std::ops::Range<usize>) -> Vec<&Dispatch> {
         let set = self.launch_set();
-        let skipped: Vec<usize> = (0..2)
-            .filter(|&kind| !set.runs(kind))
-            .flat_map(|kind| self.attention_launches[kind].iter().copied())
-            .collect();
-        span.filter(|i| !skipped.contains(i))
-            .map(|i| &self.dispatches[i])
-            .collect()
+        // Each kind's launches are in ascending order: a search per launch, no list built.
+        let skipped =
+            |i: &usize| (0..2).any(|kind| !set.runs(kind) && self.attention_launches[kind].binary_search(i).is_ok());
+        span.filter(|i| !skipped(i)).map(|i| &self.dispatches[i]).collect()
     }
 
     /// Every launch a run records for the last written inputs.
