@@ -6,7 +6,7 @@ use drama_tests::drama_text;
 use serde_json::Value;
 
 /// The checks a quick run without a checkpoint makes, in order.
-const QUICK_CHECKS: [&str; 21] = [
+const QUICK_CHECKS: [&str; 23] = [
     "kernel.linear.bf16",
     "kernel.linear.bf16-ragged",
     "kernel.linear.nvfp4-modelopt",
@@ -24,6 +24,8 @@ const QUICK_CHECKS: [&str; 21] = [
     "exact.sampler",
     "reference.codec",
     "reference.voice-tower",
+    "reference.long-context",
+    "exact.long-context-steps",
     "given.same-seed",
     "given.voice-a-b-a",
     "given.serve-stream-whole",
@@ -37,7 +39,7 @@ fn a_quick_run_passes_and_writes_a_receipt_without_paths() {
     let (code, stdout, stderr) =
         drama_text(&["qualify", "--quick", "--backend", "vulkan", "-o", out.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    assert!(stdout.contains("17 passed, 0 failed, 4 skipped"), "{stdout}");
+    assert!(stdout.contains("19 passed, 0 failed, 4 skipped"), "{stdout}");
     let text = std::fs::read_to_string(&out).unwrap();
     let receipt: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(receipt["schema"], 1);
@@ -109,25 +111,36 @@ fn a_quick_run_passes_and_writes_a_receipt_without_paths() {
     }
 }
 
-/// A wrong result in a kernel check, in an exactness check and in a reference check that
-/// may try fresh checkpoints each fail the run, which names the check (on stdout's line and
-/// in the error), with the other checks still run.
+/// Wrong results in a kernel check, in exactness checks, in a reference check that may try
+/// fresh checkpoints and in both checks of one long utterance each fail the run, which
+/// names each of them (on stdout's lines and in the error), with the other checks still
+/// run and passing.
 #[test]
-fn a_planted_wrong_result_fails_naming_the_check() {
-    for planted in [
+fn planted_wrong_results_fail_naming_their_checks() {
+    let planted = [
         "kernel.linear.nvfp4-modelopt",
         "exact.voice-file",
         "exact.sampler",
         "reference.codec",
-    ] {
-        let (code, stdout, stderr) = drama_text(&["qualify", "--quick", "--plant", planted]);
-        assert_eq!(code, Some(1), "{planted}: {stdout}\n{stderr}");
+        "reference.long-context",
+        "exact.long-context-steps",
+    ];
+    let mut args = vec!["qualify", "--quick"];
+    for check in planted {
+        args.extend(["--plant", check]);
+    }
+    let (code, stdout, stderr) = drama_text(&args);
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    for check in planted {
         let line = stdout
             .lines()
-            .find(|l| l.contains(planted))
-            .unwrap_or_else(|| panic!("{stdout}"));
+            .find(|l| l.contains(check))
+            .unwrap_or_else(|| panic!("{check}: {stdout}"));
         assert!(line.starts_with("FAIL"), "{line}");
-        assert!(stdout.contains("16 passed, 1 failed, 4 skipped"), "{stdout}");
-        assert!(stderr.contains(&format!("1 check(s) failed: {planted}")), "{stderr}");
     }
+    let passed = QUICK_CHECKS.len() - 4 - planted.len();
+    let counts = format!("{passed} passed, {} failed, 4 skipped", planted.len());
+    assert!(stdout.contains(&counts), "{stdout}");
+    let named = format!("{} check(s) failed: {}", planted.len(), planted.join(", "));
+    assert!(stderr.contains(&named), "{stderr}");
 }

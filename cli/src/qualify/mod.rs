@@ -7,6 +7,7 @@
 mod exact;
 mod given;
 mod kernels;
+mod long;
 mod model;
 mod receipt;
 
@@ -54,9 +55,9 @@ pub struct QualifyArgs {
     #[arg(long, value_enum, default_value = "as-written")]
     numerics: NumericsArg,
     /// Corrupts the GPU result of the named check before it is compared, to show that the
-    /// check can fail (tests).
+    /// check can fail (tests); repeatable.
     #[arg(long, hide = true)]
-    plant: Option<String>,
+    plant: Vec<String>,
 }
 
 /// `--numerics`.
@@ -66,14 +67,19 @@ enum NumericsArg {
     FastMathEmulation,
 }
 
-/// A deliberate defect in one check's GPU result (`--plant`).
-pub struct Plant(Option<String>);
+/// Deliberate defects in named checks' GPU results (`--plant`).
+pub struct Plant(Vec<String>);
 
 impl Plant {
-    /// Moves the first value of `values` by far more than any tolerance when `check` is the
+    /// Whether `check` is a planted one.
+    fn planted(&self, check: &str) -> bool {
+        self.0.iter().any(|planted| planted == check)
+    }
+
+    /// Moves the first value of `values` by far more than any tolerance when `check` is a
     /// planted one.
     pub fn corrupt(&self, check: &str, values: &mut [f32]) {
-        if self.0.as_deref() == Some(check)
+        if self.planted(check)
             && let Some(first) = values.first_mut()
         {
             *first = *first * 1.5 + 0.25;
@@ -82,7 +88,7 @@ impl Plant {
 
     /// The same for bytes.
     pub fn corrupt_bytes(&self, check: &str, bytes: &mut [u8]) {
-        if self.0.as_deref() == Some(check)
+        if self.planted(check)
             && let Some(first) = bytes.first_mut()
         {
             *first ^= 0x5A;
@@ -124,6 +130,8 @@ pub fn run(args: QualifyArgs) -> Result<()> {
     let tiny = generated(&gpu, "tiny", SEED, &scratch.path().join("exact"))?;
     let fresh = |seed: u64| generated(&gpu, "tiny", seed, &scratch.path().join(format!("exact-{seed}")));
     checks.extend(exact::checks(&tiny, &fresh, SEED, &plant));
+    progress("a long context");
+    checks.extend(long::checks(&tiny, SEED, &plant));
 
     let label = given.as_ref().map(Checkpoint::public_label);
     let bench_engine = match given {

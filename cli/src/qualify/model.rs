@@ -30,7 +30,7 @@ const LOGITS_MEDIAN_LIMIT: f64 = 5e-3;
 const F32_PRECISION: f64 = 1e-6;
 
 /// Every layer's hidden state within a BF16 flip's reach.
-const HIDDEN_LIMIT: f64 = 1e-2;
+pub const HIDDEN_LIMIT: f64 = 1e-2;
 
 /// The GPU may choose other experts than the reference only at a near-tie: where the
 /// reference's decision margin is below this.
@@ -143,6 +143,57 @@ fn run_preset(
     Ok(attempts)
 }
 
+/// A teacher-forced utterance: a voice prefix, text and audio codes (the audio BOS first),
+/// and its rows in one lane from position 0.
+pub struct Utterance {
+    pub prefix: Vec<f32>,
+    pub text: Vec<u32>,
+    pub audio: Vec<u32>,
+    pub rows: Vec<Row>,
+}
+
+impl Utterance {
+    /// Fresh random `text_len` text tokens and `codes` audio codes after the BOS, with a
+    /// fresh voice prefix, for the checkpoint of `c`.
+    pub fn random(c: &drama_checkpoint::ModelConfig, rng: &mut ChaCha8Rng, text_len: usize, codes: usize) -> Utterance {
+        let p = c.speech.voice_prefix_len;
+        let text: Vec<u32> = (0..text_len)
+            .map(|_| rng.next_u32() % c.text_vocab_size as u32)
+            .collect();
+        let mut audio = vec![c.speech.audio_bos() as u32];
+        audio.extend((0..codes).map(|_| rng.next_u32() % c.speech.audio_codes as u32));
+        let prefix: Vec<f32> = (0..p * c.hidden_size)
+            .map(|_| (rng.next_u32() as f64 / f64::from(u32::MAX) * 3.0 - 1.5) as f32)
+            .collect();
+        let rows: Vec<Row> = (0..p)
+            .map(RowSource::Prefix)
+            .chain(text.iter().map(|&t| RowSource::Text(t)))
+            .chain(audio.iter().map(|&a| RowSource::Audio(a)))
+            .enumerate()
+            .map(|(pos, source)| Row { source, lane: 0, pos })
+            .collect();
+        Utterance {
+            prefix,
+            text,
+            audio,
+            rows,
+        }
+    }
+
+    /// A session of one lane holding the whole utterance, its voice prefix set.
+    pub fn session<'e>(&self, engine: &'e Engine) -> Result<Session<'e>> {
+        let mut session = Session::new(engine, 1, self.rows.len())?;
+        session.set_prefix(0, &self.prefix)?;
+        Ok(session)
+    }
+
+    /// The reference's input rows.
+    pub fn reference_inputs(&self, reference: &ReferenceModel) -> Vec<f64> {
+        let prefix: Vec<f64> = self.prefix.iter().map(|&v| f64::from(v)).collect();
+        reference.embed(&prefix, &self.text, &self.audio)
+    }
+}
+
 /// One teacher-forced utterance with a fresh voice prefix, text and codes.
 fn utterance(
     engine: &Engine,
@@ -151,27 +202,10 @@ fn utterance(
     plant: &Plant,
     plant_name: &str,
 ) -> Result<UtteranceFigures> {
-    let c = &engine.checkpoint.config;
-    let p = c.speech.voice_prefix_len;
-    let text: Vec<u32> = (0..9).map(|_| rng.next_u32() % c.text_vocab_size as u32).collect();
-    let mut audio = vec![c.speech.audio_bos() as u32];
-    audio.extend((0..6).map(|_| rng.next_u32() % c.speech.audio_codes as u32));
-    let prefix: Vec<f32> = (0..p * c.hidden_size)
-        .map(|_| (rng.next_u32() as f64 / f64::from(u32::MAX) * 3.0 - 1.5) as f32)
-        .collect();
-    let rows: Vec<Row> = (0..p)
-        .map(RowSource::Prefix)
-        .chain(text.iter().map(|&t| RowSource::Text(t)))
-        .chain(audio.iter().map(|&a| RowSource::Audio(a)))
-        .enumerate()
-        .map(|(pos, source)| Row { source, lane: 0, pos })
-        .collect();
-    let mut session = Session::new(engine, 1, rows.len())?;
-    session.set_prefix(0, &prefix)?;
-    let mut out = session.step(&rows, true)?;
+    let utterance = Utterance::random(&engine.checkpoint.config, rng, 9, 6);
+    let mut out = utterance.session(engine)?.step(&utterance.rows, true)?;
     plant.corrupt(plant_name, &mut out.logits);
-    let prefix64: Vec<f64> = prefix.iter().map(|&v| f64::from(v)).collect();
-    let inputs = reference.embed(&prefix64, &text, &audio);
+    let inputs = utterance.reference_inputs(reference);
     let (contract, route_margin) = follow_near_ties(reference, &inputs, &out);
     let hidden = out
         .hidden
