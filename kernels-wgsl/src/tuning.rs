@@ -59,13 +59,15 @@ pub const ATTENTION_BLOCKS_FROM: usize = 32;
 
 /// Query heads per attention block for `heads` query heads over `kv_heads` key/value heads
 /// `head_dim` wide: the largest count of at most four that divides a key/value head's group
-/// and whose queries the workgroup can stage (256 vec4s); 1 where no block is worth it.
+/// and whose heads' vec4 columns each fit the invocations the combining workgroup gives a
+/// head (`combine_share` in attention.wgsl: 256 / b rounded down to a multiple of 8, which
+/// also lets the workgroup stage the block's queries); 1 where no block is worth it.
 pub fn attention_block_heads(heads: usize, kv_heads: usize, head_dim: usize) -> usize {
     let group = heads / kv_heads.max(1);
     let columns = crate::head_stride(head_dim) / 4;
     (1..=4)
         .rev()
-        .find(|&b| group.is_multiple_of(b) && b * columns <= 256)
+        .find(|&b| group.is_multiple_of(b) && columns <= 256 / b / 8 * 8)
         .unwrap_or(1)
 }
 

@@ -525,51 +525,32 @@ fn chunk_vec_term(sum: vec4<f32>, c: u32, chunks: u32, value: vec4<f32>, chunk_m
     return sum;
 }
 
-// `scratch`'s vec4 `i`, and its first one or two components. With `across` (a constant at
-// every call: reading what other workgroups of the same launch wrote, as `combine_if_last`
-// does) through atomic loads of `scratch_bits` (see there).
-fn scratch_vec(i: u32, across: bool) -> vec4<f32> {
-    if (across) {
-        let at = 4u * i;
-        return bitcast<vec4<f32>>(vec4<u32>(
-            atomicLoad(&scratch_bits[at]),
-            atomicLoad(&scratch_bits[at + 1u]),
-            atomicLoad(&scratch_bits[at + 2u]),
-            atomicLoad(&scratch_bits[at + 3u]),
-        ));
-    }
-    return scratch[i];
-}
-
-fn scratch_x(i: u32, across: bool) -> f32 {
-    if (across) {
-        return bitcast<f32>(atomicLoad(&scratch_bits[4u * i]));
-    }
-    return scratch[i].x;
-}
-
-fn scratch_xy(i: u32, across: bool) -> vec2<f32> {
-    if (across) {
-        return bitcast<vec2<f32>>(vec2<u32>(atomicLoad(&scratch_bits[4u * i]), atomicLoad(&scratch_bits[4u * i + 1u])));
-    }
-    return scratch[i].xy;
+// `scratch`'s vec4 `i` as another workgroup of the same launch wrote it, through atomic
+// loads of `scratch_bits` (see `combine_if_last`).
+fn scratch_across(i: u32) -> vec4<f32> {
+    let at = 4u * i;
+    return bitcast<vec4<f32>>(vec4<u32>(
+        atomicLoad(&scratch_bits[at]),
+        atomicLoad(&scratch_bits[at + 1u]),
+        atomicLoad(&scratch_bits[at + 2u]),
+        atomicLoad(&scratch_bits[at + 3u]),
+    ));
 }
 
 // Vec4 column j of the attention output of block `block` (see `chunk_block`), whose row is
 // at position `pos`: sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M), M the largest m_c,
 // over the chunks up to the row's (each sum in chunk order), unrounded. Past the row's last
-// chunk a batch reads the last again, unused (or, for the maximum, harmless). `across`:
-// see `scratch_vec`.
-fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32, across: bool) -> vec4<f32> {
+// chunk a batch reads the last again, unused (or, for the maximum, harmless).
+fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32) -> vec4<f32> {
     let chunks = pos / CHUNK + 1u;
     let last = chunks - 1u;
     let stats = block + chunks_of(capacity) * columns;
     var m = LOWEST;
     for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
-        let m0 = scratch_x(stats + c, across);
-        let m1 = scratch_x(stats + min(c + 1u, last), across);
-        let m2 = scratch_x(stats + min(c + 2u, last), across);
-        let m3 = scratch_x(stats + min(c + 3u, last), across);
+        let m0 = scratch[stats + c].x;
+        let m1 = scratch[stats + min(c + 1u, last)].x;
+        let m2 = scratch[stats + min(c + 2u, last)].x;
+        let m3 = scratch[stats + min(c + 3u, last)].x;
         m = max(max(max(max(m, m0), m1), m2), m3);
     }
     var total = 0.0;
@@ -578,14 +559,14 @@ fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32, acr
         let c1 = min(c + 1u, last);
         let c2 = min(c + 2u, last);
         let c3 = min(c + 3u, last);
-        let s0 = scratch_xy(stats + c, across);
-        let s1 = scratch_xy(stats + c1, across);
-        let s2 = scratch_xy(stats + c2, across);
-        let s3 = scratch_xy(stats + c3, across);
-        let o0 = scratch_vec(block + c * columns + j, across);
-        let o1 = scratch_vec(block + c1 * columns + j, across);
-        let o2 = scratch_vec(block + c2 * columns + j, across);
-        let o3 = scratch_vec(block + c3 * columns + j, across);
+        let s0 = scratch[stats + c].xy;
+        let s1 = scratch[stats + c1].xy;
+        let s2 = scratch[stats + c2].xy;
+        let s3 = scratch[stats + c3].xy;
+        let o0 = scratch[block + c * columns + j];
+        let o1 = scratch[block + c1 * columns + j];
+        let o2 = scratch[block + c2 * columns + j];
+        let o3 = scratch[block + c3 * columns + j];
         total = chunk_term(total, c, chunks, s0.y, s0.x, m);
         total = chunk_term(total, c + 1u, chunks, s1.y, s1.x, m);
         total = chunk_term(total, c + 2u, chunks, s2.y, s2.x, m);
@@ -598,22 +579,17 @@ fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32, acr
     return sum / total;
 }
 
-// Writes row r's output of head h (dst [rows, heads * head_dim]) combined from its chunks
-// (`combine_chunks`, `across` as there), a vec4 column per invocation: columns first,
-// first + stride, ...; the padding past the head is not written.
-fn write_combined(r: u32, h: u32, first: u32, stride: u32, across: bool) {
-    let columns = head_stride(p.head_dim) / 4u;
-    let block = chunk_block(r * p.heads + h, columns, p.capacity);
+// Writes vec4 column j of row r's output of head h (dst [rows, heads * head_dim]) from its
+// unrounded value `combined`; the padding past the head is not written.
+fn write_column(r: u32, h: u32, j: u32, combined: vec4<f32>) {
+    var out = combined;
+    if ((p.flags & ATTENTION_ROUND) != 0u) {
+        out = round_bf16_4(out);
+    }
     let out_base = (r * p.heads + h) * p.head_dim;
-    for (var j = first; j < columns; j += stride) {
-        var out = combine_chunks(block, columns, p.capacity, row_pos[r], j, across);
-        if ((p.flags & ATTENTION_ROUND) != 0u) {
-            out = round_bf16_4(out);
-        }
-        for (var k = 0u; k < 4u; k++) {
-            if (4u * j + k < p.head_dim) {
-                dst[out_base + 4u * j + k] = out[k];
-            }
+    for (var k = 0u; k < 4u; k++) {
+        if (4u * j + k < p.head_dim) {
+            dst[out_base + 4u * j + k] = out[k];
         }
     }
 }
@@ -622,7 +598,13 @@ fn write_combined(r: u32, h: u32, first: u32, stride: u32, across: bool) {
 // each.
 @compute @workgroup_size(64)
 fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    write_combined(wg.x, wg.y, t, COMBINE_WG, false);
+    let r = wg.x;
+    let h = wg.y;
+    let columns = head_stride(p.head_dim) / 4u;
+    let block = chunk_block(r * p.heads + h, columns, p.capacity);
+    for (var j = t; j < columns; j += COMBINE_WG) {
+        write_column(r, h, j, combine_chunks(block, columns, p.capacity, row_pos[r], j));
+    }
 }
 
 // With LAST_CHUNK_COMBINES (a constant each pipeline sets: the engine's `Kernel::Attend` and
@@ -651,22 +633,108 @@ override LAST_CHUNK_COMBINES: bool = false;
 
 // The end of a chunk's workgroup with LAST_CHUNK_COMBINES (every invocation must call it):
 // the combine of heads h .. h + heads (counted together, as h's), if its chunk finished
-// last, a share of the workgroup per head.
+// last.
 fn combine_if_last(r: u32, h: u32, heads: u32, t: u32) {
     storageBarrier();
     let counter = r * p.heads + h;
     if (t == 0u) {
         finished_chunks = atomicAdd(&chunks_done[counter], 1u) + 1u;
     }
-    if (workgroupUniformLoad(&finished_chunks) <= row_pos[r] / CHUNK) {
+    // The row's chunks, once this one is the last of them to finish.
+    let chunks = workgroupUniformLoad(&finished_chunks);
+    if (chunks <= row_pos[r] / CHUNK) {
         return;
     }
     storageBarrier();
     if (t == 0u) {
         atomicStore(&chunks_done[counter], 0u);
     }
-    let share = ATTEND_WG / heads;
-    if (t / share < heads) {
-        write_combined(r, h + t / share, t % share, share, true);
+    combine_staged(r, h, heads, chunks, t);
+}
+
+// Chunks whose results an invocation of the combining workgroup loads at once.
+const STAGED_BATCH: u32 = 8u;
+
+// Invocations per head when a workgroup of `attend` combines `heads` heads: a multiple of
+// STAGED_BATCH (so a batch never crosses a round, see `combine_staged`), at least a head's
+// vec4 columns (`attention_block_heads` in tuning.rs sees to it).
+fn combine_share(heads: u32) -> u32 {
+    return ATTEND_WG / heads / STAGED_BATCH * STAGED_BATCH;
+}
+
+// Stages (m, l) of chunks first .. first + share of each head of the block in `query`
+// (head b's at share b: `combine_staged`), one chunk an invocation.
+fn stage_chunk_stats(stats: u32, first: u32, chunks: u32, u: u32, t: u32, live: bool) {
+    workgroupBarrier();
+    if (live && first + u < chunks) {
+        query[t] = scratch_across(stats + first + u);
     }
+    workgroupBarrier();
+}
+
+// `combine_chunks` for heads h .. h + heads of row r, whose `chunks` chunks' results the
+// launch's other workgroups wrote, by the whole workgroup, written to `dst`: the same
+// arithmetic in the same order, so the same bits. The chunks' (m, l) are staged in `query`
+// (free once the chunk's scores are taken) in rounds of `combine_share(heads)` chunks a
+// head, a load an invocation, so the maximum waits for one memory round trip a round, not
+// one per COMBINE_BATCH chunks; the sums load only each chunk's o, STAGED_BATCH at once.
+// (Combining with `combine_chunks`' chain of loads took a third of a pair step's growth
+// from 256 to 4000 positions.)
+fn combine_staged(r: u32, h: u32, heads: u32, chunks: u32, t: u32) {
+    let columns = head_stride(p.head_dim) / 4u;
+    let share = combine_share(heads);
+    let b = t / share;
+    let u = t % share;
+    let live = b < heads;
+    let block = chunk_block(r * p.heads + h + min(b, heads - 1u), columns, p.capacity);
+    let stats = block + chunks_of(p.capacity) * columns;
+    let staged = b * share;
+    var m = LOWEST;
+    for (var first = 0u; first < chunks; first += share) {
+        stage_chunk_stats(stats, first, chunks, u, t, live);
+        if (live) {
+            for (var i = 0u; i < min(share, chunks - first); i++) {
+                m = max(m, query[staged + i].x);
+            }
+        }
+    }
+    // Invocation u of a head sums column u.
+    let summing = live && u < columns;
+    let last = chunks - 1u;
+    var total = 0.0;
+    var sum = vec4<f32>(0.0);
+    for (var first = 0u; first < chunks; first += share) {
+        if (chunks > share) {
+            stage_chunk_stats(stats, first, chunks, u, t, live);
+        }
+        if (summing) {
+            for (var i = 0u; i < min(share, chunks - first); i += STAGED_BATCH) {
+                let c = first + i;
+                var o = eight_chunk_os(block, c, last, columns, u);
+                for (var k = 0u; k < STAGED_BATCH; k++) {
+                    let s = query[staged + i + k];
+                    total = chunk_term(total, c + k, chunks, s.y, s.x, m);
+                    sum = chunk_vec_term(sum, c + k, chunks, o[k], s.x, m);
+                }
+            }
+        }
+    }
+    if (summing) {
+        write_column(r, h + b, u, sum / total);
+    }
+}
+
+// Column j of the o of chunks c .. c + 7 of block `block`, each clamped to `last` (past
+// it, repeated and unused), loaded at once.
+fn eight_chunk_os(block: u32, c: u32, last: u32, columns: u32, j: u32) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(
+        scratch_across(block + c * columns + j),
+        scratch_across(block + min(c + 1u, last) * columns + j),
+        scratch_across(block + min(c + 2u, last) * columns + j),
+        scratch_across(block + min(c + 3u, last) * columns + j),
+        scratch_across(block + min(c + 4u, last) * columns + j),
+        scratch_across(block + min(c + 5u, last) * columns + j),
+        scratch_across(block + min(c + 6u, last) * columns + j),
+        scratch_across(block + min(c + 7u, last) * columns + j),
+    );
 }
