@@ -322,7 +322,7 @@ fn scaled_attention_case(
         let combine = dispatch(
             gpu,
             Kernel::AttendCombine,
-            &[p, &pos_b, out, &scratch],
+            &[p, &pos_b, out, &scratch, &scratch],
             [rows as u32, heads as u32, 1],
         );
         let mut launches = attends(Kernel::Attend, Kernel::AttendBlocks, p, out);

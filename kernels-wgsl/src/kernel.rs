@@ -377,7 +377,7 @@ impl Kernel {
                 )
             },
             // params, row_pos, dst, scratch
-            K::AttendCombine => entry(Module::Attention, "attend_combine", &[0, 2, 7, 8], ATTENTION, None, 64),
+            K::AttendCombine => entry(Module::Attention, "attend_combine", &[0, 2, 7, 8, 10], ATTENTION, None, 64),
             // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights,
             // listed
             K::Route(c) => entry(

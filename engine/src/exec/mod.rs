@@ -381,7 +381,7 @@ impl<'a> Lowering<'a> {
             self.dispatches.push(attend);
         }
         if !last_chunk_combines {
-            let combine = [row_pos, out, &scratch];
+            let combine = [row_pos, out, &scratch, &scratch];
             self.launch(Kernel::AttendCombine, params, &combine, [rows, heads as u32, 1])?;
         }
         Ok(())

@@ -525,32 +525,51 @@ fn chunk_vec_term(sum: vec4<f32>, c: u32, chunks: u32, value: vec4<f32>, chunk_m
     return sum;
 }
 
-// `scratch`'s vec4 `i` as another workgroup of the same launch wrote it, through atomic
-// loads of `scratch_bits` (see `combine_if_last`).
-fn scratch_across(i: u32) -> vec4<f32> {
-    let at = 4u * i;
-    return bitcast<vec4<f32>>(vec4<u32>(
-        atomicLoad(&scratch_bits[at]),
-        atomicLoad(&scratch_bits[at + 1u]),
-        atomicLoad(&scratch_bits[at + 2u]),
-        atomicLoad(&scratch_bits[at + 3u]),
-    ));
+// `scratch`'s vec4 `i`, and its first one or two components. With `across` (a constant at
+// every call: reading what other workgroups of the same launch wrote, as `combine_if_last`
+// does) through atomic loads of `scratch_bits` (see there).
+fn scratch_vec(i: u32, across: bool) -> vec4<f32> {
+    if (across) {
+        let at = 4u * i;
+        return bitcast<vec4<f32>>(vec4<u32>(
+            atomicLoad(&scratch_bits[at]),
+            atomicLoad(&scratch_bits[at + 1u]),
+            atomicLoad(&scratch_bits[at + 2u]),
+            atomicLoad(&scratch_bits[at + 3u]),
+        ));
+    }
+    return scratch[i];
+}
+
+fn scratch_x(i: u32, across: bool) -> f32 {
+    if (across) {
+        return bitcast<f32>(atomicLoad(&scratch_bits[4u * i]));
+    }
+    return scratch[i].x;
+}
+
+fn scratch_xy(i: u32, across: bool) -> vec2<f32> {
+    if (across) {
+        return bitcast<vec2<f32>>(vec2<u32>(atomicLoad(&scratch_bits[4u * i]), atomicLoad(&scratch_bits[4u * i + 1u])));
+    }
+    return scratch[i].xy;
 }
 
 // Vec4 column j of the attention output of block `block` (see `chunk_block`), whose row is
 // at position `pos`: sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M), M the largest m_c,
 // over the chunks up to the row's (each sum in chunk order), unrounded. Past the row's last
-// chunk a batch reads the last again, unused (or, for the maximum, harmless).
-fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32) -> vec4<f32> {
+// chunk a batch reads the last again, unused (or, for the maximum, harmless). `across`:
+// see `scratch_vec`.
+fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32, across: bool) -> vec4<f32> {
     let chunks = pos / CHUNK + 1u;
     let last = chunks - 1u;
     let stats = block + chunks_of(capacity) * columns;
     var m = LOWEST;
     for (var c = 0u; c < chunks; c += COMBINE_BATCH) {
-        let m0 = scratch[stats + c].x;
-        let m1 = scratch[stats + min(c + 1u, last)].x;
-        let m2 = scratch[stats + min(c + 2u, last)].x;
-        let m3 = scratch[stats + min(c + 3u, last)].x;
+        let m0 = scratch_x(stats + c, across);
+        let m1 = scratch_x(stats + min(c + 1u, last), across);
+        let m2 = scratch_x(stats + min(c + 2u, last), across);
+        let m3 = scratch_x(stats + min(c + 3u, last), across);
         m = max(max(max(max(m, m0), m1), m2), m3);
     }
     var total = 0.0;
@@ -559,14 +578,14 @@ fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32) -> 
         let c1 = min(c + 1u, last);
         let c2 = min(c + 2u, last);
         let c3 = min(c + 3u, last);
-        let s0 = scratch[stats + c].xy;
-        let s1 = scratch[stats + c1].xy;
-        let s2 = scratch[stats + c2].xy;
-        let s3 = scratch[stats + c3].xy;
-        let o0 = scratch[block + c * columns + j];
-        let o1 = scratch[block + c1 * columns + j];
-        let o2 = scratch[block + c2 * columns + j];
-        let o3 = scratch[block + c3 * columns + j];
+        let s0 = scratch_xy(stats + c, across);
+        let s1 = scratch_xy(stats + c1, across);
+        let s2 = scratch_xy(stats + c2, across);
+        let s3 = scratch_xy(stats + c3, across);
+        let o0 = scratch_vec(block + c * columns + j, across);
+        let o1 = scratch_vec(block + c1 * columns + j, across);
+        let o2 = scratch_vec(block + c2 * columns + j, across);
+        let o3 = scratch_vec(block + c3 * columns + j, across);
         total = chunk_term(total, c, chunks, s0.y, s0.x, m);
         total = chunk_term(total, c + 1u, chunks, s1.y, s1.x, m);
         total = chunk_term(total, c + 2u, chunks, s2.y, s2.x, m);
@@ -577,6 +596,30 @@ fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32) -> 
         sum = chunk_vec_term(sum, c + 3u, chunks, o3, s3.x, m);
     }
     return sum / total;
+}
+
+// Writes row r's output of head h (dst [rows, heads * head_dim]) combined from its chunks
+// (`combine_chunks`, `across` as there), a vec4 column per invocation: columns first,
+// first + stride, ...; the padding past the head is not written.
+fn write_combined(r: u32, h: u32, first: u32, stride: u32, across: bool) {
+    let columns = head_stride(p.head_dim) / 4u;
+    let block = chunk_block(r * p.heads + h, columns, p.capacity);
+    let out_base = (r * p.heads + h) * p.head_dim;
+    for (var j = first; j < columns; j += stride) {
+        var out = combine_chunks(block, columns, p.capacity, row_pos[r], j, across);
+        if ((p.flags & ATTENTION_ROUND) != 0u) {
+            out = round_bf16_4(out);
+        }
+        for (var k = 0u; k < 4u; k++) {
+            if (4u * j + k < p.head_dim) {
+                dst[out_base + 4u * j + k] = out[k];
+            }
+        }
+    }
+}
+
+fn scratch_across(i: u32) -> vec4<f32> {
+    return scratch_vec(i, true);
 }
 
 // Writes vec4 column j of row r's output of head h (dst [rows, heads * head_dim]) from its
@@ -598,13 +641,7 @@ fn write_column(r: u32, h: u32, j: u32, combined: vec4<f32>) {
 // each.
 @compute @workgroup_size(64)
 fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let r = wg.x;
-    let h = wg.y;
-    let columns = head_stride(p.head_dim) / 4u;
-    let block = chunk_block(r * p.heads + h, columns, p.capacity);
-    for (var j = t; j < columns; j += COMBINE_WG) {
-        write_column(r, h, j, combine_chunks(block, columns, p.capacity, row_pos[r], j));
-    }
+    write_combined(wg.x, wg.y, t, COMBINE_WG, false);
 }
 
 // With LAST_CHUNK_COMBINES (a constant each pipeline sets: the engine's `Kernel::Attend` and
@@ -649,7 +686,11 @@ fn combine_if_last(r: u32, h: u32, heads: u32, t: u32) {
     if (t == 0u) {
         atomicStore(&chunks_done[counter], 0u);
     }
-    combine_staged(r, h, heads, chunks, t);
+    if (heads == 1u) {
+        write_combined(r, h, t, ATTEND_WG, true);
+    } else {
+        combine_staged(r, h, heads, chunks, t);
+    }
 }
 
 // Chunks whose results an invocation of the combining workgroup loads at once.
