@@ -87,11 +87,14 @@ fn attention_with_wide_heads_matches_reference() {
 
 /// Head widths whose vec4 columns the kernel's four quarters of a dot product do not share
 /// evenly (24: six columns, quarters of two, two, one and one; 8: two columns, two quarters
-/// idle), over two chunks; and even widths that are no whole number of vec4s (42, 6, 2:
-/// the cache's padding, a query staged and an output written element by element).
+/// idle), over two chunks; even widths that are no whole number of vec4s (42, 6, 2: the
+/// cache's padding, a query staged and an output written element by element); and three
+/// heads of 84 columns to a key/value head, which a block's combining workgroup could not
+/// cover (80 invocations a head).
 #[test]
 fn attention_at_head_widths_no_multiple_of_16_matches_reference() {
     let chunk = drama_kernels::ATTENTION_CHUNK;
+    attention_case("attention-hd336", 3, 1, 336, chunk + 2, [chunk + 2, 1, 40]);
     attention_case("attention-hd24", 6, 2, 24, chunk + 9, [3, chunk, chunk + 9]);
     attention_case("attention-hd8", 3, 3, 8, chunk + 2, [chunk + 2, 1, 17]);
     attention_case("attention-hd42", 6, 2, 42, chunk + 9, [3, chunk, chunk + 9]);

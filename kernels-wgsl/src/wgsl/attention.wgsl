@@ -604,22 +604,9 @@ fn combine_chunks(block: u32, columns: u32, capacity: u32, pos: u32, j: u32, acr
 fn write_combined(r: u32, h: u32, first: u32, stride: u32, across: bool) {
     let columns = head_stride(p.head_dim) / 4u;
     let block = chunk_block(r * p.heads + h, columns, p.capacity);
-    let out_base = (r * p.heads + h) * p.head_dim;
     for (var j = first; j < columns; j += stride) {
-        var out = combine_chunks(block, columns, p.capacity, row_pos[r], j, across);
-        if ((p.flags & ATTENTION_ROUND) != 0u) {
-            out = round_bf16_4(out);
-        }
-        for (var k = 0u; k < 4u; k++) {
-            if (4u * j + k < p.head_dim) {
-                dst[out_base + 4u * j + k] = out[k];
-            }
-        }
+        write_column(r, h, j, combine_chunks(block, columns, p.capacity, row_pos[r], j, across));
     }
-}
-
-fn scratch_across(i: u32) -> vec4<f32> {
-    return scratch_vec(i, true);
 }
 
 // Writes vec4 column j of row r's output of head h (dst [rows, heads * head_dim]) from its
@@ -686,6 +673,9 @@ fn combine_if_last(r: u32, h: u32, heads: u32, t: u32) {
     if (t == 0u) {
         atomicStore(&chunks_done[counter], 0u);
     }
+    // A row by heads combines a column an invocation with `combine_chunks`' own loads; a
+    // row by blocks with the block's whole workgroup (`combine_staged`), the same bits.
+    // (Staged, a row by heads, which is short wherever a block has heads, took longer.)
     if (heads == 1u) {
         write_combined(r, h, t, ATTEND_WG, true);
     } else {
@@ -696,9 +686,9 @@ fn combine_if_last(r: u32, h: u32, heads: u32, t: u32) {
 // Chunks whose results an invocation of the combining workgroup loads at once.
 const STAGED_BATCH: u32 = 8u;
 
-// Invocations per head when a workgroup of `attend` combines `heads` heads: a multiple of
-// STAGED_BATCH (so a batch never crosses a round, see `combine_staged`), at least a head's
-// vec4 columns (`attention_block_heads` in tuning.rs sees to it).
+// Invocations per head when a workgroup of `attend_blocks` combines `heads` heads: a
+// multiple of STAGED_BATCH (so a batch never crosses a round, see `combine_staged`), at
+// least a head's vec4 columns (`attention_block_heads` in tuning.rs sees to it).
 fn combine_share(heads: u32) -> u32 {
     return ATTEND_WG / heads / STAGED_BATCH * STAGED_BATCH;
 }
@@ -708,7 +698,7 @@ fn combine_share(heads: u32) -> u32 {
 fn stage_chunk_stats(stats: u32, first: u32, chunks: u32, u: u32, t: u32, live: bool) {
     workgroupBarrier();
     if (live && first + u < chunks) {
-        query[t] = scratch_across(stats + first + u);
+        query[t] = scratch_vec(stats + first + u, true);
     }
     workgroupBarrier();
 }
@@ -719,8 +709,8 @@ fn stage_chunk_stats(stats: u32, first: u32, chunks: u32, u: u32, t: u32, live: 
 // (free once the chunk's scores are taken) in rounds of `combine_share(heads)` chunks a
 // head, a load an invocation, so the maximum waits for one memory round trip a round, not
 // one per COMBINE_BATCH chunks; the sums load only each chunk's o, STAGED_BATCH at once.
-// (Combining with `combine_chunks`' chain of loads took a third of a pair step's growth
-// from 256 to 4000 positions.)
+// (With `combine_chunks`' chain of loads, the combine was the largest part of a long row's
+// attention.)
 fn combine_staged(r: u32, h: u32, heads: u32, chunks: u32, t: u32) {
     let columns = head_stride(p.head_dim) / 4u;
     let share = combine_share(heads);
@@ -769,13 +759,13 @@ fn combine_staged(r: u32, h: u32, heads: u32, chunks: u32, t: u32) {
 // it, repeated and unused), loaded at once.
 fn eight_chunk_os(block: u32, c: u32, last: u32, columns: u32, j: u32) -> array<vec4<f32>, 8> {
     return array<vec4<f32>, 8>(
-        scratch_across(block + c * columns + j),
-        scratch_across(block + min(c + 1u, last) * columns + j),
-        scratch_across(block + min(c + 2u, last) * columns + j),
-        scratch_across(block + min(c + 3u, last) * columns + j),
-        scratch_across(block + min(c + 4u, last) * columns + j),
-        scratch_across(block + min(c + 5u, last) * columns + j),
-        scratch_across(block + min(c + 6u, last) * columns + j),
-        scratch_across(block + min(c + 7u, last) * columns + j),
+        scratch_vec(block + c * columns + j, true),
+        scratch_vec(block + min(c + 1u, last) * columns + j, true),
+        scratch_vec(block + min(c + 2u, last) * columns + j, true),
+        scratch_vec(block + min(c + 3u, last) * columns + j, true),
+        scratch_vec(block + min(c + 4u, last) * columns + j, true),
+        scratch_vec(block + min(c + 5u, last) * columns + j, true),
+        scratch_vec(block + min(c + 6u, last) * columns + j, true),
+        scratch_vec(block + min(c + 7u, last) * columns + j, true),
     );
 }
