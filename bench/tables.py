@@ -31,18 +31,23 @@ def table(header, rows):
 STEP_NAMES = {1: "1 lane", 2: "guidance pair", 4: "4 lanes (two pairs)", 8: "8 lanes (four pairs)"}
 
 
-def step_name(lanes):
-    """A decode step's name in the page's tables."""
-    return STEP_NAMES.get(lanes, f"{lanes} lanes")
+def step_name(step):
+    """A decode step's name in the page's tables: its lanes, and its context where it is not
+    the run's (`--more-contexts`)."""
+    name = STEP_NAMES.get(step["lanes"], f"{step['lanes']} lanes")
+    if step["context"] != d["options"]["context"]:
+        name += f" at {step['context']} positions"
+    return name
 
 
 def decode_table(steps, pytorch):
     torch_ms = {s["lanes"]: s["ms_median"] for s in pytorch["steps"]} if pytorch else {}
     rows = []
     for s in steps:
-        torch = torch_ms.get(s["lanes"])
+        # PyTorch's steps are at the run's context.
+        torch = torch_ms.get(s["lanes"]) if s["context"] == d["options"]["context"] else None
         rows.append([
-            step_name(s["lanes"]),
+            step_name(s),
             f"{s['gpu_ms']:.3f} ms",
             f"{torch:.3f} ms" if torch else "-",
             f"{s['floor_ms']:.3f} ms",
@@ -51,7 +56,8 @@ def decode_table(steps, pytorch):
             f"{s['ratio_to_floors']:.2f}x",
             f"{s['gpu_ms'] / torch:.2f}" if torch else "-",
         ])
-    moe = [s["moe_layer"] for s in steps if s["lanes"] in (1, 2, 8)]
+    base = d["options"]["context"]
+    moe = [s["moe_layer"] for s in steps if s["lanes"] in (1, 2, 8) and s["context"] == base]
     rows.append([
         "one MoE layer alone, 1 / 2 / 8 lanes",
         " / ".join(f"{m['gpu_us']:.1f}" for m in moe) + " us",
@@ -67,7 +73,7 @@ def decode_table(steps, pytorch):
 
 
 def profile_table(steps, prefill):
-    shapes = [(step_name(s["lanes"]), s["profile"]) for s in steps]
+    shapes = [(step_name(s), s["profile"]) for s in steps]
     if prefill:
         shapes.append((f"prefill of {prefill['rows']} rows", prefill["profile"]))
     kernels = []

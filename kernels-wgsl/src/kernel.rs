@@ -376,8 +376,16 @@ impl Kernel {
                     256,
                 )
             },
-            // params, row_pos, dst, scratch
-            K::AttendCombine => entry(Module::Attention, "attend_combine", &[0, 2, 7, 8, 10], ATTENTION, None, 64),
+            // params, row_pos, dst, scratch, scratch again (which `attend_combine` names but
+            // reads plainly)
+            K::AttendCombine => entry(
+                Module::Attention,
+                "attend_combine",
+                &[0, 2, 7, 8, 10],
+                ATTENTION,
+                None,
+                64,
+            ),
             // the router's params, logits, kept_ids, score_bias, chosen_ids, chosen_weights,
             // listed
             K::Route(c) => entry(
