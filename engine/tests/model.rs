@@ -14,7 +14,7 @@ use drama_engine::gpu::{Gpu, GpuOptions};
 use drama_engine::session::{Engine, Row, RowSource, Session};
 use drama_kernels::Kernel;
 use drama_reference::ops::Rounding;
-use drama_reference::{ForcedRoutes, ReferenceModel, rel_l2, weights};
+use drama_reference::{ForcedRoutes, ReferenceModel, forced_routes, rel_l2, weights};
 use rand_core::Rng;
 
 /// A random utterance: text ids and audio ids (audio_bos first, then codes).
@@ -564,15 +564,8 @@ fn long_context_matches_reference_on_the_gpus_routes() {
     let mut session = Session::new(&engine, 1, rows.len()).unwrap();
     session.set_prefix(0, &prefix).unwrap();
     let out = session.step(&rows, true).unwrap();
-    let k = c.num_experts_per_tok;
-    let mut forced = ForcedRoutes::new();
-    for (layer, route) in out.routes.iter().enumerate() {
-        if let Some((ids, _)) = route {
-            for (pos, chosen) in ids.chunks(k).enumerate() {
-                forced.insert((layer, pos), chosen.iter().map(|&e| e as usize).collect());
-            }
-        }
-    }
+    let chosen = out.routes.iter().map(|r| r.as_ref().map(|(ids, _)| ids.as_slice()));
+    let forced = forced_routes(chosen, c.num_experts_per_tok);
     let inputs = reference.embed(&prefix64, &text, &audio);
     let want = reference.forward_routed(&inputs, Rounding::Contract, &forced);
     let v = c.speech.audio_vocab_size;

@@ -9,7 +9,7 @@ pub mod stored;
 pub mod tower;
 pub mod weights;
 
-pub use model::{ForcedRoutes, ReferenceModel, ReferenceTrace, TokenRoute};
+pub use model::{ForcedRoutes, ReferenceModel, ReferenceTrace, TokenRoute, forced_routes};
 
 /// The relative L2 distance of a GPU result from the reference's values:
 /// ||got - want|| / ||want||.

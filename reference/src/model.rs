@@ -50,6 +50,18 @@ pub type TokenRoute = Vec<(usize, f64)>;
 /// Experts imposed at (layer, position), original ids.
 pub type ForcedRoutes = std::collections::HashMap<(usize, usize), Vec<usize>>;
 
+/// Every position's experts as another implementation chose them, to be imposed: each
+/// layer's chosen original ids, `k` a position in position order (None for a dense layer).
+pub fn forced_routes<'a>(layers: impl IntoIterator<Item = Option<&'a [u32]>>, k: usize) -> ForcedRoutes {
+    let mut forced = ForcedRoutes::new();
+    for (layer, ids) in layers.into_iter().enumerate() {
+        for (pos, chosen) in ids.unwrap_or_default().chunks(k).enumerate() {
+            forced.insert((layer, pos), chosen.iter().map(|&e| e as usize).collect());
+        }
+    }
+    forced
+}
+
 /// A MoE layer's routing over a sequence: chosen experts and decision margins per position.
 type LayerRoutes = (Vec<TokenRoute>, Vec<f64>);
 

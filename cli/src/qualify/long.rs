@@ -10,7 +10,7 @@ use anyhow::Result;
 use drama_engine::session::Engine;
 use drama_kernels::{ATTENTION_BLOCKS_FROM, ATTENTION_CHUNK};
 use drama_reference::ops::Rounding;
-use drama_reference::{ForcedRoutes, ReferenceModel, rel_l2};
+use drama_reference::{ReferenceModel, forced_routes, rel_l2};
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
 
@@ -70,15 +70,8 @@ fn run(engine: &Engine, seed: u64, plant: &Plant) -> Result<[Measured; 2]> {
 
     // The reference follows the GPU's expert choices, which the model checks compare: this
     // check is about attention.
-    let k = c.num_experts_per_tok;
-    let mut forced = ForcedRoutes::new();
-    for (layer, route) in whole.routes.iter().enumerate() {
-        if let Some((ids, _)) = route {
-            for (pos, chosen) in ids.chunks(k).enumerate() {
-                forced.insert((layer, pos), chosen.iter().map(|&e| e as usize).collect());
-            }
-        }
-    }
+    let chosen = whole.routes.iter().map(|r| r.as_ref().map(|(ids, _)| ids.as_slice()));
+    let forced = forced_routes(chosen, c.num_experts_per_tok);
     let reference = ReferenceModel::load(&engine.checkpoint);
     let want = reference.forward_routed(&utterance.reference_inputs(&reference), Rounding::Contract, &forced);
     let from = first_by_blocks * v;
