@@ -673,20 +673,25 @@ fn combine_if_last(r: u32, h: u32, heads: u32, t: u32) {
     if (t == 0u) {
         atomicStore(&chunks_done[counter], 0u);
     }
-    // A row by heads combines a column an invocation with `combine_chunks`' own loads; a
-    // row by blocks with the block's whole workgroup (`combine_staged`), the same bits.
-    // (Staged, a row by heads, which is short wherever a block has heads, took longer.)
-    if (heads == 1u) {
+    // A row by heads of up to CHAINED_CHUNKS chunks combines a column an invocation with
+    // `combine_chunks`' own loads; longer rows by heads, and rows by blocks, with the whole
+    // workgroup (`combine_staged`). The same bits either way.
+    if (heads == 1u && chunks <= CHAINED_CHUNKS) {
         write_combined(r, h, t, ATTEND_WG, true);
     } else {
         combine_staged(r, h, heads, chunks, t);
     }
 }
 
+// The longest row by heads, in chunks, that combines with `combine_chunks`' chain: three of
+// its batches. (Staged, rows of 9 to 12 chunks took longer; from 13, the chain's fourth
+// batch, staged took less.)
+const CHAINED_CHUNKS: u32 = 3u * COMBINE_BATCH;
+
 // Chunks whose results an invocation of the combining workgroup loads at once.
 const STAGED_BATCH: u32 = 8u;
 
-// Invocations per head when a workgroup of `attend_blocks` combines `heads` heads: a
+// Invocations per head when a chunk's workgroup combines `heads` heads: a
 // multiple of STAGED_BATCH (so a batch never crosses a round, see `combine_staged`), at
 // least a head's vec4 columns (`attention_block_heads` in tuning.rs sees to it).
 fn combine_share(heads: u32) -> u32 {
