@@ -18,6 +18,8 @@ parser.add_argument("--pytorch", help="bench/pytorch_baseline.py's output from t
 parser.add_argument("--serve", nargs="*", default=[], help="bench/load_test.py outputs")
 args = parser.parse_args()
 d = json.load(open(args.results))
+# The run's own context; `--more-contexts` adds steps at others.
+RUN_CONTEXT = d["options"]["context"]
 
 
 def table(header, rows):
@@ -35,7 +37,7 @@ def step_name(step):
     """A decode step's name in the page's tables: its lanes, and its context where it is not
     the run's (`--more-contexts`)."""
     name = STEP_NAMES.get(step["lanes"], f"{step['lanes']} lanes")
-    if step["context"] != d["options"]["context"]:
+    if step["context"] != RUN_CONTEXT:
         name += f" at {step['context']} positions"
     return name
 
@@ -45,7 +47,7 @@ def decode_table(steps, pytorch):
     rows = []
     for s in steps:
         # PyTorch's steps are at the run's context.
-        torch = torch_ms.get(s["lanes"]) if s["context"] == d["options"]["context"] else None
+        torch = torch_ms.get(s["lanes"]) if s["context"] == RUN_CONTEXT else None
         rows.append([
             step_name(s),
             f"{s['gpu_ms']:.3f} ms",
@@ -56,8 +58,7 @@ def decode_table(steps, pytorch):
             f"{s['ratio_to_floors']:.2f}x",
             f"{s['gpu_ms'] / torch:.2f}" if torch else "-",
         ])
-    base = d["options"]["context"]
-    moe = [s["moe_layer"] for s in steps if s["lanes"] in (1, 2, 8) and s["context"] == base]
+    moe = [s["moe_layer"] for s in steps if s["lanes"] in (1, 2, 8) and s["context"] == RUN_CONTEXT]
     rows.append([
         "one MoE layer alone, 1 / 2 / 8 lanes",
         " / ".join(f"{m['gpu_us']:.1f}" for m in moe) + " us",

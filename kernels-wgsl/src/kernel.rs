@@ -376,8 +376,8 @@ impl Kernel {
                     256,
                 )
             },
-            // params, row_pos, dst, scratch, scratch again (which `attend_combine` names but
-            // reads plainly)
+            // params, row_pos, dst, scratch, and `scratch_bits` (the same buffer), which the
+            // chunk loads `attend_combine` shares with the in-launch combine name
             K::AttendCombine => entry(
                 Module::Attention,
                 "attend_combine",
