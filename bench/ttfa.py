@@ -3,7 +3,7 @@ count, the median seconds from sending a streamed request (raw PCM) to reading i
 audio bytes, over several requests, one at a time. The connection is closed after the first
 bytes, which the server counts as a cancellation, so a long input costs only its start.
 
-Usage: python3 bench/ttfa.py --url http://127.0.0.1:8080 --sentences 1,10,100 --out ttfa.json"""
+Usage: python3 bench/ttfa.py --url http://127.0.0.1:8080 --sentences 1,10,100,250 --out ttfa.json"""
 
 import argparse
 import http.client
@@ -14,7 +14,7 @@ import urllib.parse
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--url", required=True, help="the server's base URL")
-parser.add_argument("--sentences", default="1,10,100", help="sentence counts, comma-separated")
+parser.add_argument("--sentences", default="1,10,100,250", help="sentence counts, comma-separated (250: about the 20 000 characters `drama serve` takes by default)")
 parser.add_argument("--repeats", type=int, default=5, help="requests per sentence count")
 parser.add_argument("--out", required=True, help="JSON results file")
 args = parser.parse_args()

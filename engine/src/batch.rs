@@ -21,7 +21,7 @@ use crate::guidance::check_gamma;
 use crate::sampling::gpu::{Draw, DrawnTokens};
 use crate::sampling::{SamplingParams, gamma_fixed};
 use crate::session::{Engine, Row, RowSource, Session, StepCacheUsage};
-use crate::synth::{CODEC_CHUNK, GuidanceMode, Stop, SynthesisRequest, SynthesisStats, TimeSplit};
+use crate::synth::{CODEC_CHUNK, GuidanceMode, LaterSegments, Stop, SynthesisRequest, SynthesisStats, TimeSplit};
 use drama_checkpoint::names;
 
 /// Receives a job's PCM as it is produced; returns false to cancel the job.
@@ -37,6 +37,9 @@ pub type Ended = (JobId, Result<SynthesisStats, EngineError>);
 struct Job {
     id: JobId,
     request: SynthesisRequest,
+    /// Segments still to come after the request's own ([`Batcher::admit_open`]); the job
+    /// waits for them after its last segment.
+    later: Option<LaterSegments>,
     cond_lane: usize,
     uncond_lane: Option<usize>,
     segment: usize,
@@ -73,6 +76,11 @@ struct Job {
 }
 
 impl Job {
+    /// Whether the job has spoken every segment it has and waits for later ones.
+    fn waits_for_text(&self) -> bool {
+        self.segment == self.request.segments.len()
+    }
+
     /// How much longer the audio handed out so far lasts at `now`, played in real time from
     /// its first sample (zero before the first).
     fn playback_ahead(&self, now: Instant) -> Duration {
@@ -242,7 +250,7 @@ impl<'e> Batcher<'e> {
     /// Checks a request against the model and this batcher, without admitting it.
     pub fn check(&self, request: &SynthesisRequest) -> Result<(), EngineError> {
         let c = &self.engine.checkpoint.config;
-        if request.segments.is_empty() || request.segments.iter().any(Vec::is_empty) {
+        if request.segments.is_empty() {
             return Err(EngineError::Input("nothing to say: the text has no tokens".into()));
         }
         check_gamma(request.gamma)?;
@@ -257,30 +265,14 @@ impl<'e> Batcher<'e> {
                 request.gamma, self.lanes
             )));
         }
-        for (s, segment) in request.segments.iter().enumerate() {
-            if let Some((t, &id)) = segment
-                .iter()
-                .enumerate()
-                .find(|&(_, &id)| id as usize >= c.text_vocab_size)
-            {
-                return Err(EngineError::Input(format!(
-                    "segment {s}, token {t}: text id {id} is not below text_vocab_size {}",
-                    c.text_vocab_size
-                )));
-            }
-        }
+        Self::check_segments(
+            self.engine,
+            self.capacity,
+            &request.segments,
+            0,
+            request.max_audio_tokens,
+        )?;
         let p = c.speech.voice_prefix_len;
-        for segment in &request.segments {
-            let needed = Self::positions_needed(p, segment.len(), request.max_audio_tokens);
-            if needed > self.capacity {
-                return Err(EngineError::Input(format!(
-                    "a segment of {} tokens with up to {} audio tokens needs {needed} positions, more than the {} available",
-                    segment.len(),
-                    request.max_audio_tokens,
-                    self.capacity
-                )));
-            }
-        }
         if let Some(prefix) = &request.prefix
             && prefix.len() != p * c.hidden_size
         {
@@ -293,8 +285,69 @@ impl<'e> Batcher<'e> {
         Ok(())
     }
 
+    /// Checks segments `first`, `first + 1`, ... of a request that generates up to
+    /// `max_audio_tokens` tokens per segment: each holds a token, every token is a text id,
+    /// and each fits a lane of `capacity` positions beside the voice prefix and its speech.
+    fn check_segments(
+        engine: &Engine,
+        capacity: usize,
+        segments: &[Vec<u32>],
+        first: usize,
+        max_audio_tokens: usize,
+    ) -> Result<(), EngineError> {
+        let c = &engine.checkpoint.config;
+        for (s, segment) in segments.iter().enumerate() {
+            let s = first + s;
+            if segment.is_empty() {
+                return Err(EngineError::Input(format!("nothing to say: segment {s} has no tokens")));
+            }
+            if let Some((t, &id)) = segment
+                .iter()
+                .enumerate()
+                .find(|&(_, &id)| id as usize >= c.text_vocab_size)
+            {
+                return Err(EngineError::Input(format!(
+                    "segment {s}, token {t}: text id {id} is not below text_vocab_size {}",
+                    c.text_vocab_size
+                )));
+            }
+            let needed = Self::positions_needed(c.speech.voice_prefix_len, segment.len(), max_audio_tokens);
+            if needed > capacity {
+                return Err(EngineError::Input(format!(
+                    "a segment of {} tokens with up to {max_audio_tokens} audio tokens needs {needed} positions, more than the {capacity} available",
+                    segment.len(),
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Admits a job if its lanes are free; its PCM goes to `sink`.
     pub fn admit(&mut self, request: SynthesisRequest, sink: Sink) -> Result<JobId, EngineError> {
+        self.admit_job(request, None, sink)
+    }
+
+    /// Admits a job, as [`Batcher::admit`], whose request holds the first of its segments:
+    /// the others come through `later` while it runs ([`crate::synth::SynthesisRequest::opening`]).
+    /// After its last segment so far the job waits, its lanes idle, until they come; they
+    /// are checked as [`Batcher::check`] checks a request's, and if they fail the check or
+    /// never come (an error, or `later` closed) the job fails alone. The job's bits are
+    /// those of the whole request admitted at once.
+    pub fn admit_open(
+        &mut self,
+        request: SynthesisRequest,
+        later: LaterSegments,
+        sink: Sink,
+    ) -> Result<JobId, EngineError> {
+        self.admit_job(request, Some(later), sink)
+    }
+
+    fn admit_job(
+        &mut self,
+        request: SynthesisRequest,
+        later: Option<LaterSegments>,
+        sink: Sink,
+    ) -> Result<JobId, EngineError> {
         self.check(&request)?;
         let needed = Self::lanes_needed(request.gamma);
         if self.free.len() < needed {
@@ -339,6 +392,7 @@ impl<'e> Batcher<'e> {
                 capped_segments: 0,
             },
             request,
+            later,
             cond_lane,
             uncond_lane,
             segment: 0,
@@ -362,7 +416,7 @@ impl<'e> Batcher<'e> {
     /// be the segment's last). A job whose in-flight token may end its segment by the cap
     /// waits a step for it; one that failed or was cancelled ends when the step is read.
     fn feeds(job: &Job, serial: u64) -> bool {
-        if job.failed.is_some() || job.cancelled {
+        if job.failed.is_some() || job.cancelled || job.waits_for_text() {
             return false;
         }
         job.position == 0
@@ -405,6 +459,7 @@ impl<'e> Batcher<'e> {
         if self.jobs.is_empty() && self.in_flight.is_none() {
             return Ok(Vec::new());
         }
+        self.receive_later_segments();
         let serial = self.steps;
         self.steps += 1;
         let began = Instant::now();
@@ -485,6 +540,46 @@ impl<'e> Batcher<'e> {
             }
         }
         Ok(finished)
+    }
+
+    /// Appends the later segments that have come to the jobs admitted open, each checked
+    /// as a request's; a job whose segments fail the check or will not come fails alone.
+    /// While every job waits for them and no step is in flight, waits up to a millisecond
+    /// for the first job's, so that an idle batcher does not spin.
+    fn receive_later_segments(&mut self) {
+        let idle = self.in_flight.is_none() && self.jobs.iter().all(Job::waits_for_text);
+        let (engine, capacity) = (self.engine, self.capacity);
+        for (i, job) in self.jobs.iter_mut().enumerate() {
+            let Some(later) = &job.later else { continue };
+            let received = if idle && i == 0 {
+                later.recv_timeout(Duration::from_millis(1)).map_err(|e| match e {
+                    std::sync::mpsc::RecvTimeoutError::Timeout => std::sync::mpsc::TryRecvError::Empty,
+                    std::sync::mpsc::RecvTimeoutError::Disconnected => std::sync::mpsc::TryRecvError::Disconnected,
+                })
+            } else {
+                later.try_recv()
+            };
+            let segments = match received {
+                Err(std::sync::mpsc::TryRecvError::Empty) => continue,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(EngineError::Input(
+                    "the rest of the text was never cut into segments".into(),
+                )),
+                Ok(Ok(segments)) if segments.is_empty() => {
+                    Err(EngineError::Input("the rest of the text holds no segment".into()))
+                }
+                Ok(segments) => segments,
+            };
+            job.later = None;
+            let (first, cap) = (job.request.segments.len(), job.request.max_audio_tokens);
+            let checked = segments
+                .and_then(|segments| Self::check_segments(engine, capacity, &segments, first, cap).map(|()| segments));
+            match checked {
+                Ok(segments) => job.request.segments.extend(segments),
+                Err(error) => {
+                    job.failed.get_or_insert(error);
+                }
+            }
+        }
     }
 
     /// Submits step `serial`: the rows of every job that feeds ([`Batcher::feeds`]) as one
@@ -652,7 +747,7 @@ impl<'e> Batcher<'e> {
         if segment_done && !ended {
             job.stats.capped_segments += 1;
         }
-        let last_segment = job.segment + 1 == job.request.segments.len();
+        let last_segment = job.segment + 1 == job.request.segments.len() && job.later.is_none();
         if segment_done && last_segment {
             // The request's last samples: the chunk in flight and the codes not yet decoded,
             // read at once. (No full chunk waits here: each is submitted in the step after

@@ -70,6 +70,34 @@ impl SynthesisRequest {
         text: &str,
         settings: SpeechSettings,
     ) -> Result<SynthesisRequest, EngineError> {
+        let segments = front.segments_for(text, settings.max_audio_tokens)?;
+        Ok(SynthesisRequest::with_segments(segments, settings))
+    }
+
+    /// The request that speaks `text` with `settings`, as [`SynthesisRequest::for_text`],
+    /// cut so that its speech may start before all of its text is cut: when the first
+    /// sentence is a segment of its own and text follows it, the request holds that segment
+    /// alone and the rest comes back as a [`LaterText`]; otherwise the whole request and
+    /// `None`. What the service runs: the time to first audio does not grow with the text
+    /// after the first sentence.
+    pub fn opening(
+        front: &TextFrontEnd,
+        text: &str,
+        settings: SpeechSettings,
+    ) -> Result<(SynthesisRequest, Option<LaterText>), EngineError> {
+        let budget = front.budget_for(settings.max_audio_tokens)?;
+        let Some((first, at)) = front.first_segment(text, budget)? else {
+            return Ok((SynthesisRequest::for_text(front, text, settings)?, None));
+        };
+        let later = LaterText {
+            text: text[at..].to_string(),
+            budget,
+        };
+        Ok((SynthesisRequest::with_segments(vec![first], settings), Some(later)))
+    }
+
+    /// The request that speaks `segments` with `settings`.
+    fn with_segments(segments: Vec<Vec<u32>>, settings: SpeechSettings) -> SynthesisRequest {
         let SpeechSettings {
             prefix,
             gamma,
@@ -77,16 +105,36 @@ impl SynthesisRequest {
             sampling,
             max_audio_tokens,
         } = settings;
-        Ok(SynthesisRequest {
-            segments: front.segments_for(text, max_audio_tokens)?,
+        SynthesisRequest {
+            segments,
             prefix,
             gamma,
             guidance,
             sampling,
             max_audio_tokens,
-        })
+        }
     }
 }
+
+/// The text after a request's first segment, to be cut into segments while the first is
+/// spoken ([`SynthesisRequest::opening`]).
+#[derive(Debug, Clone)]
+pub struct LaterText {
+    text: String,
+    budget: usize,
+}
+
+impl LaterText {
+    /// Its segments: with the request's first, those of the whole text (contract §9.3).
+    pub fn segments(&self, front: &TextFrontEnd) -> Result<Vec<Vec<u32>>, EngineError> {
+        front.segments_after(&self.text, self.budget)
+    }
+}
+
+/// Segments that reach a job after it started ([`crate::batch::Batcher::admit_open`]): the
+/// segments of its [`LaterText`], or why they could not be cut. The job speaks the
+/// segments it has and waits for these after its last.
+pub type LaterSegments = std::sync::mpsc::Receiver<Result<Vec<Vec<u32>>, EngineError>>;
 
 /// Why generation of the request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -52,12 +52,16 @@ impl TextFrontEnd {
     /// `text` cut into segments that each fit the context beside up to `max_audio_tokens`
     /// tokens of speech ([`TextFrontEnd::budget`], then [`TextFrontEnd::segments`]).
     pub fn segments_for(&self, text: &str, max_audio_tokens: usize) -> Result<Vec<Vec<u32>>, EngineError> {
-        let budget = self.budget(max_audio_tokens).ok_or(EngineError::NoRoomForText {
+        self.segments(text, self.budget_for(max_audio_tokens)?)
+    }
+
+    /// [`TextFrontEnd::budget`], or the error that names why there is none.
+    pub fn budget_for(&self, max_audio_tokens: usize) -> Result<usize, EngineError> {
+        self.budget(max_audio_tokens).ok_or(EngineError::NoRoomForText {
             max_audio_tokens,
             positions: self.max_positions,
             prefix_len: self.prefix_len,
-        })?;
-        self.segments(text, budget)
+        })
     }
 
     /// Token ids of `text` (no special tokens added).
@@ -89,14 +93,45 @@ impl TextFrontEnd {
     /// `2 log n` tokenizations rather than `n` (a 20 000-character sentence cut between
     /// words would otherwise tokenize its growing segment once per word).
     pub fn segments(&self, text: &str, budget: usize) -> Result<Vec<Vec<u32>>, EngineError> {
+        self.packed(text, budget, true)
+    }
+
+    /// The first segment of `text` cut on its own, and the byte offset where the text after
+    /// it starts, when the first sentence is a segment of its own (it fits the budget) and
+    /// text that is not all white space follows it; `None` otherwise. The first segment
+    /// and [`TextFrontEnd::segments_after`] of the rest are [`TextFrontEnd::segments`] of the
+    /// whole, so a caller can start speaking the first while the rest is being cut.
+    pub fn first_segment(&self, text: &str, budget: usize) -> Result<Option<(Vec<u32>, usize)>, EngineError> {
+        let Some(first) = sentences(text)
+            .into_iter()
+            .find(|sentence| !text[sentence.clone()].trim().is_empty())
+        else {
+            return Ok(None);
+        };
+        if text[first.end..].trim().is_empty() {
+            return Ok(None);
+        }
+        let ids = self.encode(text[first.clone()].trim())?;
+        Ok((ids.len() <= budget).then_some((ids, first.end)))
+    }
+
+    /// The segments of the text after a first segment cut by
+    /// [`TextFrontEnd::first_segment`]: packed as [`TextFrontEnd::segments`] packs them,
+    /// with no sentence of their own first.
+    pub fn segments_after(&self, text: &str, budget: usize) -> Result<Vec<Vec<u32>>, EngineError> {
+        self.packed(text, budget, false)
+    }
+
+    /// The segments of `text`; with `first_alone`, the first sentence is a segment of its
+    /// own, so its audio starts after its own prefill however much text follows it.
+    fn packed(&self, text: &str, budget: usize, first_alone: bool) -> Result<Vec<Vec<u32>>, EngineError> {
         if text.trim().is_empty() {
             return Err(EngineError::Input("the text is empty".into()));
         }
         let mut segments = Vec::new();
         let mut groups = self.groups(text, budget)?;
-        // The first sentence is a segment of its own, so its audio starts after its own
-        // prefill however much text follows it.
-        if let Some(first) = groups.first_mut()
+        if first_alone
+            && let Some(first) = groups.first_mut()
             && let Some(at) = first
                 .iter()
                 .position(|piece| !text[piece.range.clone()].trim().is_empty())

@@ -761,3 +761,106 @@ fn marked_steps_keep_their_bits_and_give_one_ordered_span_each() {
         "the timeline holds {room} steps"
     );
 }
+
+/// A job admitted with its first segment, whose later segments come while it runs (after
+/// it has waited for them, or at once), gets the bits of its whole request admitted at
+/// once, beside a job that shares its steps; and a job whose later segments fail to come,
+/// fail the check or are refused ends alone with that error, its lanes free again.
+#[test]
+fn a_job_whose_later_segments_come_while_it_runs_gets_the_whole_requests_bits() {
+    use drama_engine::error::EngineError;
+    use std::sync::mpsc::channel;
+    let mut rng = rng("later segments");
+    let fixture = Fixture::preset("tiny", rng.next_u64());
+    let engine = Engine::load(shared_gpu(), fixture.open()).unwrap();
+    let whole = |seed| {
+        let mut r = request(vec![5, 17, 42], 1.5, GuidanceMode::Paired, seed);
+        r.segments.extend([vec![99, 3, 250, 7], vec![8, 8]]);
+        r.max_audio_tokens = 13;
+        r
+    };
+    let (waiting, _) = long_enough(&engine, &mut rng, whole);
+    let (at_once, _) = long_enough(&engine, &mut rng, whole);
+    let (beside, _) = long_enough(&engine, &mut rng, |seed| {
+        request(vec![7, 8], 1.0, GuidanceMode::Paired, seed)
+    });
+    let mut batcher = Batcher::new(&engine, 5, 64).unwrap();
+    let solo: Vec<Vec<f32>> = [&waiting, &at_once, &beside]
+        .into_iter()
+        .map(|r| run_alone(&mut batcher, r.clone()))
+        .collect();
+    let first_only = |r: &SynthesisRequest| SynthesisRequest {
+        segments: r.segments[..1].to_vec(),
+        ..r.clone()
+    };
+    let outputs: Vec<Arc<Mutex<Vec<f32>>>> = (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+    let (send_waiting, later_waiting) = channel();
+    let (send_at_once, later_at_once) = channel();
+    send_at_once.send(Ok(at_once.segments[1..].to_vec())).unwrap();
+    batcher
+        .admit_open(first_only(&waiting), later_waiting, collecting_sink(&outputs[0]))
+        .unwrap();
+    batcher
+        .admit_open(first_only(&at_once), later_at_once, collecting_sink(&outputs[1]))
+        .unwrap();
+    batcher.admit(beside.clone(), collecting_sink(&outputs[2])).unwrap();
+    let mut ended = Vec::new();
+    // Past the first segment's prompt and its 13 tokens at most: the job waits.
+    for _ in 0..30 {
+        ended.extend(batcher.step().unwrap());
+    }
+    assert!(
+        batcher.active() >= 1,
+        "the waiting job ended without its later segments"
+    );
+    send_waiting.send(Ok(waiting.segments[1..].to_vec())).unwrap();
+    while batcher.active() > 0 {
+        ended.extend(batcher.step().unwrap());
+    }
+    assert!(
+        ended
+            .iter()
+            .all(|(_, e)| e.as_ref().is_ok_and(|s| s.stop == Stop::Finished))
+    );
+    for (i, want) in solo.iter().enumerate() {
+        let got = outputs[i].lock().unwrap();
+        assert!(!want.is_empty(), "job {i}: the comparison needs audio");
+        assert_eq!(got.len(), want.len(), "job {i}: samples");
+        assert!(
+            got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "job {i}: its bits differ from the whole request's"
+        );
+    }
+    // Later segments that fail: an error, a closed channel, a text id past the vocabulary.
+    let vocab = engine.checkpoint.config.text_vocab_size as u32;
+    let failures: [(Option<Result<Vec<Vec<u32>>, EngineError>>, String); 3] = [
+        (
+            Some(Err(EngineError::Input("the word \"x\" is too long".into()))),
+            "the word \"x\" is too long".into(),
+        ),
+        (None, "never cut into segments".into()),
+        (
+            Some(Ok(vec![vec![1], vec![2, vocab]])),
+            format!("segment 2, token 1: text id {vocab} is not below text_vocab_size {vocab}"),
+        ),
+    ];
+    for (later, want) in failures {
+        let (send, receive) = channel();
+        if let Some(later) = later {
+            send.send(later).unwrap();
+        }
+        drop(send);
+        let id = batcher
+            .admit_open(first_only(&waiting), receive, Box::new(|_| true))
+            .unwrap();
+        let mut ended = Vec::new();
+        while batcher.active() > 0 {
+            ended.extend(batcher.step().unwrap());
+        }
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].0, id);
+        let error = ended[0].1.as_ref().unwrap_err().to_string();
+        assert!(error.contains(&want), "{error}");
+        assert_eq!(batcher.free_lanes(), 5);
+    }
+}

@@ -276,10 +276,10 @@ fn a_run_can_take_fewer_tokens_than_its_counts_predict() {
     }
 }
 
-#[test]
-fn segments_match_plain_greedy_packing_on_random_text() {
-    let (_dir, front) = front();
-    let mut rng = drama_engine::test_support::rng("segments_match_plain_greedy_packing_on_random_text");
+/// A random text of 1 to 80 words (Latin, Chinese with and without pause marks, kana with a
+/// combining mark), each followed by a space, a sentence end, a line break or a full-width
+/// end, which needs no space after it.
+fn random_text(rng: &mut impl Rng) -> String {
     let words = [
         "the",
         "thin",
@@ -301,7 +301,6 @@ fn segments_match_plain_greedy_packing_on_random_text() {
         "\u{4f60}\u{597d}\u{ff0c}\u{4e16}\u{754c}\u{3001}\u{5929}\u{6c14}\u{ff1a}\u{5f88}\u{597d}",
         "\u{304b}\u{3099}\u{304f}\u{3053}\u{3046}",
     ];
-    // With the full-width ends, which need no space after them.
     let ends = [
         " ",
         " ",
@@ -320,14 +319,22 @@ fn segments_match_plain_greedy_packing_on_random_text() {
         "\u{3002}\u{300d}",
         "\u{300c}",
     ];
+    let length = 1 + rng.next_u32() as usize % 80;
+    let mut text = String::new();
+    for _ in 0..length {
+        text += words[rng.next_u32() as usize % words.len()];
+        text += ends[rng.next_u32() as usize % ends.len()];
+    }
+    text
+}
+
+#[test]
+fn segments_match_plain_greedy_packing_on_random_text() {
+    let (_dir, front) = front();
+    let mut rng = drama_engine::test_support::rng("segments_match_plain_greedy_packing_on_random_text");
     let mut refused = 0;
     for case in 0..300 {
-        let length = 1 + rng.next_u32() as usize % 80;
-        let mut text = String::new();
-        for _ in 0..length {
-            text += words[rng.next_u32() as usize % words.len()];
-            text += ends[rng.next_u32() as usize % ends.len()];
-        }
+        let text = random_text(&mut rng);
         let budget = 3 + rng.next_u32() as usize % 40;
         let want = greedy_segments(&front, &text, budget);
         match front.segments(&text, budget) {
@@ -339,4 +346,41 @@ fn segments_match_plain_greedy_packing_on_random_text() {
         }
     }
     assert!(refused < 300, "some texts must fit");
+}
+
+/// The first segment cut on its own, then the segments of the rest, are the whole text's
+/// segments; where the whole is refused, the first or the rest is refused with the same
+/// error. Leading white space and a first sentence over the budget are among the cases.
+#[test]
+fn the_first_segment_then_the_rest_are_the_whole_texts_segments() {
+    let (_dir, front) = front();
+    let mut rng = drama_engine::test_support::rng("the_first_segment_then_the_rest_are_the_whole_texts_segments");
+    let (mut split, mut refused) = (0, 0);
+    for case in 0..300 {
+        let lead = ["", " ", "\n\n", " . "][rng.next_u32() as usize % 4];
+        let text = format!("{lead}{}", random_text(&mut rng));
+        let budget = 3 + rng.next_u32() as usize % 40;
+        let whole = front.segments(&text, budget).map_err(|e| e.to_string());
+        let parts = match front.first_segment(&text, budget) {
+            Ok(None) => continue,
+            Ok(Some((first, at))) => {
+                split += 1;
+                assert!(
+                    !text[at..].trim().is_empty(),
+                    "case {case}: nothing after the first segment"
+                );
+                front
+                    .segments_after(&text[at..], budget)
+                    .map(|rest| [vec![first], rest].concat())
+            }
+            Err(e) => Err(e),
+        };
+        let parts = parts.map_err(|e| e.to_string());
+        refused += usize::from(whole.is_err());
+        assert_eq!(parts, whole, "case {case}, budget {budget}: {text:?}");
+    }
+    assert!(
+        split > 150 && refused > 0 && refused < split,
+        "{split} split, {refused} refused"
+    );
 }

@@ -428,11 +428,11 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         },
         max_audio_tokens,
     };
-    let (request, guard) = tokio::task::spawn_blocking(move || {
+    let (request, later_text, guard) = tokio::task::spawn_blocking(move || {
         settings.prefix = shared.store.prefix_for(&voice, &shared.checkpoint)?;
-        let request = SynthesisRequest::for_text(&shared.text, &input, settings)
+        let (request, later_text) = SynthesisRequest::opening(&shared.text, &input, settings)
             .map_err(|e| ApiError::invalid("input", e.to_string()))?;
-        Ok::<_, ApiError>((request, guard))
+        Ok::<_, ApiError>((request, later_text, guard))
     })
     .await
     .map_err(|e| ApiError::status(500, format!("preparing the request failed: {e}")))??;
@@ -441,6 +441,27 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         .response_format
         .encoder(state.sample_rate)
         .map_err(|e| ApiError::invalid("response_format", e.to_string()))?;
+    // The text after the first sentence is cut while the first is spoken (its speech starts
+    // however long the rest is); the response waits for it, so text that cannot be spoken
+    // is still refused before any audio. The cutting task holds the place meanwhile.
+    let (cut, rest_cut) = oneshot::channel();
+    let later = match later_text {
+        Some(text) => {
+            let (segments, later) = std::sync::mpsc::channel();
+            let shared = state.clone();
+            tokio::task::spawn_blocking(move || {
+                let result = text.segments(&shared.text);
+                let answer = result.as_ref().map(|_| ()).map_err(ToString::to_string);
+                let _ = segments.send(result);
+                let _ = cut.send((answer, guard));
+            });
+            Some(later)
+        }
+        None => {
+            let _ = cut.send((Ok(()), guard));
+            None
+        }
+    };
     let (accepted, accepted_answer) = oneshot::channel();
     let (chunks, mut chunk_receiver) = mpsc::unbounded_channel();
     let (done, done_answer) = oneshot::channel();
@@ -448,6 +469,7 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         &state.commands,
         SpeakJob {
             request,
+            later,
             accepted,
             chunks,
             done,
@@ -457,6 +479,10 @@ async fn speech(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
     accepted_answer
         .await
         .map_err(|_| ApiError::status(503, "the engine stopped"))??;
+    let (cut, guard) = rest_cut
+        .await
+        .map_err(|e| ApiError::status(500, format!("cutting the text failed: {e}")))?;
+    cut.map_err(|e| ApiError::invalid("input", e))?;
     let content_type = match speech.stream_format {
         StreamFormat::Sse => "text/event-stream",
         StreamFormat::Whole | StreamFormat::Audio => speech.response_format.media_type(),

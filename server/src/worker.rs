@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use drama_engine::batch::{Batcher, JobId};
 use drama_engine::session::Engine;
-use drama_engine::synth::{Stop, SynthesisRequest, SynthesisStats};
+use drama_engine::synth::{LaterSegments, Stop, SynthesisRequest, SynthesisStats};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ServerConfig;
@@ -22,6 +22,8 @@ use crate::unread::Chunk;
 pub struct SpeakJob {
     /// What to synthesize, its voice prefix resolved.
     pub request: SynthesisRequest,
+    /// The segments after the request's first, when they are still being cut.
+    pub later: Option<LaterSegments>,
     /// Answered once the job is queued (Ok) or refused (unknown voice...).
     pub accepted: oneshot::Sender<Result<(), ApiError>>,
     /// PCM chunks as they are produced.
@@ -46,6 +48,7 @@ pub enum Outcome {
 /// A job waiting for lanes.
 struct Queued {
     request: SynthesisRequest,
+    later: Option<LaterSegments>,
     chunks: mpsc::UnboundedSender<Chunk>,
     done: oneshot::Sender<Outcome>,
     deadline: Instant,
@@ -106,6 +109,7 @@ pub fn run(
             };
             let SpeakJob {
                 request,
+                later,
                 accepted,
                 chunks,
                 done,
@@ -119,6 +123,7 @@ pub fn run(
             if ok {
                 waiting.push_back(Queued {
                     request,
+                    later,
                     chunks,
                     done,
                     deadline,
@@ -137,7 +142,11 @@ pub fn run(
             let sender = job.chunks.clone();
             let counted = metrics.clone();
             let sink = Box::new(move |pcm: &[f32]| sender.send(Chunk::new(pcm.to_vec(), &counted)).is_ok());
-            match batcher.admit(job.request, sink) {
+            let admitted = match job.later {
+                Some(later) => batcher.admit_open(job.request, later, sink),
+                None => batcher.admit(job.request, sink),
+            };
+            match admitted {
                 Ok(id) => {
                     running.insert(
                         id,
@@ -279,6 +288,7 @@ mod tests {
         let (done, done_receiver) = oneshot::channel();
         let job = Queued {
             request,
+            later: None,
             chunks,
             done,
             deadline,

@@ -937,3 +937,57 @@ fn a_waiting_request_whose_client_leaves_is_dropped_from_the_queue() {
     }
     assert_eq!(server.terminate(), Some(0));
 }
+
+/// The text after the first sentence is cut while the first is spoken, and the response
+/// waits for it: a later word that cannot fit the context is still refused with a 400
+/// naming `input`, before any audio, and the server goes on. A text cut that way is
+/// spoken as `drama synth` speaks it whole. (A checkpoint of 113 positions: 12 tokens of
+/// text beside the 4-position voice prefix, `audio_bos` and the 96-token cap.)
+#[test]
+fn a_later_sentence_that_cannot_be_spoken_is_refused_before_any_audio() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("short");
+    let mut preset = drama_fixtures::Preset::by_name("tiny").unwrap();
+    preset.config.max_position_embeddings = 113;
+    drama_fixtures::generate(&preset, 53)
+        .unwrap()
+        .write(&checkpoint)
+        .unwrap();
+    let server = Server::start(&checkpoint, &dir.path().join("data"), &[]);
+    for stream_format in [Value::Null, json!("audio"), json!("sse")] {
+        let mut body = request("Hi. Then Supercalifragilisticexpialidocious follows.", 3);
+        body["stream_format"] = stream_format;
+        let refused = server.speech(&body);
+        assert_eq!(refused.status, 400, "{}", String::from_utf8_lossy(&refused.body));
+        let error = &refused.json()["error"];
+        assert_eq!(error["param"], "input", "{error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains("\"Supercalifragilisticexpialidocious\" alone needs more than the 12 tokens"),
+            "{message}"
+        );
+    }
+    let text = "Hi. A second one. And a third.";
+    let served = server.speech(&request(text, 5));
+    assert_eq!(served.status, 200, "{}", String::from_utf8_lossy(&served.body));
+    let out = dir.path().join("synth.wav");
+    let (code, _, err) = drama_tests::drama_text(&[
+        "synth",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--text",
+        text,
+        "--seed",
+        "5",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let whole = std::fs::read(&out).unwrap();
+    assert!(!data_chunk(&whole).is_empty(), "the comparison needs audio");
+    assert_eq!(
+        data_chunk(&served.body),
+        data_chunk(&whole),
+        "served and synthesized differ"
+    );
+}
