@@ -833,7 +833,9 @@ fn a_job_whose_later_segments_come_while_it_runs_gets_the_whole_requests_bits() 
     }
     // Later segments that fail: an error, a closed channel, a text id past the vocabulary.
     let vocab = engine.checkpoint.config.text_vocab_size as u32;
-    let failures: [(Option<Result<Vec<Vec<u32>>, EngineError>>, String); 3] = [
+    // What comes through the channel (nothing: it closes), and the error the job ends with.
+    type Later = Option<Result<Vec<Vec<u32>>, EngineError>>;
+    let failures: [(Later, String); 3] = [
         (
             Some(Err(EngineError::Input("the word \"x\" is too long".into()))),
             "the word \"x\" is too long".into(),
