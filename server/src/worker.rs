@@ -204,7 +204,7 @@ pub fn run(
                     Err(e) => {
                         // This job alone failed; the others of the step go on.
                         eprintln!("drama serve: a job failed: {e}");
-                        let _ = job.done.send(Outcome::Failed(format!("synthesis failed: {e}")));
+                        let _ = job.done.send(Outcome::Failed(e.to_string()));
                         continue;
                     }
                 };
