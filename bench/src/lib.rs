@@ -25,7 +25,7 @@ use drama_engine::gpu::{Capabilities, Dispatch, Gpu, MAX_MARKED_SUBMISSIONS, Mar
 use drama_engine::sampling::gpu::Draw;
 use drama_engine::sampling::{SamplingParams, gamma_fixed};
 use drama_engine::session::{Engine, Row, RowSource, Session};
-use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, SynthesisRequest};
+use drama_engine::synth::{CODEC_CHUNK, GuidanceMode, SpeechSettings, SynthesisRequest};
 use drama_engine::text::TextFrontEnd;
 use drama_engine::weights::GpuLinear;
 
@@ -454,6 +454,9 @@ pub struct TextResult {
     pub segments: usize,
     /// The fastest of the repeats, ms.
     pub ms: f64,
+    /// The fastest of the repeats to cut the first segment alone, as the service does
+    /// before the request's first step (the rest is cut while it is spoken), ms.
+    pub first_ms: f64,
 }
 
 /// The text of a request of `sentences` sentences (`bench/ttfa.py`'s).
@@ -464,29 +467,55 @@ pub fn bench_text(sentences: usize) -> String {
         .join(" ")
 }
 
-/// Segments texts of 1, 10, 100 and 1000 sentences with the checkpoint's tokenizer, as a
-/// request's text is before its first step; the fastest of `options.repeats` each.
+/// Segments texts of 1, 10, 100 and 1000 sentences with the checkpoint's tokenizer, whole
+/// (as `drama synth` does before its first step) and as the service does before it
+/// ([`SynthesisRequest::opening`]: the first segment alone when text follows it); the
+/// fastest of `options.repeats` each.
 pub fn text(engine: &Engine, options: &BenchOptions) -> Result<Vec<TextResult>, EngineError> {
     let front = TextFrontEnd::new(&engine.checkpoint);
     let max_audio_tokens = engine.checkpoint.config.speech.max_audio_tokens;
+    let settings = SpeechSettings {
+        prefix: None,
+        gamma: 1.0,
+        guidance: GuidanceMode::Paired,
+        sampling: SamplingParams::unfiltered(0),
+        max_audio_tokens,
+    };
     let mut results = Vec::new();
     for sentences in [1, 10, 100, 1000] {
         let text = bench_text(sentences);
-        let mut fastest = Duration::MAX;
-        let mut segments = 0;
-        for _ in 0..options.repeats {
-            let start = Instant::now();
-            segments = front.segments_for(&text, max_audio_tokens)?.len();
-            fastest = fastest.min(start.elapsed());
-        }
+        let (whole_ms, segments) = fastest_of(options.repeats, || {
+            Ok(front.segments_for(&text, max_audio_tokens)?.len())
+        })?;
+        let (first_ms, _) = fastest_of(options.repeats, || {
+            Ok(SynthesisRequest::opening(&front, &text, settings.clone())?
+                .0
+                .segments
+                .len())
+        })?;
         results.push(TextResult {
             sentences,
             characters: text.len(),
             segments,
-            ms: ms(fastest),
+            ms: whole_ms,
+            first_ms,
         });
     }
     Ok(results)
+}
+
+/// The fastest of `repeats` runs of `cut`, ms, and what the last returned.
+fn fastest_of(
+    repeats: usize,
+    mut cut: impl FnMut() -> Result<usize, EngineError>,
+) -> Result<(f64, usize), EngineError> {
+    let (mut fastest, mut value) = (Duration::MAX, 0);
+    for _ in 0..repeats {
+        let start = Instant::now();
+        value = cut()?;
+        fastest = fastest.min(start.elapsed());
+    }
+    Ok((ms(fastest), value))
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

@@ -186,8 +186,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     for t in report.text.iter().flatten() {
         eprintln!(
-            "text of {} sentences ({} characters): {} segments in {:.2} ms",
-            t.sentences, t.characters, t.segments, t.ms
+            "text of {} sentences ({} characters): {} segments in {:.2} ms; the service's first step waits {:.2} ms",
+            t.sentences, t.characters, t.segments, t.ms, t.first_ms
         );
     }
     outln!("wrote {}", args.out.display())?;
