@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use crate::codec::{CodecDecoder, CodecWeights};
@@ -553,15 +554,15 @@ impl<'e> Batcher<'e> {
             let Some(later) = &job.later else { continue };
             let received = if idle && i == 0 {
                 later.recv_timeout(Duration::from_millis(1)).map_err(|e| match e {
-                    std::sync::mpsc::RecvTimeoutError::Timeout => std::sync::mpsc::TryRecvError::Empty,
-                    std::sync::mpsc::RecvTimeoutError::Disconnected => std::sync::mpsc::TryRecvError::Disconnected,
+                    RecvTimeoutError::Timeout => TryRecvError::Empty,
+                    RecvTimeoutError::Disconnected => TryRecvError::Disconnected,
                 })
             } else {
                 later.try_recv()
             };
             let segments = match received {
-                Err(std::sync::mpsc::TryRecvError::Empty) => continue,
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => Err(EngineError::Input(
+                Err(TryRecvError::Empty) => continue,
+                Err(TryRecvError::Disconnected) => Err(EngineError::Input(
                     "the rest of the text was never cut into segments".into(),
                 )),
                 Ok(Ok(segments)) if segments.is_empty() => {
