@@ -102,10 +102,7 @@ impl TextFrontEnd {
     /// and [`TextFrontEnd::segments_after`] of the rest are [`TextFrontEnd::segments`] of the
     /// whole, so a caller can start speaking the first while the rest is being cut.
     pub fn first_segment(&self, text: &str, budget: usize) -> Result<Option<(Vec<u32>, usize)>, EngineError> {
-        let Some(first) = sentences(text)
-            .into_iter()
-            .find(|sentence| !text[sentence.clone()].trim().is_empty())
-        else {
+        let Some(first) = sentences(text).find(|sentence| !text[sentence.clone()].trim().is_empty()) else {
             return Ok(None);
         };
         if text[first.end..].trim().is_empty() {
@@ -206,7 +203,7 @@ impl TextFrontEnd {
     /// except that a sentence over the budget is cut into words that start a new group
     /// (the sentences after it may join its last segment).
     fn groups(&self, text: &str, budget: usize) -> Result<Vec<Vec<Piece>>, EngineError> {
-        let sentences = sentences(text);
+        let sentences: Vec<Range<usize>> = sentences(text).collect();
         // Each sentence alone, and as it follows the one before in a run: after that one's
         // trailing white space.
         let counts = (0..sentences.len())
@@ -463,31 +460,29 @@ fn unspaced(c: char) -> bool {
     )
 }
 
-/// Sentences with their trailing white space, as byte ranges of `text` in order.
-fn sentences(text: &str) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
+/// Sentences with their trailing white space, as byte ranges of `text` in order, each found
+/// as it is asked for (the first sentence of a long text is found without reading the rest).
+fn sentences(text: &str) -> impl Iterator<Item = Range<usize>> + '_ {
     let mut start = 0;
     let mut chars = text.char_indices().peekable();
-    while let Some((_, c)) = chars.next() {
-        // Full-width ends need no space after them (Chinese and Japanese put none), and the
-        // closing quotes and brackets after one stay with its sentence.
-        let full_width = FULL_WIDTH_ENDS.contains(&c);
-        if full_width {
-            while chars.next_if(|&(_, n)| FULL_WIDTH_CLOSERS.contains(&n)).is_some() {}
+    std::iter::from_fn(move || {
+        while let Some((_, c)) = chars.next() {
+            // Full-width ends need no space after them (Chinese and Japanese put none), and
+            // the closing quotes and brackets after one stay with its sentence.
+            let full_width = FULL_WIDTH_ENDS.contains(&c);
+            if full_width {
+                while chars.next_if(|&(_, n)| FULL_WIDTH_CLOSERS.contains(&n)).is_some() {}
+            }
+            let ends = full_width
+                || matches!(c, '.' | '!' | '?' | ';') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
+            if ends || c == '\n' {
+                while chars.next_if(|&(_, n)| n.is_whitespace()).is_some() {}
+                let end = chars.peek().map_or(text.len(), |&(at, _)| at);
+                return Some(std::mem::replace(&mut start, end)..end);
+            }
         }
-        let ends =
-            full_width || matches!(c, '.' | '!' | '?' | ';') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
-        if ends || c == '\n' {
-            while chars.next_if(|&(_, n)| n.is_whitespace()).is_some() {}
-            let end = chars.peek().map_or(text.len(), |&(at, _)| at);
-            out.push(start..end);
-            start = end;
-        }
-    }
-    if start < text.len() {
-        out.push(start..text.len());
-    }
-    out
+        (start < text.len()).then(|| std::mem::replace(&mut start, text.len())..text.len())
+    })
 }
 
 #[cfg(test)]
@@ -497,7 +492,7 @@ mod tests {
     #[test]
     fn sentences_keep_every_character_in_order() {
         let text = "Hello there. How are you?\nFine; thanks. 3.14 is pi";
-        let parts: Vec<&str> = sentences(text).into_iter().map(|range| &text[range]).collect();
+        let parts: Vec<&str> = sentences(text).map(|range| &text[range]).collect();
         assert_eq!(parts.concat(), text);
         assert_eq!(parts.len(), 5);
         assert_eq!(parts[4], "3.14 is pi");
@@ -508,10 +503,10 @@ mod tests {
     #[test]
     fn full_width_ends_need_no_space() {
         let quoted = "\u{300c}\u{597d}\u{3002}\u{300d}\u{771f}";
-        let parts: Vec<&str> = sentences(quoted).into_iter().map(|range| &quoted[range]).collect();
+        let parts: Vec<&str> = sentences(quoted).map(|range| &quoted[range]).collect();
         assert_eq!(parts, ["\u{300c}\u{597d}\u{3002}\u{300d}", "\u{771f}"]);
         let text = "\u{4eca}\u{5929}\u{3002}\u{597d}\u{ff01}\u{771f}\u{ff1f}\u{662f}\u{ff1b}\u{5417} a.b";
-        let parts: Vec<&str> = sentences(text).into_iter().map(|range| &text[range]).collect();
+        let parts: Vec<&str> = sentences(text).map(|range| &text[range]).collect();
         assert_eq!(
             parts,
             [
