@@ -454,8 +454,9 @@ pub struct TextResult {
     pub segments: usize,
     /// The fastest of the repeats, ms.
     pub ms: f64,
-    /// The fastest of the repeats to cut the first segment alone, as the service does
-    /// before the request's first step (the rest is cut while it is spoken), ms.
+    /// The fastest of the repeats to cut what the service cuts before a request's first
+    /// step (the first segment alone when text follows it; the rest is cut while it is
+    /// spoken), ms.
     pub first_ms: f64,
 }
 
