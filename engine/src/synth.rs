@@ -87,7 +87,8 @@ impl SynthesisRequest {
     ) -> Result<(SynthesisRequest, Option<LaterText>), EngineError> {
         let budget = front.budget_for(settings.max_audio_tokens)?;
         let Some((first, at)) = front.first_segment(text, budget)? else {
-            return Ok((SynthesisRequest::for_text(front, text, settings)?, None));
+            let segments = front.segments(text, budget)?;
+            return Ok((SynthesisRequest::with_segments(segments, settings), None));
         };
         let later = LaterText {
             text: text[at..].to_string(),
