@@ -41,6 +41,9 @@ pub struct BenchOptions {
     /// More contexts at which a guidance pair's decode step is timed (how the step grows
     /// with the context).
     pub more_contexts: Vec<usize>,
+    /// More chunk sizes, in codes, at which the codec part times a chunk alone besides
+    /// synthesis's own (how a chunk's cost grows with its codes).
+    pub more_codec_chunks: Vec<usize>,
     /// Prompt rows of the prefill measurement.
     pub prefill_rows: usize,
     /// Audio tokens of the synthesis measurement.
@@ -69,6 +72,18 @@ impl BenchOptions {
                 "prefill rows {} must be in 1..={max_positions} (the positions a lane holds)",
                 self.prefill_rows
             )));
+        }
+        if self.parts.contains(&BenchPart::Codec) {
+            let most = config.speech.max_audio_tokens;
+            if let Some(&codes) = self
+                .more_codec_chunks
+                .iter()
+                .find(|&&codes| !(1..=most).contains(&codes))
+            {
+                return Err(EngineError::Input(format!(
+                    "codec chunks of {codes} codes: chunks must hold 1..={most} codes (the most an utterance has)"
+                )));
+            }
         }
         if self.parts.contains(&BenchPart::TokenLoop) && self.lanes.contains(&0) {
             return Err(EngineError::Input("the token loop needs at least one lane".into()));
@@ -435,9 +450,12 @@ pub struct BenchReport {
     /// The token loop at each lane count.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_loop: Option<Vec<TokenLoopResult>>,
-    /// The codec alone.
+    /// The codec alone, a chunk of the size synthesis decodes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub codec: Option<CodecResult>,
+    /// The codec alone, a chunk of each of `more_codec_chunks`' sizes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub more_codec_chunks: Option<Vec<CodecResult>>,
     /// Segmenting requests' text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<Vec<TextResult>>,
@@ -1053,16 +1071,12 @@ fn kernel_shares(launches: Vec<(Kernel, Duration)>) -> Vec<KernelShare> {
     shares
 }
 
-/// One codec chunk of the size synthesis decodes, timed alone (fresh codes each repeat).
-pub fn codec(engine: &Engine, options: &BenchOptions) -> Result<CodecResult, EngineError> {
+/// One codec chunk of `size` codes, timed alone (fresh codes each repeat).
+pub fn codec(engine: &Engine, options: &BenchOptions, size: usize) -> Result<CodecResult, EngineError> {
     let weights = CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?;
     let mut decoder = CodecDecoder::new(weights);
     let codes = engine.checkpoint.config.speech.audio_codes as u32;
-    let chunk = |i: usize| -> Vec<u32> {
-        (0..CODEC_CHUNK as u32)
-            .map(|j| (i as u32 * 131 + j * 29) % codes)
-            .collect()
-    };
+    let chunk = |i: usize| -> Vec<u32> { (0..size as u32).map(|j| (i as u32 * 131 + j * 29) % codes).collect() };
     let mut dispatches = 0;
     let mut round = 0;
     warm_up(&engine.gpu, WARM_UP)?;
@@ -1078,8 +1092,8 @@ pub fn codec(engine: &Engine, options: &BenchOptions) -> Result<CodecResult, Eng
         Vec::new()
     };
     Ok(CodecResult {
-        codes: CODEC_CHUNK,
-        samples: CODEC_CHUNK * engine.checkpoint.config.codec.samples_per_code(),
+        codes: size,
+        samples: size * engine.checkpoint.config.codec.samples_per_code(),
         dispatches,
         gpu_ms,
         profile,
@@ -1193,7 +1207,7 @@ pub fn token_loop(engine: &Engine, lanes: usize, options: &BenchOptions) -> Resu
         })
         .collect();
     let draw_gpu_ms = median_ms(options.repeats, || session.timed_draw(&draws))?;
-    let codec_gpu_ms = codec(engine, options)?.gpu_ms * jobs as f64 / CODEC_CHUNK as f64;
+    let codec_gpu_ms = codec(engine, options, CODEC_CHUNK)?.gpu_ms * jobs as f64 / CODEC_CHUNK as f64;
     let busy_ms = step_gpu_ms + draw_gpu_ms + codec_gpu_ms;
     Ok(TokenLoopResult {
         lanes,
@@ -1345,9 +1359,19 @@ pub fn run(
     } else {
         None
     };
+    let more_codec_chunks = if wanted(BenchPart::Codec) && !options.more_codec_chunks.is_empty() {
+        let mut results = Vec::new();
+        for &size in &options.more_codec_chunks {
+            progress(&format!("codec, chunks of {size} codes"));
+            results.push(codec(engine, options, size)?);
+        }
+        Some(results)
+    } else {
+        None
+    };
     let codec = if wanted(BenchPart::Codec) {
         progress("codec");
-        Some(codec(engine, options)?)
+        Some(codec(engine, options, CODEC_CHUNK)?)
     } else {
         None
     };
@@ -1373,6 +1397,7 @@ pub fn run(
         synthesis,
         token_loop,
         codec,
+        more_codec_chunks,
         text,
     })
 }

@@ -33,6 +33,7 @@ fn options(part: BenchPart, repeats: usize, lanes: Vec<usize>) -> BenchOptions {
         context: 12,
         lanes,
         more_contexts: Vec::new(),
+        more_codec_chunks: Vec::new(),
         prefill_rows: 0,
         synthesis_tokens: 0,
         rotation_bytes: 0,

@@ -33,6 +33,9 @@ pub struct BenchArgs {
     /// More contexts at which a guidance pair's decode step is timed (comma-separated).
     #[arg(long, value_delimiter = ',')]
     more_contexts: Vec<usize>,
+    /// More chunk sizes, in codes, at which the codec is timed alone (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    more_codec_chunks: Vec<usize>,
     /// Prompt rows of the prefill measurement.
     #[arg(long, default_value_t = 256)]
     prefill_rows: usize,
@@ -86,6 +89,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             args.lanes.clone()
         },
         more_contexts: args.more_contexts.clone(),
+        more_codec_chunks: args.more_codec_chunks.clone(),
         prefill_rows: args.prefill_rows,
         synthesis_tokens: args.synthesis_tokens,
         rotation_bytes: args.rotation_bytes,
@@ -177,10 +181,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             );
         }
     }
-    if let Some(c) = &report.codec {
+    for c in report.codec.iter().chain(report.more_codec_chunks.iter().flatten()) {
         eprintln!(
-            "codec chunk of {} codes ({} samples): {:.3} ms GPU, {} launches",
-            c.codes, c.samples, c.gpu_ms, c.dispatches
+            "codec chunk of {} codes ({} samples): {:.3} ms GPU ({:.4} ms a code), {} launches",
+            c.codes,
+            c.samples,
+            c.gpu_ms,
+            c.gpu_ms / c.codes as f64,
+            c.dispatches
         );
         print_profile("codec", &c.profile);
     }

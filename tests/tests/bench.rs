@@ -144,6 +144,74 @@ fn bench_times_each_nvfp4_size_in_the_dense_and_the_routed_expert_kernel() {
     }
 }
 
+/// `--more-codec-chunks` times a chunk of each size it names besides synthesis's own, each
+/// decoding its codes' samples.
+#[test]
+fn bench_times_the_codec_chunks_it_is_given() {
+    let (dir, checkpoint, seed) = tiny("bench --more-codec-chunks");
+    let out = dir.path().join("bench.json");
+    let sizes = [1 + (seed % 5) as usize, 20 + (seed % 40) as usize];
+    let sizes_arg = format!("{},{}", sizes[0], sizes[1]);
+    let (code, _, err) = drama_text(&[
+        "bench",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--only",
+        "codec",
+        "--repeats",
+        "1",
+        "--more-codec-chunks",
+        &sizes_arg,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let config =
+        drama_checkpoint::Checkpoint::open(&checkpoint, drama_checkpoint::Provenance::Local(checkpoint.clone()))
+            .unwrap()
+            .config;
+    let samples_per_code = config.codec.samples_per_code() as u64;
+    let chunk = |c: &serde_json::Value| -> (u64, u64) {
+        let ms = c["gpu_ms"].as_f64().unwrap();
+        assert!(ms.is_finite() && ms > 0.0, "{c}");
+        (c["codes"].as_u64().unwrap(), c["samples"].as_u64().unwrap())
+    };
+    let synthesis_chunk = drama_engine::synth::CODEC_CHUNK as u64;
+    assert_eq!(
+        chunk(&report["codec"]),
+        (synthesis_chunk, synthesis_chunk * samples_per_code)
+    );
+    let more: Vec<(u64, u64)> = report["more_codec_chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(chunk)
+        .collect();
+    let expected: Vec<(u64, u64)> = sizes.iter().map(|&n| (n as u64, n as u64 * samples_per_code)).collect();
+    assert_eq!(more, expected, "{report}");
+    let most = config.speech.max_audio_tokens;
+    for refused in [0, most + 1] {
+        let (code, _, err) = drama_text(&[
+            "bench",
+            "--checkpoint",
+            checkpoint.to_str().unwrap(),
+            "--only",
+            "codec",
+            "--more-codec-chunks",
+            &format!("{},{refused}", sizes[0]),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(&format!("codec chunks of {refused} codes")) && err.contains(&format!("1..={most}")),
+            "{err}"
+        );
+        assert!(!err.contains("bench: roofline"), "refused only after starting: {err}");
+    }
+}
+
 #[test]
 fn bench_refuses_a_part_it_does_not_know() {
     let dir = tempfile::tempdir().unwrap();

@@ -217,6 +217,7 @@ fn bench(engine: &Engine, quick: bool) -> Result<BenchFigures> {
             drama_bench::DEFAULT_STEP_LANES.to_vec()
         },
         more_contexts: Vec::new(),
+        more_codec_chunks: Vec::new(),
         prefill_rows: (max_positions / 2).min(if quick { 128 } else { 256 }),
         synthesis_tokens: (max_positions / 4).min(if quick { 32 } else { 200 }),
         rotation_bytes: 0,
