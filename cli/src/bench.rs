@@ -8,7 +8,7 @@ use drama_bench::{BenchOptions, BenchPart, DEFAULT_STEP_LANES, KernelShare, Synt
 use drama_engine::session::Engine;
 
 use crate::checkpoint_arg::CheckpointArg;
-use crate::gpu_arg::GpuArg;
+use crate::gpu_arg::{GpuArg, NumericsArg};
 use crate::output;
 
 /// Arguments of `drama bench`.
@@ -18,6 +18,10 @@ pub struct BenchArgs {
     checkpoint: CheckpointArg,
     #[command(flatten)]
     gpu: GpuArg,
+    /// Compile the kernels as written, or as Metal's default fast math may compile them
+    /// (`fast-math-emulation`: what it would cost or save, timed on another GPU).
+    #[arg(long, value_enum, default_value = "as-written")]
+    numerics: NumericsArg,
     /// JSON output file.
     #[arg(short = 'o', long = "out")]
     out: PathBuf,
@@ -105,7 +109,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     output::check(&args.out)?;
-    let engine = Engine::load(args.gpu.open()?, checkpoint)?;
+    let engine = Engine::load(args.gpu.open_with(args.numerics.into())?, checkpoint)?;
     let report = run_bench(
         &engine,
         &options,

@@ -7,6 +7,24 @@ use clap::Args;
 use drama_engine::gpu::{BackendChoice, Gpu, GpuOptions};
 use drama_kernels::Numerics;
 
+/// `--numerics`: how the kernels are compiled.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum NumericsArg {
+    /// As written.
+    AsWritten,
+    /// As Metal's default fast math may compile them.
+    FastMathEmulation,
+}
+
+impl From<NumericsArg> for Numerics {
+    fn from(arg: NumericsArg) -> Numerics {
+        match arg {
+            NumericsArg::AsWritten => Numerics::AsWritten,
+            NumericsArg::FastMathEmulation => Numerics::FastMathEmulation,
+        }
+    }
+}
+
 /// GPU selection.
 #[derive(Args)]
 pub struct GpuArg {

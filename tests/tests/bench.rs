@@ -177,6 +177,7 @@ fn bench_times_the_codec_chunks_it_is_given() {
         assert!(ms.is_finite() && ms > 0.0, "{c}");
         (c["codes"].as_u64().unwrap(), c["samples"].as_u64().unwrap())
     };
+    assert_eq!(report["machine"]["adapter"]["numerics"], "AsWritten");
     let synthesis_chunk = drama_engine::synth::CODEC_CHUNK as u64;
     assert_eq!(
         chunk(&report["codec"]),
@@ -210,6 +211,35 @@ fn bench_times_the_codec_chunks_it_is_given() {
         );
         assert!(!err.contains("bench: roofline"), "refused only after starting: {err}");
     }
+}
+
+/// `--numerics fast-math-emulation` times the kernels compiled as Metal's fast math may
+/// compile them, and the report says so.
+#[test]
+fn bench_compiles_the_kernels_as_numerics_asks() {
+    let (dir, checkpoint, _) = tiny("bench --numerics");
+    let out = dir.path().join("bench.json");
+    let (code, _, err) = drama_text(&[
+        "bench",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--only",
+        "codec",
+        "--repeats",
+        "1",
+        "--numerics",
+        "fast-math-emulation",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(
+        report["machine"]["adapter"]["numerics"], "FastMathEmulation",
+        "{report}"
+    );
+    let ms = report["codec"]["gpu_ms"].as_f64().unwrap();
+    assert!(ms.is_finite() && ms > 0.0, "{report}");
 }
 
 #[test]

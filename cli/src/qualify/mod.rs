@@ -19,10 +19,9 @@ use clap::Args;
 use drama_bench::{BenchOptions, BenchPart};
 use drama_checkpoint::{Checkpoint, Provenance};
 use drama_engine::session::Engine;
-use drama_kernels::Numerics;
 
 use crate::checkpoint_arg::CheckpointArg;
-use crate::gpu_arg::GpuArg;
+use crate::gpu_arg::{GpuArg, NumericsArg};
 use crate::output;
 use receipt::{BenchFigures, Build, Check, Platform, RECEIPT_SCHEMA, Receipt};
 
@@ -58,13 +57,6 @@ pub struct QualifyArgs {
     /// check can fail (tests); repeatable.
     #[arg(long, hide = true)]
     plant: Vec<String>,
-}
-
-/// `--numerics`.
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum NumericsArg {
-    AsWritten,
-    FastMathEmulation,
 }
 
 /// Deliberate defects in named checks' GPU results (`--plant`).
@@ -108,10 +100,7 @@ pub fn run(args: QualifyArgs) -> Result<()> {
         .as_ref()
         .map(|c| CheckpointArg::named(c.clone()).open())
         .transpose()?;
-    let gpu = args.gpu.open_with(match args.numerics {
-        NumericsArg::AsWritten => Numerics::AsWritten,
-        NumericsArg::FastMathEmulation => Numerics::FastMathEmulation,
-    })?;
+    let gpu = args.gpu.open_with(args.numerics.into())?;
     // Generated checkpoints and the servers' data, removed when the run ends.
     let scratch = tempfile::Builder::new()
         .prefix("drama-qualify-")
