@@ -197,6 +197,22 @@ struct ConvTile {
     leader: u32,
 }
 
+// The weights at four indices.
+fn conv_weights(at: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(weight(at.x), weight(at.y), weight(at.z), weight(at.w));
+}
+
+// Adds a conv1d thread's terms of one input channel and tap: weight k (of output channel k)
+// times the four frames `xs`, to sum k.
+fn add_terms(acc: array<Sum4, 4>, ws: vec4<f32>, xs: vec4<f32>) -> array<Sum4, 4> {
+    return array<Sum4, 4>(
+        add4(acc[0], ws.x * xs),
+        add4(acc[1], ws.y * xs),
+        add4(acc[2], ws.z * xs),
+        add4(acc[3], ws.w * xs),
+    );
+}
+
 // Causal dilated conv1d, weight [out, in, K]: y[t, o] = b[o] + sum_j sum_i
 // w[o, i, j] * x[t - (K - 1 - j) * d, i]; `hist` holds (K - 1) * d frames. A workgroup per
 // (CHANNELS * WG / lanes output channels, FRAMES frames); a thread's channels are
@@ -213,13 +229,29 @@ fn conv1d_tile(wg: vec3<u32>, t: u32) -> ConvTile {
         for (var j = 0u; j < p.kernel; j++) {
             let e = t0 + j * p.dilation;
             let inside = in_chunk(e);
-            for (var i = lane; i < p.in_ch; i += p.lanes) {
-                let xs = frames4(e, i, inside);
+            // Four input channels a turn, all loaded before any is summed, so that four times
+            // the loads are in flight (the loads, not the sums, are what a convolution waits
+            // for); each output's terms keep their order, so the bits do not change.
+            var i = lane;
+            for (; i + 3u * p.lanes < p.in_ch; i += 4u * p.lanes) {
+                let step = vec4<u32>(p.lanes * p.kernel);
+                let xs0 = frames4(e, i, inside);
+                let xs1 = frames4(e, i + p.lanes, inside);
+                let xs2 = frames4(e, i + 2u * p.lanes, inside);
+                let xs3 = frames4(e, i + 3u * p.lanes, inside);
                 let at = (rows + vec4<u32>(i)) * p.kernel + vec4<u32>(j);
-                acc[0] = add4(acc[0], weight(at.x) * xs);
-                acc[1] = add4(acc[1], weight(at.y) * xs);
-                acc[2] = add4(acc[2], weight(at.z) * xs);
-                acc[3] = add4(acc[3], weight(at.w) * xs);
+                let ws0 = conv_weights(at);
+                let ws1 = conv_weights(at + step);
+                let ws2 = conv_weights(at + 2u * step);
+                let ws3 = conv_weights(at + 3u * step);
+                acc = add_terms(acc, ws0, xs0);
+                acc = add_terms(acc, ws1, xs1);
+                acc = add_terms(acc, ws2, xs2);
+                acc = add_terms(acc, ws3, xs3);
+            }
+            for (; i < p.in_ch; i += p.lanes) {
+                let at = (rows + vec4<u32>(i)) * p.kernel + vec4<u32>(j);
+                acc = add_terms(acc, conv_weights(at), frames4(e, i, inside));
             }
         }
     }
