@@ -15,14 +15,19 @@ fn tiny(label: &str) -> (tempfile::TempDir, std::path::PathBuf, u64) {
     (dir, checkpoint, seed)
 }
 
-/// Runs `drama bench --checkpoint CHECKPOINT --only decode --repeats 1 ARGS --out OUT`.
-fn bench_decode(checkpoint: &std::path::Path, out: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+/// Runs `drama bench --checkpoint CHECKPOINT --only PART --repeats 1 ARGS --out OUT`.
+fn bench_part(part: &str, checkpoint: &std::path::Path, out: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
     let mut all = vec!["bench", "--checkpoint", checkpoint.to_str().unwrap()];
-    all.extend(["--only", "decode", "--repeats", "1"]);
+    all.extend(["--only", part, "--repeats", "1"]);
     all.extend_from_slice(args);
     all.extend(["--out", out.to_str().unwrap()]);
     let (code, _, err) = drama_text(&all);
     (code, err)
+}
+
+/// `bench_part` of the decode steps.
+fn bench_decode(checkpoint: &std::path::Path, out: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    bench_part("decode", checkpoint, out, args)
 }
 
 #[test]
@@ -152,19 +157,7 @@ fn bench_times_the_codec_chunks_it_is_given() {
     let out = dir.path().join("bench.json");
     let sizes = [1 + (seed % 5) as usize, 20 + (seed % 40) as usize];
     let sizes_arg = format!("{},{}", sizes[0], sizes[1]);
-    let (code, _, err) = drama_text(&[
-        "bench",
-        "--checkpoint",
-        checkpoint.to_str().unwrap(),
-        "--only",
-        "codec",
-        "--repeats",
-        "1",
-        "--more-codec-chunks",
-        &sizes_arg,
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, err) = bench_part("codec", &checkpoint, &out, &["--more-codec-chunks", &sizes_arg]);
     assert_eq!(code, Some(0), "{err}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let config =
@@ -193,17 +186,8 @@ fn bench_times_the_codec_chunks_it_is_given() {
     assert_eq!(more, expected, "{report}");
     let most = config.speech.max_audio_tokens;
     for refused in [0, most + 1] {
-        let (code, _, err) = drama_text(&[
-            "bench",
-            "--checkpoint",
-            checkpoint.to_str().unwrap(),
-            "--only",
-            "codec",
-            "--more-codec-chunks",
-            &format!("{},{refused}", sizes[0]),
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let refused_arg = format!("{},{refused}", sizes[0]);
+        let (code, err) = bench_part("codec", &checkpoint, &out, &["--more-codec-chunks", &refused_arg]);
         assert_eq!(code, Some(1), "{err}");
         assert!(
             err.contains(&format!("codec chunks of {refused} codes")) && err.contains(&format!("1..={most}")),
@@ -219,19 +203,7 @@ fn bench_times_the_codec_chunks_it_is_given() {
 fn bench_compiles_the_kernels_as_numerics_asks() {
     let (dir, checkpoint, _) = tiny("bench --numerics");
     let out = dir.path().join("bench.json");
-    let (code, _, err) = drama_text(&[
-        "bench",
-        "--checkpoint",
-        checkpoint.to_str().unwrap(),
-        "--only",
-        "codec",
-        "--repeats",
-        "1",
-        "--numerics",
-        "fast-math-emulation",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, err) = bench_part("codec", &checkpoint, &out, &["--numerics", "fast-math-emulation"]);
     assert_eq!(code, Some(0), "{err}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(
