@@ -1071,33 +1071,39 @@ fn kernel_shares(launches: Vec<(Kernel, Duration)>) -> Vec<KernelShare> {
     shares
 }
 
-/// One codec chunk of `size` codes, timed alone (fresh codes each repeat).
-pub fn codec(engine: &Engine, options: &BenchOptions, size: usize) -> Result<CodecResult, EngineError> {
+/// A codec chunk of each of `sizes` codes, timed alone on one decoder (fresh codes each
+/// repeat).
+pub fn codec_chunks(engine: &Engine, options: &BenchOptions, sizes: &[usize]) -> Result<Vec<CodecResult>, EngineError> {
     let weights = CodecWeights::upload(engine.gpu.clone(), &engine.checkpoint)?;
     let mut decoder = CodecDecoder::new(weights);
     let codes = engine.checkpoint.config.speech.audio_codes as u32;
-    let chunk = |i: usize| -> Vec<u32> { (0..size as u32).map(|j| (i as u32 * 131 + j * 29) % codes).collect() };
-    let mut dispatches = 0;
     let mut round = 0;
     warm_up(&engine.gpu, WARM_UP)?;
-    let gpu_ms = median_ms(options.repeats, || {
-        round += 1;
-        let (time, launches) = decoder.timed_chunk(&chunk(round))?;
-        dispatches = launches;
-        Ok(time)
-    })?;
-    let profile = if engine.gpu.caps.timestamps {
-        kernel_shares(decoder.profiled_chunk(&chunk(round + 1))?)
-    } else {
-        Vec::new()
-    };
-    Ok(CodecResult {
-        codes: size,
-        samples: size * engine.checkpoint.config.codec.samples_per_code(),
-        dispatches,
-        gpu_ms,
-        profile,
-    })
+    let mut results = Vec::with_capacity(sizes.len());
+    for &size in sizes {
+        let chunk = |i: usize| -> Vec<u32> { (0..size as u32).map(|j| (i as u32 * 131 + j * 29) % codes).collect() };
+        let mut dispatches = 0;
+        let gpu_ms = median_ms(options.repeats, || {
+            round += 1;
+            let (time, launches) = decoder.timed_chunk(&chunk(round))?;
+            dispatches = launches;
+            Ok(time)
+        })?;
+        let profile = if engine.gpu.caps.timestamps {
+            round += 1;
+            kernel_shares(decoder.profiled_chunk(&chunk(round))?)
+        } else {
+            Vec::new()
+        };
+        results.push(CodecResult {
+            codes: size,
+            samples: size * engine.checkpoint.config.codec.samples_per_code(),
+            dispatches,
+            gpu_ms,
+            profile,
+        });
+    }
+    Ok(results)
 }
 
 /// Text tokens of the synthesis measurement's prompt.
@@ -1207,7 +1213,7 @@ pub fn token_loop(engine: &Engine, lanes: usize, options: &BenchOptions) -> Resu
         })
         .collect();
     let draw_gpu_ms = median_ms(options.repeats, || session.timed_draw(&draws))?;
-    let codec_gpu_ms = codec(engine, options, CODEC_CHUNK)?.gpu_ms * jobs as f64 / CODEC_CHUNK as f64;
+    let codec_gpu_ms = codec_chunks(engine, options, &[CODEC_CHUNK])?[0].gpu_ms * jobs as f64 / CODEC_CHUNK as f64;
     let busy_ms = step_gpu_ms + draw_gpu_ms + codec_gpu_ms;
     Ok(TokenLoopResult {
         lanes,
@@ -1359,21 +1365,17 @@ pub fn run(
     } else {
         None
     };
-    let more_codec_chunks = if wanted(BenchPart::Codec) && !options.more_codec_chunks.is_empty() {
-        let mut results = Vec::new();
-        for &size in &options.more_codec_chunks {
-            progress(&format!("codec, chunks of {size} codes"));
-            results.push(codec(engine, options, size)?);
-        }
-        Some(results)
-    } else {
-        None
-    };
-    let codec = if wanted(BenchPart::Codec) {
+    // Synthesis's own chunk first, then the more sizes asked for.
+    let (codec, more_codec_chunks) = if wanted(BenchPart::Codec) {
         progress("codec");
-        Some(codec(engine, options, CODEC_CHUNK)?)
+        let sizes: Vec<usize> = std::iter::once(CODEC_CHUNK)
+            .chain(options.more_codec_chunks.iter().copied())
+            .collect();
+        let mut chunks = codec_chunks(engine, options, &sizes)?;
+        let more = chunks.split_off(1);
+        (chunks.pop(), (!more.is_empty()).then_some(more))
     } else {
-        None
+        (None, None)
     };
     let text = if wanted(BenchPart::Text) {
         progress("text");

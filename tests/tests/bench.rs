@@ -25,17 +25,12 @@ fn bench_part(part: &str, checkpoint: &std::path::Path, out: &std::path::Path, a
     (code, err)
 }
 
-/// `bench_part` of the decode steps.
-fn bench_decode(checkpoint: &std::path::Path, out: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
-    bench_part("decode", checkpoint, out, args)
-}
-
 #[test]
 fn bench_only_writes_the_parts_it_names() {
     let (dir, checkpoint, seed) = tiny("bench --only");
     let out = dir.path().join("bench.json");
     let context = 4 + (seed % 12) as usize;
-    let (code, err) = bench_decode(&checkpoint, &out, &["--context", &context.to_string()]);
+    let (code, err) = bench_part("decode", &checkpoint, &out, &["--context", &context.to_string()]);
     assert_eq!(code, Some(0), "{err}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let mut keys: Vec<&str> = report.as_object().unwrap().keys().map(String::as_str).collect();
@@ -69,7 +64,7 @@ fn bench_times_the_lanes_and_contexts_it_is_given() {
         "--more-contexts",
         &longer_arg,
     ];
-    let (code, err) = bench_decode(&checkpoint, &out, &args);
+    let (code, err) = bench_part("decode", &checkpoint, &out, &args);
     assert_eq!(code, Some(0), "{err}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let steps: Vec<(String, u64, u64)> = report["decode"]
@@ -91,7 +86,7 @@ fn bench_times_the_lanes_and_contexts_it_is_given() {
             ("pair".to_string(), 2, longer),
         ]
     );
-    let (code, err) = bench_decode(&checkpoint, &out, &["--lanes", "0"]);
+    let (code, err) = bench_part("decode", &checkpoint, &out, &["--lanes", "0"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("at least one lane"), "{err}");
 }
