@@ -100,12 +100,14 @@ impl VoiceTower {
             eps: self.eps,
             ..Default::default()
         };
-        Ok(self.gpu.dispatch(
-            Kernel::rms_norm(self.dim),
-            &params,
-            &[x, weight, y],
-            [rows as u32, 1, 1],
-        )?)
+        let kernel = Kernel::rms_norm(self.dim);
+        // `Kernel::RmsNorm` binds its output a second time, as the BF16 pairs it does not
+        // write here.
+        let resources: &[&wgpu::Buffer] = match kernel {
+            Kernel::RmsNorm => &[x, weight, y, y],
+            _ => &[x, weight, y],
+        };
+        Ok(self.gpu.dispatch(kernel, &params, resources, [rows as u32, 1, 1])?)
     }
 
     fn elementwise(

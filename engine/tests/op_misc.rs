@@ -18,7 +18,8 @@ fn to_f64(v: &[f32]) -> Vec<f64> {
 #[test]
 fn rms_norm_matches_reference() {
     // Widths below, between and past the two columns per invocation loaded ahead (1024 and
-    // 2048 values); and widths no multiple of 4, which `Kernel::RmsNormAny` runs.
+    // 2048 values); and widths no multiple of 4, which `Kernel::RmsNormAny` runs. A rounded
+    // `Kernel::RmsNorm` writes the same values as BF16 pairs too, bit for bit.
     for (rows, width, round) in [
         (1usize, 64usize, true),
         (5, 300, false),
@@ -41,22 +42,36 @@ fn rms_norm_matches_reference() {
             eps: 1e-6,
             ..Default::default()
         };
-        let p = gpu.uniform("p", &params);
-        let (xb, wb, y) = (
+        let (xb, wb) = (
             gpu.buffer_with("x", &f32_bytes(&x)),
             gpu.buffer_with("w", &pack_bf16(&w)),
-            poisoned(gpu, "y", rows * width),
         );
-        run(
-            gpu,
-            &[dispatch(
-                gpu,
-                Kernel::rms_norm(width),
-                &[&p, &xb, &wb, &y],
-                [rows as u32, 1, 1],
-            )],
-        );
+        let kernel = Kernel::rms_norm(width);
+        // `Kernel::RmsNorm` binds its output twice, as f32 and as BF16 pairs.
+        let norm = |params: &NormParams, y: &wgpu::Buffer| {
+            let p = gpu.uniform("p", params);
+            let resources: &[&wgpu::Buffer] = match kernel {
+                Kernel::RmsNorm => &[&p, &xb, &wb, y, y],
+                _ => &[&p, &xb, &wb, y],
+            };
+            run(gpu, &[dispatch(gpu, kernel, resources, [rows as u32, 1, 1])]);
+        };
+        let y = poisoned(gpu, "y", rows * width);
+        norm(&params, &y);
         let got = gpu.read_f32(&y).unwrap();
+        if kernel == Kernel::RmsNorm && round {
+            let pairs = poisoned(gpu, "y pairs", rows * width / 2);
+            let params = NormParams {
+                flags: params.flags | flags::norm::PAIRS,
+                ..params
+            };
+            norm(&params, &pairs);
+            assert_eq!(
+                gpu.read_u32(&pairs).unwrap(),
+                bf16_words(&got),
+                "{label}: as BF16 pairs"
+            );
+        }
         let exact = ops::rms_norm(&to_f64(&x), width, &to_f64(&w), 1e-6);
         let want: Vec<f64> = exact
             .iter()
@@ -727,7 +742,8 @@ fn elementwise_kernels_match_reference() {
 /// A MoE layer's combine with the norm after it, with and without a shared expert, at widths
 /// below, between and past the two columns per invocation combined ahead (1024 and 2048
 /// values), and past two more pairs (4096): the residual stream it writes against the FP64
-/// combine, the normed row against the FP64 norm of that stream.
+/// combine, the normed row against the FP64 norm of that stream; and the same launch
+/// writing the normed row as BF16 pairs, bit for bit those values.
 #[test]
 fn moe_combine_norm_matches_reference() {
     let gpu = gpu();
@@ -766,16 +782,39 @@ fn moe_combine_norm_matches_reference() {
         );
         let nb = gpu.buffer_with("norm weight", &pack_bf16(&norm_weight));
         let (y, h) = (poisoned(gpu, "y", rows * width), poisoned(gpu, "h", rows * width));
-        run(
-            gpu,
-            &[dispatch(
+        // The normed output bound twice, as f32 and as BF16 pairs.
+        let combine = |p: &wgpu::Buffer, y: &wgpu::Buffer, h: &wgpu::Buffer| {
+            run(
                 gpu,
-                Kernel::CombineRmsNorm,
-                &[&p, &rb, &nb, &y, &eb, &wb, &lb, &sb, &h],
-                [rows as u32, 1, 1],
-            )],
-        );
+                &[dispatch(
+                    gpu,
+                    Kernel::CombineRmsNorm,
+                    &[p, &rb, &nb, y, &eb, &wb, &lb, &sb, h, y],
+                    [rows as u32, 1, 1],
+                )],
+            );
+        };
+        combine(&p, &y, &h);
         let got_h = gpu.read_f32(&h).unwrap();
+        let (pairs, pairs_h) = (
+            poisoned(gpu, "y pairs", rows * width / 2),
+            poisoned(gpu, "h", rows * width),
+        );
+        let pairs_params = NormParams {
+            flags: params.flags | flags::norm::PAIRS,
+            ..params
+        };
+        combine(&gpu.uniform("p", &pairs_params), &pairs, &pairs_h);
+        assert_eq!(
+            gpu.read_u32(&pairs).unwrap(),
+            bf16_words(&gpu.read_f32(&y).unwrap()),
+            "{label}: normed as BF16 pairs"
+        );
+        assert_eq!(
+            gpu.read_f32(&pairs_h).unwrap(),
+            got_h,
+            "{label}: residual stream beside pairs"
+        );
         let (mut want, mut scale) = (Vec::new(), Vec::new());
         for r in 0..rows {
             let logit = f64::from(logits[r * gate_stride + gate_stride - 1]);
@@ -1361,4 +1400,13 @@ fn sampling_on_the_gpu_picks_the_hosts_tokens() {
     );
     assert_eq!(compared, (96 + 512 + 1024 + 256 + 256) / 4 * 8);
     assert!(guided > compared / 3, "{guided} guided draws of {compared}");
+}
+
+/// BF16-valued floats two to a word, the first in the low half (what a kernel writing BF16
+/// pairs must write).
+fn bf16_words(values: &[f32]) -> Vec<u32> {
+    values
+        .chunks(2)
+        .map(|pair| (pair[0].to_bits() >> 16) | (pair[1].to_bits() & 0xffff_0000))
+        .collect()
 }

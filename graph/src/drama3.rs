@@ -9,7 +9,7 @@ use drama_kernels::{LinearInput, LinearWidth, WeightFormat};
 use serde::Serialize;
 
 use crate::graph::{Graph, GraphBuilder, GraphError};
-use crate::ir::{CacheWrite, DType, LinearMember, Op, Projection, RouterOp, ValueId, ValueKind};
+use crate::ir::{CacheWrite, DType, LinearMember, NormOutput, Op, Projection, RouterOp, ValueId, ValueKind};
 
 /// Weight and tensor names the builder refers to; the engine's checkpoint table fills it.
 pub trait WeightNames {
@@ -325,7 +325,7 @@ impl Plain<'_> {
         let op = Op::RmsNorm {
             weight,
             eps: self.spec.eps,
-            round_output: true,
+            output: NormOutput::Bf16,
         };
         self.b.node1(label, op, &[x])
     }

@@ -53,12 +53,11 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let width = width_of(inputs[2]);
             Ok(vec![(vec![rows, width], DType::F32)])
         }
-        Op::RmsNorm { round_output, .. } => {
+        Op::RmsNorm { output, .. } => {
             arity(inputs, 1)?;
             let x = inputs[0];
             expect(x.shape.len() == 2, || format!("x must be 2-D, is {:?}", x.shape))?;
-            let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
-            Ok(vec![(x.shape.clone(), dtype)])
+            Ok(vec![(x.shape.clone(), output.dtype())])
         }
         Op::Linear {
             members,
@@ -271,15 +270,12 @@ pub fn infer(op: &Op, inputs: &[&Value]) -> Result<Outputs, String> {
             let residual = combine_inputs(inputs, *k, *shared)?;
             Ok(vec![(residual.to_vec(), DType::F32)])
         }
-        Op::MoeCombineNorm {
-            k,
-            shared,
-            round_output,
-            ..
-        } => {
+        Op::MoeCombineNorm { k, shared, output, .. } => {
             let residual = combine_inputs(inputs, *k, *shared)?;
-            let dtype = if *round_output { DType::Bf16 } else { DType::F32 };
-            Ok(vec![(residual.to_vec(), DType::F32), (residual.to_vec(), dtype)])
+            Ok(vec![
+                (residual.to_vec(), DType::F32),
+                (residual.to_vec(), output.dtype()),
+            ])
         }
     }
 }

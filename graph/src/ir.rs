@@ -62,6 +62,30 @@ impl Value {
     }
 }
 
+/// How a norm ([`Op::RmsNorm`], [`Op::MoeCombineNorm`]) writes its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormOutput {
+    /// Full FP32.
+    F32,
+    /// Rounded to BF16 (all its readers are linears).
+    Bf16,
+    /// Rounded to BF16 and stored two to a word (all its readers are linears that read BF16
+    /// pairs: no [`Op::PackBf16`] launch between).
+    Bf16Pairs,
+}
+
+impl NormOutput {
+    /// The output's element type.
+    pub fn dtype(self) -> DType {
+        match self {
+            NormOutput::F32 => DType::F32,
+            NormOutput::Bf16 => DType::Bf16,
+            NormOutput::Bf16Pairs => DType::Bf16Pairs,
+        }
+    }
+}
+
 /// One linear of a [`Op::Linear`] group: its weights and where its outputs go.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LinearMember {
@@ -171,8 +195,8 @@ pub enum Op {
         weight: String,
         /// Epsilon.
         eps: f32,
-        /// Round the output to BF16 (all consumers are linears).
-        round_output: bool,
+        /// How the output is written.
+        output: NormOutput,
     },
     /// One or more linears over the same input, outputs side by side. Inputs: x (BF16),
     /// and with `residual` the residual stream (F32), added to the (rounded) outputs; with
@@ -316,8 +340,8 @@ pub enum Op {
         weight: String,
         /// The norm's epsilon.
         eps: f32,
-        /// Round the normed output to BF16 (all its consumers are linears).
-        round_output: bool,
+        /// How the normed output is written.
+        output: NormOutput,
     },
 }
 

@@ -13,4 +13,4 @@ pub mod plan;
 pub mod select;
 
 pub use graph::{Graph, GraphBuilder, GraphError, Node};
-pub use ir::{DType, Op, Value, ValueId, ValueKind};
+pub use ir::{DType, NormOutput, Op, Value, ValueId, ValueKind};

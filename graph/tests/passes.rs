@@ -7,7 +7,7 @@ use common::{Names, bench_spec, small_spec};
 use drama_graph::drama3::{ModelSpec, StepShape, plain};
 use drama_graph::passes::{PASSES, check, pass};
 use drama_graph::select::GROUPED_EXPERT_ROWS;
-use drama_graph::{Graph, Op};
+use drama_graph::{Graph, NormOutput, Op};
 use drama_kernels::{LinearInput, LinearWidth, WeightFormat};
 
 fn shape(rows: usize, vulkan: bool) -> StepShape {
@@ -229,8 +229,9 @@ fn group_expert_slots_and_expert_workgroups_follow_the_rows() {
     ));
 }
 
-/// Steps of [`GROUPED_EXPERT_ROWS`] rows or more pack each linear input once, right before
-/// its first reader, and every linear reads the packed copy; a BF16 width only the ragged
+/// Steps of [`GROUPED_EXPERT_ROWS`] rows or more pack each linear input once and every
+/// linear reads the packed copy: a norm read only by such linears writes its output packed,
+/// any other input is packed right before its first reader; a BF16 width only the ragged
 /// kernel reads stays f32. Smaller steps pack nothing.
 #[test]
 fn pack_linear_inputs_packs_each_input_once() {
@@ -247,17 +248,30 @@ fn pack_linear_inputs_packs_each_input_once() {
     assert_eq!(
         packs,
         [
-            "layers.0.qkv_proj.input",
             "layers.0.o_proj.input",
-            "layers.0.mlp.gate_up.input",
-            "layers.1.qkv_proj.input",
             "layers.1.o_proj.input",
-            "layers.1.router_logits.input",
             "layers.1.shared_expert.down.input",
             "layers.1.experts.down.input",
-            "logits.input",
         ]
     );
+    for norm in [
+        "layers.0.input_norm",
+        "layers.0.post_norm",
+        "layers.1.input_norm",
+        "layers.1.post_norm",
+        "final_norm",
+    ] {
+        assert!(
+            matches!(
+                node(&graph, norm),
+                Op::RmsNorm {
+                    output: NormOutput::Bf16Pairs,
+                    ..
+                }
+            ),
+            "{norm}"
+        );
+    }
     assert!(matches!(
         node(&graph, "layers.0.hidden"),
         Op::Linear {
@@ -274,6 +288,13 @@ fn pack_linear_inputs_packs_each_input_once() {
     ));
     let decode = after(&spec, shape(GROUPED_EXPERT_ROWS - 1, false), &passes);
     assert!(!decode.nodes.iter().any(|n| matches!(n.op, Op::PackBf16)));
+    assert!(matches!(
+        node(&decode, "final_norm"),
+        Op::RmsNorm {
+            output: NormOutput::Bf16,
+            ..
+        }
+    ));
 }
 
 /// Attention's last chunk combines them for steps under [`GROUPED_EXPERT_ROWS`] rows on

@@ -93,10 +93,10 @@ fn decode_steps_of_up_to_eight_rows_wait_on_nine_or_ten_launches_per_moe_layer()
 
 #[test]
 fn steps_of_many_rows_group_their_slots_first() {
-    // Each MoE layer groups its slots, and every layer packs four linear inputs as BF16
-    // pairs (q/k/v's, o_proj's, the post-attention norm's for the linear pair or MLP and the
-    // routed gate/up, the routed or MLP down's), the head one more.
-    let packs = 24 * 4 + 1;
+    // Each MoE layer groups its slots, and every layer packs two linear inputs as BF16
+    // pairs (o_proj's, the routed or MLP down's); the norms, read only by linears, write
+    // q/k/v's, the linear pair's or MLP's and the routed gate/up's, and the head's packed.
+    let packs = 24 * 2;
     let (waiting, beside) = launches(&bench_step(256, true));
     let (waiting, by_blocks) = one_way(waiting);
     assert_eq!(by_blocks, 24);

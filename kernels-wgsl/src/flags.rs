@@ -34,6 +34,9 @@ flag_group!(
         ROUND = 1,
         /// `combine_rms_norm` combines a shared expert too.
         SHARED_EXPERT = 2,
+        /// Write the output as BF16 pairs (`y_pairs`, binding 12) instead of f32 (`y`);
+        /// only with [`ROUND`].
+        PAIRS = 4,
     }
 );
 

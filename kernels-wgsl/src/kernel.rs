@@ -343,16 +343,16 @@ impl Kernel {
                 None,
                 256,
             ),
-            // params, x, weight, y
-            K::RmsNorm => entry(Module::Norm, "rms_norm", &[0, 1, 2, 3], NORM, None, 256),
+            // params, x, weight, y, y as BF16 pairs
+            K::RmsNorm => entry(Module::Norm, "rms_norm", &[0, 1, 2, 3, 12], NORM, None, 256),
             // params, x, weight, y (as scalars)
             K::RmsNormAny => entry(Module::Norm, "rms_norm_any", &[0, 9, 10, 11], NORM, None, 256),
             // params, residual, weight, y, routed_out, routed_weights, gate_logits,
-            // shared_out, h
+            // shared_out, h, y as BF16 pairs
             K::CombineRmsNorm => entry(
                 Module::Norm,
                 "combine_rms_norm",
-                &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+                &[0, 1, 2, 3, 4, 5, 6, 7, 8, 12],
                 NORM,
                 None,
                 256,

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use drama_graph::drama3::{STEP_INPUTS, StepShape};
-use drama_graph::ir::{CacheWrite, LinearMember, Op, PairHalf, Projection, RouterOp, ValueKind};
+use drama_graph::ir::{CacheWrite, LinearMember, NormOutput, Op, PairHalf, Projection, RouterOp, ValueKind};
 use drama_graph::plan::{MemoryPlan, plan};
 use drama_graph::select::stacks;
 use drama_graph::{Graph, ValueId};
@@ -144,11 +144,7 @@ impl<'a> Lowering<'a> {
     fn lower(&mut self, node: &drama_graph::Node) -> Result<(), EngineError> {
         match &node.op {
             Op::Embed { text, audio } => self.embed(node, text, audio),
-            Op::RmsNorm {
-                weight,
-                eps,
-                round_output,
-            } => self.rms_norm(node, weight, *eps, *round_output),
+            Op::RmsNorm { weight, eps, output } => self.rms_norm(node, weight, *eps, *output),
             Op::Linear {
                 members,
                 in_features,
@@ -214,8 +210,8 @@ impl<'a> Lowering<'a> {
                 shared: _,
                 weight,
                 eps,
-                round_output,
-            } => self.moe_combine_norm(node, *k, weight, *eps, *round_output),
+                output,
+            } => self.moe_combine_norm(node, *k, weight, *eps, *output),
             Op::MoeCombine { .. } => Err(EngineError::Unsupported(format!(
                 "{}: a plain graph's combine runs only once the passes fuse it into the norm after it",
                 node.label
@@ -251,21 +247,29 @@ impl<'a> Lowering<'a> {
     }
 
     /// [`Op::RmsNorm`]: input x.
-    fn rms_norm(&mut self, node: &drama_graph::Node, weight: &str, eps: f32, round: bool) -> Result<(), EngineError> {
+    fn rms_norm(
+        &mut self,
+        node: &drama_graph::Node,
+        weight: &str,
+        eps: f32,
+        output: NormOutput,
+    ) -> Result<(), EngineError> {
         let [x] = self.buffers(&node.inputs)?;
         let [out] = self.buffers(&node.outputs)?;
         let shape = &self.graph.value(node.inputs[0]).shape;
         let params = NormParams {
             width: shape[1] as u32,
-            flags: bit(round, flags::norm::ROUND),
+            flags: norm_output_flags(output),
             eps,
             ..Default::default()
         };
         let rows = shape[0] as u32;
+        // The output at both of its bindings (f32 and BF16 pairs); the flags say which the
+        // kernel writes.
         self.launch(
             Kernel::RmsNorm,
             &params,
-            &[x, &self.bind.weights.vectors[weight], out],
+            &[x, &self.bind.weights.vectors[weight], out, out],
             [rows, 1, 1],
         )
     }
@@ -505,7 +509,7 @@ impl<'a> Lowering<'a> {
         k: usize,
         weight: &str,
         eps: f32,
-        round: bool,
+        output: NormOutput,
     ) -> Result<(), EngineError> {
         let weights = self.bind.weights;
         let [h, normed] = self.buffers(&node.outputs)?;
@@ -527,7 +531,7 @@ impl<'a> Lowering<'a> {
         let shape = &self.graph.value(*residual).shape;
         let params = NormParams {
             width: shape[1] as u32,
-            flags: bit(round, flags::norm::ROUND) | bit(shared.is_some(), flags::norm::SHARED_EXPERT),
+            flags: norm_output_flags(output) | bit(shared.is_some(), flags::norm::SHARED_EXPERT),
             eps,
             k: k as u32,
             gate_stride,
@@ -543,6 +547,7 @@ impl<'a> Lowering<'a> {
             gate_logits,
             shared_out,
             h,
+            normed,
         ];
         self.launch(Kernel::CombineRmsNorm, &params, &resources, [rows, 1, 1])
     }
@@ -753,6 +758,15 @@ impl<'a> Lowering<'a> {
             block_from: drama_kernels::ATTENTION_BLOCKS_FROM as u32,
             pad: [0; 2],
         }
+    }
+}
+
+/// The norm kernels' flags for how they write their output.
+fn norm_output_flags(output: NormOutput) -> u32 {
+    match output {
+        NormOutput::F32 => 0,
+        NormOutput::Bf16 => flags::norm::ROUND,
+        NormOutput::Bf16Pairs => flags::norm::ROUND | flags::norm::PAIRS,
     }
 }
 

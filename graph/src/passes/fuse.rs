@@ -204,14 +204,7 @@ pub fn combine_into_norm(graph: &mut Graph, _: &StepShape) {
     let mut index = 0;
     while index + 1 < graph.nodes.len() {
         let (combine, norm) = (&graph.nodes[index], &graph.nodes[index + 1]);
-        if let (
-            Op::MoeCombine { k, shared },
-            Op::RmsNorm {
-                weight,
-                eps,
-                round_output,
-            },
-        ) = (&combine.op, &norm.op)
+        if let (Op::MoeCombine { k, shared }, Op::RmsNorm { weight, eps, output }) = (&combine.op, &norm.op)
             && norm.inputs == combine.outputs
         {
             let op = Op::MoeCombineNorm {
@@ -219,7 +212,7 @@ pub fn combine_into_norm(graph: &mut Graph, _: &StepShape) {
                 shared: *shared,
                 weight: weight.clone(),
                 eps: *eps,
-                round_output: *round_output,
+                output: *output,
             };
             let norm = graph.nodes.remove(index + 1);
             let node = &mut graph.nodes[index];

@@ -5,10 +5,10 @@ use drama_kernels::LinearInput;
 
 use crate::drama3::StepShape;
 use crate::graph::Graph;
-use crate::ir::{DType, Op};
+use crate::ir::{DType, NormOutput, Op, ValueId};
 use crate::select::{GROUPED_EXPERT_ROWS, expert_width, last_chunk_combines, linear_input};
 
-use super::edit::{insert_node, readers};
+use super::edit::{insert_node, producer, readers};
 
 /// Steps of at least [`GROUPED_EXPERT_ROWS`] rows group each layer's routed-expert slots by
 /// expert right after routing ([`Op::GroupSlots`], `layers.{i}.group_slots`), and launch the
@@ -47,10 +47,12 @@ pub fn expert_workgroups(graph: &mut Graph, shape: &StepShape) {
 }
 
 /// Steps whose linears read BF16 pairs ([`linear_input`]) pack each value a linear, a
-/// linear pair or grouped routed experts read once, by a launch right before its first
-/// reader (`{reader}.input`), and those readers read the packed copy. Left as f32: a linear
-/// that runs beside the launch before it (it reads what routing lists) and one whose BF16
-/// width only the ragged-width kernel reads.
+/// linear pair or grouped routed experts read once, and those readers read the packed copy.
+/// A norm whose every reader reads pairs writes its output packed
+/// ([`NormOutput::Bf16Pairs`]); any other value is packed by a launch right before its
+/// first reader (`{reader}.input`). Left as f32: a linear that runs beside the launch
+/// before it (it reads what routing lists) and one whose BF16 width only the ragged-width
+/// kernel reads.
 pub fn pack_linear_inputs(graph: &mut Graph, shape: &StepShape) {
     if linear_input(shape.rows) != LinearInput::Bf16Pairs {
         return;
@@ -62,6 +64,10 @@ pub fn pack_linear_inputs(graph: &mut Graph, shape: &StepShape) {
             let x = graph.nodes[index].inputs[0];
             let copy = match packed.get(&x) {
                 Some(&copy) => copy,
+                None if norm_writes_pairs(graph, x) => {
+                    packed.insert(x, x);
+                    x
+                }
                 None => {
                     let label = format!("{}.input", graph.nodes[index].label);
                     let copy = insert_node(graph, index, label, Op::PackBf16, vec![x])[0];
@@ -79,6 +85,27 @@ pub fn pack_linear_inputs(graph: &mut Graph, shape: &StepShape) {
         }
         index += 1;
     }
+}
+
+/// Makes the norm that writes `x` write it as BF16 pairs, where a BF16-rounding norm
+/// writes it and every reader reads it as pairs; returns whether it did.
+fn norm_writes_pairs(graph: &mut Graph, x: ValueId) -> bool {
+    let Some(maker) = producer(graph, x) else {
+        return false;
+    };
+    let all_read_pairs = readers(graph, x)
+        .into_iter()
+        .all(|reader| reads_packed(&graph.nodes[reader].op) && graph.nodes[reader].inputs[0] == x);
+    let output = match &mut graph.nodes[maker].op {
+        Op::RmsNorm { output, .. } | Op::MoeCombineNorm { output, .. } => output,
+        _ => return false,
+    };
+    if *output != NormOutput::Bf16 || !all_read_pairs || graph.outputs.contains(&x) {
+        return false;
+    }
+    *output = NormOutput::Bf16Pairs;
+    graph.values[x.0].dtype = DType::Bf16Pairs;
+    true
 }
 
 /// Whether a node reads its first input as BF16 pairs in a step whose linears do.

@@ -24,6 +24,12 @@ fn bf16_pair(u: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(u << 16u), bitcast<f32>(u & 0xffff0000u));
 }
 
+// Two BF16 values (f32s holding BF16 values: their low 16 bits are zero) in one word, the
+// first in the low half: the inverse of `bf16_pair`.
+fn bf16_word(v: vec2<f32>) -> u32 {
+    return (bitcast<u32>(v.x) >> 16u) | (bitcast<u32>(v.y) & 0xffff0000u);
+}
+
 // Floats a head of `head_dim` takes in the KV caches and attention's scratch: whole vec4s
 // (the host's `head_stride`); the padding stays zero.
 fn head_stride(head_dim: u32) -> u32 {

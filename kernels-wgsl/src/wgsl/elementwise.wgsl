@@ -55,7 +55,7 @@ fn pack_bf16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     if (i >= p.count) {
         return;
     }
-    out_words[i] = (bitcast<u32>(a[2u * i]) >> 16u) | (bitcast<u32>(a[2u * i + 1u]) & 0xffff0000u);
+    out_words[i] = bf16_word(vec2<f32>(a[2u * i], a[2u * i + 1u]));
 }
 
 // out = a + b (the voice tower's residual connections).

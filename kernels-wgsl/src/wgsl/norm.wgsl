@@ -1,8 +1,9 @@
 // RMSNorm in FP32: y = x * 1/sqrt(mean(x^2) + eps) * w, one 256-invocation workgroup per
 // row reading vec4s (the width a multiple of 4, as the backbone's is); `rms_norm_any` reads
-// rows of any width (the voice tower's) element by element. With flag 1 the output is rounded to BF16 (when every
-// consumer is a linear, which rounds its input anyway: rounding once here keeps the linears
-// free of it).
+// rows of any width (the voice tower's) element by element. With flag 1 the output is
+// rounded to BF16 (when every consumer is a linear, which rounds its input anyway: rounding
+// once here keeps the linears free of it), and with flag 4 as well written as BF16 pairs
+// (when every consumer is a linear reading pairs: no packing launch between).
 //
 // `combine_rms_norm` first combines a MoE layer into the residual stream, then norms the
 // result for the next layer (or the final norm): h = residual + sum_j weight_j * routed_j
@@ -34,6 +35,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read> gate_logits: array<f32>;       // [rows, gate_stride]
 @group(0) @binding(7) var<storage, read> shared_out: array<vec4<f32>>;  // [rows, width]
 @group(0) @binding(8) var<storage, read_write> h: array<vec4<f32>>;     // [rows, width]
+// The output as BF16 pairs (flag 4), which the linears of steps of many rows read.
+@group(0) @binding(12) var<storage, read_write> y_pairs: array<vec2<u32>>;
 
 // The weights as f32s.
 fn weight_vec(i: u32) -> vec4<f32> {
@@ -70,14 +73,24 @@ fn inverse_rms(t: u32, sum: f32) -> f32 {
     return 1.0 / sqrt(total / f32(p.width) + p.eps);
 }
 
+// Writes vec4 column i of the output: to `y`, or with flag 4 to `y_pairs` (flag 4 comes
+// with flag 1, so the values are BF16 already).
+fn store_normed(i: u32, v: vec4<f32>) {
+    if ((p.flags & NORM_PAIRS) != 0u) {
+        y_pairs[i] = vec2<u32>(bf16_word(v.xy), bf16_word(v.zw));
+    } else {
+        y[i] = v;
+    }
+}
+
 // Writes an invocation's first two vec4 columns normed: `first` holds them, then their
 // weights.
 fn write_first(t: u32, base: u32, columns: u32, inv: f32, first: array<vec4<f32>, 4>) {
     if (t < columns) {
-        y[base + t] = normed(first[0], inv, first[2]);
+        store_normed(base + t, normed(first[0], inv, first[2]));
     }
     if (t + WG < columns) {
-        y[base + t + WG] = normed(first[1], inv, first[3]);
+        store_normed(base + t + WG, normed(first[1], inv, first[3]));
     }
 }
 
@@ -102,7 +115,7 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let inv = inverse_rms(t, sum);
     write_first(t, base, columns, inv, array<vec4<f32>, 4>(x0, x1, w0, w1));
     for (var i = t + 2u * WG; i < columns; i += WG) {
-        y[base + i] = normed(x[base + i], inv, weight_vec(i));
+        store_normed(base + i, normed(x[base + i], inv, weight_vec(i)));
     }
 }
 
@@ -201,7 +214,7 @@ fn combine_rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     let inv = inverse_rms(t, sum);
     write_first(t, base, columns, inv, array<vec4<f32>, 4>(h0, h1, w0, w1));
     for (var i = t + 2u * WG; i < columns; i += WG) {
-        y[base + i] = normed(h[base + i], inv, weight_vec(i));
+        store_normed(base + i, normed(h[base + i], inv, weight_vec(i)));
     }
 }
 
