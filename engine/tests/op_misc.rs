@@ -67,8 +67,8 @@ fn rms_norm_matches_reference() {
             };
             norm(&params, &pairs);
             assert_eq!(
-                gpu.read_u32(&pairs).unwrap(),
-                bf16_words(&got),
+                u32_bytes(&gpu.read_u32(&pairs).unwrap()),
+                pack_bf16(&got),
                 "{label}: as BF16 pairs"
             );
         }
@@ -806,8 +806,8 @@ fn moe_combine_norm_matches_reference() {
         };
         combine(&gpu.uniform("p", &pairs_params), &pairs, &pairs_h);
         assert_eq!(
-            gpu.read_u32(&pairs).unwrap(),
-            bf16_words(&gpu.read_f32(&y).unwrap()),
+            u32_bytes(&gpu.read_u32(&pairs).unwrap()),
+            pack_bf16(&gpu.read_f32(&y).unwrap()),
             "{label}: normed as BF16 pairs"
         );
         assert_eq!(
@@ -1400,13 +1400,4 @@ fn sampling_on_the_gpu_picks_the_hosts_tokens() {
     );
     assert_eq!(compared, (96 + 512 + 1024 + 256 + 256) / 4 * 8);
     assert!(guided > compared / 3, "{guided} guided draws of {compared}");
-}
-
-/// BF16-valued floats two to a word, the first in the low half (what a kernel writing BF16
-/// pairs must write).
-fn bf16_words(values: &[f32]) -> Vec<u32> {
-    values
-        .chunks(2)
-        .map(|pair| (pair[0].to_bits() >> 16) | (pair[1].to_bits() & 0xffff_0000))
-        .collect()
 }

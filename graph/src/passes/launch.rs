@@ -87,12 +87,16 @@ pub fn pack_linear_inputs(graph: &mut Graph, shape: &StepShape) {
     }
 }
 
-/// Makes the norm that writes `x` write it as BF16 pairs, where a BF16-rounding norm
-/// writes it and every reader reads it as pairs; returns whether it did.
+/// Makes the norm that writes `x` write it as BF16 pairs, where `x` is a BF16-rounding
+/// norm's normed output (a combine's last) and every reader reads it as pairs; returns
+/// whether it did.
 fn norm_writes_pairs(graph: &mut Graph, x: ValueId) -> bool {
     let Some(maker) = producer(graph, x) else {
         return false;
     };
+    if graph.nodes[maker].outputs.last() != Some(&x) {
+        return false;
+    }
     let all_read_pairs = readers(graph, x)
         .into_iter()
         .all(|reader| reads_packed(&graph.nodes[reader].op) && graph.nodes[reader].inputs[0] == x);
